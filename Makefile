@@ -1,0 +1,40 @@
+# Fresh machine: `make run` sets up .venv and starts the app; `make test` sets up and runs the tests.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The pinned CPU build; on a GPU box override, e.g. `make run TORCH=torch==2.13.0 TORCH_INDEX=...`.
+TORCH ?= torch==2.13.0
+export GRADIO_ANALYTICS_ENABLED := False
+
+.PHONY: setup setup-dev run test lint bench clean
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+setup: $(VENV)/.installed
+setup-dev: $(VENV)/.installed-dev
+
+run: setup
+	$(PY) app.py
+
+test: setup-dev
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m pytest -q
+
+lint: setup-dev
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+
+bench: setup
+	$(PY) bench/estimator_speed.py
+
+clean:
+	rm -rf $(VENV)

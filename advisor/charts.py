@@ -1,0 +1,66 @@
+"""Plotly figures of an Estimate. Pure presentation: numbers come from the estimator."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from advisor.estimator import Estimate, MemoryBreakdown
+from advisor.report import MEMORY_LABELS, TIME_LABELS
+
+GiB = 2**30
+_MEMORY_COLOURS = ("#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#bab0ac")
+
+
+def memory_figure(est: Estimate) -> go.Figure:
+    """Stacked bar of per-GPU memory by component (first and last pipeline stage when pp > 1),
+    with the device capacity as a dashed line."""
+    stages: list[tuple[str, MemoryBreakdown]] = [("per GPU", est.memory)]
+    if est.setup.parallel.pp > 1:
+        stages = [("first stage", est.memory_first_stage), ("last stage", est.memory_last_stage)]
+    fig = go.Figure()
+    for (key, label), colour in zip(MEMORY_LABELS.items(), _MEMORY_COLOURS, strict=True):
+        fig.add_bar(
+            name=label,
+            x=[name for name, _ in stages],
+            y=[getattr(mem, key) / GiB for _, mem in stages],
+            marker_color=colour,
+            hovertemplate="%{y:.2f} GiB<extra>" + label + "</extra>",
+        )
+    cap = est.capacity_bytes / GiB
+    fig.add_hline(y=cap, line_dash="dash", line_color="black", annotation_text=f"capacity {cap:.0f} GiB")
+    top = max(cap, max(mem.total_bytes for _, mem in stages) / GiB) * 1.1
+    fig.update_layout(
+        barmode="stack",
+        yaxis_title="GiB",
+        yaxis_range=[0, top],
+        title="Memory per GPU",
+        legend={"orientation": "h", "y": -0.15},
+        margin={"l": 50, "r": 20, "t": 50, "b": 40},
+        height=380,
+    )
+    return fig
+
+
+def time_figure(est: Estimate) -> go.Figure:
+    """Horizontal bar of the step-time components (ms), largest first."""
+    d = est.time.as_dict()
+    items = sorted(((label, d[k]) for k, label in TIME_LABELS.items() if d[k] > 0), key=lambda kv: kv[1])
+    total = d["total_ms"]
+    fig = go.Figure(
+        go.Bar(
+            x=[v for _, v in items],
+            y=[k for k, _ in items],
+            orientation="h",
+            marker_color="#4c78a8",
+            text=[f"{100 * v / total:.0f} %" for _, v in items],
+            textposition="auto",
+            hovertemplate="%{x:.1f} ms<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"Step time {total:,.0f} ms",
+        xaxis_title="ms per step",
+        margin={"l": 190, "r": 20, "t": 50, "b": 40},
+        height=380,
+    )
+    return fig

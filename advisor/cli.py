@@ -1,0 +1,126 @@
+"""The command line: ``python -m advisor SUBCOMMAND``. Every subcommand shares the setup flags."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from advisor.errors import AdvisorError
+from advisor.estimator import Estimate, estimate
+from advisor.presets import HARDWARE, MODELS
+from advisor.report import format_estimate
+from advisor.sizing import make_setup
+from advisor.specs import OFFLOAD_MODES, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES, Setup
+
+
+def add_setup_args(parser: argparse.ArgumentParser) -> None:
+    """The flags that describe a Setup, shared by every subcommand."""
+    g = parser.add_argument_group("model and device")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--model", default="llama-3.1-8b", help=f"preset: {', '.join(MODELS)} (default: %(default)s)")
+    src.add_argument(
+        "--hf-config", metavar="PATH", help="a Hugging Face config.json file to import instead of a preset"
+    )
+    g.add_argument("--gpu", default="h100", help=f"device: {', '.join(HARDWARE)} (default: %(default)s)")
+    g.add_argument("--gpus", type=int, help="GPU count; dp defaults to gpus / (tp * pp * cp)")
+    s = parser.add_argument_group("training step")
+    s.add_argument("--seq", type=int, default=4096, help="sequence length in tokens (default: %(default)s)")
+    s.add_argument(
+        "--micro-batch", type=int, default=1, help="sequences per GPU per micro-batch (default: %(default)s)"
+    )
+    s.add_argument(
+        "--global-batch", type=int, default=0, help="sequences per optimizer step (default: micro-batch x dp)"
+    )
+    s.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    s.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    s.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none", help="activation checkpointing")
+    s.add_argument("--no-flash", action="store_true", help="attention without a fused (flash) kernel")
+    s.add_argument("--dropout", action="store_true", help="dropout layers on")
+    p = parser.add_argument_group("parallelism")
+    p.add_argument("--dp", type=int, help="data-parallel size (default: from --gpus, else 1)")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages per rank (interleaving)")
+    p.add_argument("--cp", type=int, default=1)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (3 = FSDP full shard)")
+    p.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (needs --tp > 1)")
+    p.add_argument("--offload", choices=OFFLOAD_MODES, default="none", help="CPU offload")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def setup_from_args(args: argparse.Namespace) -> Setup:
+    """The Setup the flags describe; raises AdvisorError on bad input."""
+    return make_setup(
+        model=args.model,
+        hf_config=args.hf_config,
+        gpu=args.gpu,
+        gpus=args.gpus,
+        dp=args.dp,
+        seq=args.seq,
+        micro_batch=args.micro_batch,
+        global_batch=args.global_batch,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        recompute=args.recompute,
+        flash_attention=not args.no_flash,
+        dropout=args.dropout,
+        tp=args.tp,
+        pp=args.pp,
+        vpp=args.vpp,
+        cp=args.cp,
+        ep=args.ep,
+        zero=args.zero,
+        sequence_parallel=args.sp,
+        offload=args.offload,
+    )
+
+
+def _cmd_size(args: argparse.Namespace) -> int:
+    est: Estimate = estimate(setup_from_args(args))
+    print(json.dumps(est.as_dict(), indent=2) if args.json else format_estimate(est))
+    return 0
+
+
+def _cmd_presets(args: argparse.Namespace) -> int:
+    models = {k: {"n_params": f().n_params, "n_active_params": f().n_active_params} for k, f in MODELS.items()}
+    hardware = {k: {"name": f().name, "memory_bytes": f().memory_bytes} for k, f in HARDWARE.items()}
+    if args.json:
+        print(json.dumps({"models": models, "hardware": hardware}, indent=2))
+        return 0
+    print("Models:")
+    for k, v in models.items():
+        active = "" if v["n_active_params"] == v["n_params"] else f" ({v['n_active_params'] / 1e9:.1f}B active)"
+        print(f"  {k:18s} {v['n_params']:>18,d} parameters{active}")
+    print("Devices:")
+    for k, v in hardware.items():
+        print(f"  {k:10s} {v['name']:24s} {v['memory_bytes'] / 2**30:7.1f} GiB")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m advisor", description="LLM training optimization advisor")
+    sub = parser.add_subparsers(dest="command", required=True)
+    size = sub.add_parser("size", help="memory per GPU, step time and MFU of a training setup, instantly")
+    add_setup_args(size)
+    size.set_defaults(func=_cmd_size)
+    presets = sub.add_parser("presets", help="list the model and device presets")
+    presets.add_argument("--json", action="store_true")
+    presets.set_defaults(func=_cmd_presets)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (2 on bad input, with the reason on stderr)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except AdvisorError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

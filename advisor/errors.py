@@ -1,0 +1,25 @@
+"""The project's error types: every bad input raises one of these, with a message a user can act on."""
+
+from __future__ import annotations
+
+
+class AdvisorError(ValueError):
+    """Base class of the errors the core raises on bad input; the app and CLI show their message."""
+
+
+class SpecError(AdvisorError):
+    """A spec field holds a value outside its allowed range.
+
+    The message names the field, the value given and what is allowed, e.g.
+    ``parallel.tp=3: model.n_heads=32 must be divisible by tp (allowed: 1, 2, 4, 8, 16, 32)``.
+    """
+
+    def __init__(self, field: str, value: object, allowed: str) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field}={value!r}: {allowed}")
+
+
+class ConfigImportError(AdvisorError):
+    """A Hugging Face config.json could not be turned into a model spec."""

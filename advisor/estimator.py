@@ -1,0 +1,593 @@
+"""The estimator: per-GPU memory, FLOPs, step time, tokens/s and MFU of a Setup, by pure arithmetic.
+
+Sources, cited where each number is used:
+- [ZeRO] Rajbhandari et al. 2019, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+  Models": 16 bytes per parameter for mixed-precision Adam (2 weight + 2 grad + 12 optimizer) and the
+  sharded forms of stages 1-3.
+- [Korthikanti] Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+  Models": activation bytes per layer with TP, SP, selective and full recompute, and pipeline
+  in-flight micro-batches. Generalised here to GQA, SwiGLU, MoE and runs without dropout by counting
+  the saved tensors one by one; with their assumptions it reproduces their formulas exactly.
+- [Narayanan] Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
+  Using Megatron-LM": FLOPs per iteration, pipeline bubble (p-1)/m and (p-1)/(v*m).
+- [PaLM] Chowdhery et al. 2022, appendix B: MFU = tokens/s x (6N + 12*L*H*Q*T) / peak.
+- [NCCL] ring all-reduce moves 2(n-1)/n of the buffer per GPU, all-gather and reduce-scatter (n-1)/n.
+
+Overlap assumptions (stated, not measured): tensor-parallel collectives, expert all-to-alls and pipeline
+point-to-point transfers are exposed; the data-parallel gradient reduction overlaps the backward
+pass of the last micro-batch (bucketed, as DDP and Megatron's overlap_grad_reduce); ZeRO-3 weight
+gathers and parameter streaming from the host overlap compute (prefetch); the ring exchange of
+context parallelism overlaps the attention it feeds; the ZeRO-1/2 weight all-gather after the
+optimizer step is exposed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from advisor.specs import Setup
+
+# Share of link bandwidth collectives reach (nccl-tests bus bandwidth on NVLink and InfiniBand is
+# typically ~80 % of the per-direction link rate).
+COMM_EFFICIENCY_FRAC = 0.80
+# Share of memory bandwidth that elementwise kernels and the optimizer reach (a device-to-device copy
+# measured 4.3 of 4.8 TB/s on our H200, DESIGN.md).
+MEM_BW_EFFICIENCY_FRAC = 0.90
+# Caching-allocator fragmentation: reserved minus allocated memory, as a share of allocated
+# (PyTorch "CUDA semantics: memory management"; 3-8 % on steady training steps).
+FRAGMENTATION_FRAC = 0.05
+# PyTorch DDP default bucket_cap_mb=25, two buckets in flight.
+DDP_BUCKET_BYTES = 25 * 2**20
+# Fused attention reaches about half of the dense peak over forward and backward (FlashAttention-2/3
+# papers: ~70 % forward, ~40-50 % backward on H100); non-flash attention runs as batched GEMMs at the
+# matmul rate plus a memory-bound softmax over the s x s scores.
+ATTENTION_EFFICIENCY_FRAC = 0.50
+# Elementwise traffic per saved activation byte: written and read in forward, read and its gradient
+# written in backward.
+ELEMENTWISE_TRAFFIC_PER_SAVED_BYTE = 4
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBreakdown:
+    """Memory of one GPU (one pipeline stage), in bytes."""
+
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    """Optimizer states plus fp32 master weights where precision is mixed."""
+    activations_bytes: float
+    """Saved for backward, for all micro-batches in flight on this stage."""
+    buffers_bytes: float
+    """Temporary and communication buffers: DDP buckets, ZeRO-3 gathers, logits and their gradient."""
+    overhead_bytes: float
+    """Allowance outside the model: CUDA context and library workspaces, allocator fragmentation."""
+    host_bytes: float
+    """Offloaded state this GPU keeps in host memory."""
+
+    @property
+    def total_bytes(self) -> float:
+        return (
+            self.weights_bytes
+            + self.grads_bytes
+            + self.optimizer_bytes
+            + self.activations_bytes
+            + self.buffers_bytes
+            + self.overhead_bytes
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "weights_bytes": self.weights_bytes,
+            "grads_bytes": self.grads_bytes,
+            "optimizer_bytes": self.optimizer_bytes,
+            "activations_bytes": self.activations_bytes,
+            "buffers_bytes": self.buffers_bytes,
+            "overhead_bytes": self.overhead_bytes,
+            "total_bytes": self.total_bytes,
+            "host_bytes": self.host_bytes,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBreakdown:
+    """One optimizer step on the slowest GPU, in milliseconds; components add up to total_ms."""
+
+    compute_ms: float
+    """GEMMs and attention at the device's achievable matmul rate."""
+    recompute_ms: float
+    """Forward work repeated by activation checkpointing."""
+    memory_bound_ms: float
+    """Norms, activations, residual adds, RoPE: bound by memory bandwidth."""
+    tp_comm_ms: float
+    cp_comm_ms: float
+    """Exposed part of the context-parallel ring exchange."""
+    ep_comm_ms: float
+    pp_comm_ms: float
+    dp_comm_ms: float
+    """Exposed part of gradient reduction and weight gathers."""
+    bubble_ms: float
+    optimizer_ms: float
+    offload_ms: float
+    """Exposed host transfers and the host optimizer step."""
+
+    @property
+    def total_ms(self) -> float:
+        return (
+            self.compute_ms
+            + self.recompute_ms
+            + self.memory_bound_ms
+            + self.tp_comm_ms
+            + self.cp_comm_ms
+            + self.ep_comm_ms
+            + self.pp_comm_ms
+            + self.dp_comm_ms
+            + self.bubble_ms
+            + self.optimizer_ms
+            + self.offload_ms
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        d = {k: getattr(self, k) for k in self.__slots__}
+        d["total_ms"] = self.total_ms
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """What a Setup costs: memory of the fullest GPU, step time, throughput and MFU."""
+
+    setup: Setup
+    memory: MemoryBreakdown
+    """The pipeline stage with the most memory (first or last)."""
+    memory_first_stage: MemoryBreakdown
+    memory_last_stage: MemoryBreakdown
+    time: TimeBreakdown
+    params_per_gpu: float
+    """Parameters held by the fullest GPU before ZeRO sharding."""
+    model_flops_per_step: float
+    """Global, PaLM/Narayanan convention: 6N + 12*L*s*q per token, no recompute, full attention."""
+    hardware_flops_per_step: float
+    """Global FLOPs executed: recompute included, causal flash attention counted at half."""
+    tokens_per_s: float
+    mfu_frac: float
+    hfu_frac: float
+    host_bytes_per_node: float
+    host_fits: bool
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.setup.hardware.memory_bytes
+
+    @property
+    def fits(self) -> bool:
+        """The fullest GPU's memory, allowance included, is within the device and host memory fits."""
+        return self.memory.total_bytes <= self.capacity_bytes and self.host_fits
+
+    @property
+    def memory_frac(self) -> float:
+        """Fullest GPU's memory over device capacity."""
+        return self.memory.total_bytes / self.capacity_bytes
+
+    @property
+    def step_time_ms(self) -> float:
+        return self.time.total_ms
+
+    def as_dict(self) -> dict:
+        """JSON-ready summary (the CLI's --json)."""
+        from advisor.specs import spec_to_dict
+
+        s = self.setup
+        return {
+            "setup": spec_to_dict(s),
+            "gpus": s.gpus,
+            "grad_accum": s.grad_accum,
+            "global_batch": s.global_batch,
+            "n_params": s.model.n_params,
+            "n_active_params": s.model.n_active_params,
+            "params_per_gpu": self.params_per_gpu,
+            "fits": self.fits,
+            "memory_frac": self.memory_frac,
+            "capacity_bytes": self.capacity_bytes,
+            "memory": self.memory.as_dict(),
+            "memory_first_stage": self.memory_first_stage.as_dict(),
+            "memory_last_stage": self.memory_last_stage.as_dict(),
+            "host_bytes_per_node": self.host_bytes_per_node,
+            "host_fits": self.host_fits,
+            "time": self.time.as_dict(),
+            "step_time_ms": self.step_time_ms,
+            "tokens_per_s": self.tokens_per_s,
+            "model_flops_per_step": self.model_flops_per_step,
+            "hardware_flops_per_step": self.hardware_flops_per_step,
+            "mfu_frac": self.mfu_frac,
+            "hfu_frac": self.hfu_frac,
+        }
+
+
+# --- model states --------------------------------------------------------------------------------
+
+
+def bytes_per_param(precision: str, optimizer: str, hidden: int) -> tuple[float, float, float]:
+    """(weight, gradient, optimizer) bytes per parameter before sharding.
+
+    Mixed precision [ZeRO]: 2-byte weights and gradients, fp32 master copy (4) plus fp32 states
+    (AdamW 8, SGD momentum 4, Adafactor's factored second moment ~ 4*(rows+cols) per matrix, about
+    8/hidden per parameter). fp32: 4-byte weights and gradients, no master copy. fp8 keeps bf16
+    weights and adds a 1-byte fp8 copy of each weight (TransformerEngine's cached cast).
+    """
+    states = {"adamw": 8.0, "sgd": 4.0, "adafactor": 8.0 / hidden}[optimizer]
+    if precision == "fp32":
+        return 4.0, 4.0, states
+    weight = 3.0 if precision == "fp8" else 2.0
+    return weight, 2.0, 4.0 + states
+
+
+def zero_model_state_bytes(
+    n_params: float, precision: str, optimizer: str, zero: int, shard: int, hidden: int = 4096
+) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes per GPU for ``n_params`` under ZeRO ``zero`` over ``shard``
+    data-parallel ranks [ZeRO]: stage 1 shards the optimizer, 2 also gradients, 3 also weights."""
+    w, g, o = bytes_per_param(precision, optimizer, hidden)
+    return (
+        n_params * w / (shard if zero >= 3 else 1),
+        n_params * g / (shard if zero >= 2 else 1),
+        n_params * o / (shard if zero >= 1 else 1),
+    )
+
+
+def _stage_params(setup: Setup, first: bool, last: bool) -> tuple[float, float, float]:
+    """(dense, expert, full-layer-unsharded-by-dp) parameters one GPU of a stage holds after TP/PP/EP.
+
+    Megatron split: attention heads and MLP columns by tp (KV heads replicated when tp > n_kv_heads),
+    vocabulary-parallel embedding and head, norms, routers and row-parallel biases replicated, routed
+    experts split by ep and each by tp. The first stage holds the embedding, the last the final norm
+    and the head (a copy of the embedding when tied and pp > 1).
+    """
+    m, p = setup.model, setup.parallel
+    t = p.tp
+    kv_heads_rank = max(m.n_kv_heads // t, 1)
+    h, q = m.hidden, m.q_dim
+    kv_rank = kv_heads_rank * m.head_dim
+    attn = h * (q // t + 2 * kv_rank) + (q // t) * h
+    if m.qkv_bias:
+        attn += q // t + 2 * kv_rank
+    if m.attn_out_bias:
+        attn += h
+    if m.qk_norm:
+        attn += 2 * m.head_dim
+
+    def mlp(ffn: int) -> float:
+        return (m.mlp_params(ffn) - (h if m.mlp_bias else 0)) / t + (h if m.mlp_bias else 0)
+
+    norms = 2 * m.norm_params
+    layers = m.n_layers / p.pp
+    moe_frac = m.n_moe_layers / m.n_layers
+    dense_layer = attn + mlp(m.ffn_hidden) + norms
+    dense = layers * (1 - moe_frac) * dense_layer
+    expert = 0.0
+    if m.is_moe:
+        moe_shared = attn + m.router_params + m.n_shared_experts * mlp(m.expert_ffn_hidden) + norms
+        dense += layers * moe_frac * moe_shared
+        expert = layers * moe_frac * (m.n_experts / p.ep) * mlp(m.expert_ffn_hidden)
+    if first:
+        dense += m.vocab * h / t + (m.max_positions * h if m.position == "learned" else 0)
+    if last:
+        dense += m.norm_params
+        if not m.tied_embeddings or (p.pp > 1 and not first):
+            dense += m.vocab * h / t
+    # One block's weights gathered in full over DP (ZeRO-3 / param offload buffers).
+    block = max(dense_layer, moe_shared + (m.n_experts / p.ep) * mlp(m.expert_ffn_hidden)) if m.is_moe else dense_layer
+    return dense, expert, block
+
+
+# --- activations ---------------------------------------------------------------------------------
+
+
+def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = None) -> tuple[float, float]:
+    """Saved-activation bytes per token for one block on one GPU: (total, s^2-free part).
+
+    Counted tensor by tensor [Korthikanti sec. 4]: with e the activation element size, each norm saves
+    its input (e*h), each linear its input, attention saves Q, K, V and the output-projection input,
+    a GELU MLP saves its two f-wide tensors, SwiGLU four (gate, up, silu(gate), product), dropout a
+    1-byte mask per element. Without flash attention the s x s scores are kept (softmax output, plus
+    dropout mask and output when dropout is on): e*a*s, or (2e+1)*a*s, bytes per token. Flash
+    attention keeps only its fp32 log-sum-exp per head. With tp but no sp the norm inputs, linear
+    inputs and dropout masks are replicated; with sp everything is split over tp. Context parallelism
+    is applied by the caller (tokens per GPU). Full recompute keeps only the block input.
+    """
+    m, tr, p = setup.model, setup.train, setup.parallel
+    t = p.tp
+    e = 4.0 if tr.precision == "fp32" else 2.0
+    h, q, kv, f = m.hidden, m.q_dim, m.kv_dim, m.ffn_hidden
+    drop = 1.0 if tr.dropout else 0.0
+    mode = tr.recompute if recompute is None else recompute
+
+    if mode == "full":
+        x = e * h
+        return (x / t if p.sequence_parallel else x), 0.0
+
+    replicated = 4 * e * h + 2 * drop * h  # norm inputs, norm outputs feeding linears, output dropout masks
+    split = e * (q + kv) + e * kv + e * q  # Q and K for QK^T, V, output-projection input
+    if moe:
+        fe = m.expert_ffn_hidden
+        mult = 4 if m.mlp == "swiglu" else 2
+        replicated += 8.0 * m.n_experts + m.top_k * e * h  # router logits and probs (fp32), dispatched copies
+        split += mult * e * fe * (m.top_k + m.n_shared_experts)
+    else:
+        split += (4 if m.mlp == "swiglu" else 2) * e * f
+    scores = 0.0
+    if tr.flash_attention:
+        split += 4.0 * m.n_heads  # log-sum-exp, fp32 per head
+    elif mode != "selective":
+        scores = m.n_heads * (setup.train.seq_len / p.cp) * (e + drop * (1 + e))
+    base = (replicated + split) / t if p.sequence_parallel else replicated + split / t
+    return base + scores / t, base
+
+
+def _activation_memory(setup: Setup, tokens_mb: float, in_flight: float, first: bool, last: bool) -> float:
+    m, tr, p = setup.model, setup.train, setup.parallel
+    layers = m.n_layers / p.pp
+    moe_frac = m.n_moe_layers / m.n_layers
+    dense_tok, _ = activation_bytes_per_token(setup, moe=False)
+    moe_tok, _ = activation_bytes_per_token(setup, moe=True) if m.is_moe else (0.0, 0.0)
+    per_layer_tok = (1 - moe_frac) * dense_tok + moe_frac * moe_tok
+    acts = layers * per_layer_tok * tokens_mb * in_flight
+    if tr.recompute == "full":
+        # The block being recomputed holds its full activations during its backward [Korthikanti 4.1].
+        work_dense, _ = activation_bytes_per_token(setup, moe=False, recompute="none")
+        work_moe = activation_bytes_per_token(setup, moe=True, recompute="none")[0] if m.is_moe else 0.0
+        acts += max(work_dense, work_moe) * tokens_mb
+    e = 4.0 if tr.precision == "fp32" else 2.0
+    if first and tr.dropout:
+        acts += m.hidden * tokens_mb * in_flight / (p.tp if p.sequence_parallel else 1)  # embedding dropout mask
+    if last:
+        # Final norm input and head input, plus the fp32 log-softmax the loss saves (vocab-parallel).
+        acts += (2 * e * m.hidden / (p.tp if p.sequence_parallel else 1) + 4.0 * m.vocab / p.tp) * tokens_mb
+    return acts
+
+
+# --- communication helpers --------------------------------------------------------------------
+
+
+def _group_bw(setup: Setup, stride: int, size: int) -> float:
+    """Per-GPU link bandwidth of a process group whose members are ``stride`` ranks apart.
+
+    Ranks fill nodes in order TP, CP, DP, PP (Megatron); a group inside one node uses the intra-node
+    link, one spanning nodes is limited by the inter-node link (one NIC per GPU).
+    """
+    hw = setup.hardware
+    if stride * size <= hw.gpus_per_node or hw.inter_node_bw_bytes_per_s <= 0:
+        bw = hw.intra_node_bw_bytes_per_s or hw.inter_node_bw_bytes_per_s
+    else:
+        bw = hw.inter_node_bw_bytes_per_s
+    return bw * COMM_EFFICIENCY_FRAC
+
+
+def _ring_all_reduce_s(nbytes: float, n: int, bw: float) -> float:
+    return 0.0 if n <= 1 or nbytes <= 0 or bw <= 0 else 2 * (n - 1) / n * nbytes / bw
+
+
+def _ring_gather_s(nbytes: float, n: int, bw: float) -> float:
+    """All-gather or reduce-scatter of a buffer of ``nbytes`` (the full, gathered size)."""
+    return 0.0 if n <= 1 or nbytes <= 0 or bw <= 0 else (n - 1) / n * nbytes / bw
+
+
+# --- the estimate -------------------------------------------------------------------------------
+
+
+def estimate(setup: Setup) -> Estimate:
+    """Memory per GPU, step time, tokens/s and MFU of ``setup``; see the module docstring for sources."""
+    m, tr, p, hw = setup.model, setup.train, setup.parallel, setup.hardware
+    t, pp, v, cp = p.tp, p.pp, p.vpp, p.cp
+    mb = setup.grad_accum
+    s, b = tr.seq_len, tr.micro_batch
+    e = 4.0 if tr.precision == "fp32" else 2.0
+    grad_e = 4.0 if tr.precision == "fp32" else 2.0
+    dense_shard = p.dp * cp
+    expert_shard = dense_shard // p.ep
+    tokens_mb = b * s / cp  # tokens one GPU processes per micro-batch
+    offload_opt = p.offload != "none"
+    offload_params = p.offload == "optimizer+params"
+
+    # --- memory of the first and the last stage ---
+    def stage_memory(first: bool, last: bool, in_flight: float) -> tuple[MemoryBreakdown, float, float]:
+        dense, expert, block = _stage_params(setup, first, last)
+        dw, dg, do = zero_model_state_bytes(dense, tr.precision, tr.optimizer, p.zero, dense_shard, m.hidden)
+        ew, eg, eo = zero_model_state_bytes(expert, tr.precision, tr.optimizer, p.zero, expert_shard, m.hidden)
+        weights, grads, opt = dw + ew, dg + eg, do + eo
+        host = 0.0
+        if offload_opt:
+            # ZeRO-Offload: fp32 master, states and gradients live on the host; the GPU keeps only
+            # gradient buckets on their way out.
+            shard_params = dense / dense_shard + expert / expert_shard
+            host += opt + shard_params * 4.0
+            opt, grads = 0.0, 0.0
+        if offload_params:
+            host += weights
+            weights = 0.0
+        acts = _activation_memory(setup, tokens_mb, in_flight, first, last)
+        buffers = 0.0
+        if p.zero >= 3 or offload_params:
+            buffers += 2 * block * 2.0 + block * grad_e  # two gathered blocks (prefetch) + one grad block
+        elif dense_shard > 1 or offload_opt:
+            buffers += 2 * DDP_BUCKET_BYTES
+        if last:
+            buffers += (e + 4.0) * m.vocab / t * tokens_mb  # logits and their fp32 gradient in the loss backward
+        allocated = weights + grads + opt + acts + buffers
+        overhead = hw.runtime_overhead_bytes + (FRAGMENTATION_FRAC * allocated if hw.kind == "gpu" else 0.0)
+        return MemoryBreakdown(weights, grads, opt, acts, buffers, overhead, host), dense, expert
+
+    # 1F1B: stage 0 holds min(pp, m) micro-batches; interleaving adds (p-1)/(p*v) [Korthikanti 4.2.3].
+    in_flight_first = min(pp, mb) * ((1 + (pp - 1) / (pp * v)) if v > 1 else 1.0)
+    mem_first, dense_first, expert_first = stage_memory(True, pp == 1, in_flight_first)
+    if pp > 1:
+        mem_last, dense_last, expert_last = stage_memory(False, True, 1.0)
+    else:
+        mem_last, dense_last, expert_last = mem_first, dense_first, expert_first
+    worst = mem_first if mem_first.total_bytes >= mem_last.total_bytes else mem_last
+    params_gpu = max(dense_first + expert_first, dense_last + expert_last)
+
+    # --- FLOPs ---
+    nmm = m.matmul_params_per_token()
+    attn_fwd_full = 4.0 * s * m.q_dim * m.n_layers  # QK^T and AV over the full s x s, per token [Narayanan]
+    model_flops_tok = 6.0 * nmm + 3.0 * attn_fwd_full  # = 6N + 12*L*s*q [PaLM]
+    attn_fwd_exec = attn_fwd_full * (0.5 if tr.flash_attention else 1.0)  # causal flash skips the masked half
+    hw_flops_tok = 6.0 * nmm + 3.0 * attn_fwd_exec
+    if tr.recompute == "full":
+        recompute_tok = 2.0 * (nmm - m.vocab * m.hidden) + attn_fwd_exec
+    elif tr.recompute == "selective":
+        recompute_tok = attn_fwd_exec
+    else:
+        recompute_tok = 0.0
+    tokens_step = setup.tokens_per_step
+    model_flops = model_flops_tok * tokens_step
+    hw_flops = (hw_flops_tok + recompute_tok) * tokens_step
+
+    # --- time ---
+    peak = hw.peak_flops(tr.precision)
+    rate = peak * hw.matmul_efficiency_frac
+    shard = t * pp * cp
+    tokens_gpu_step = mb * b * s  # per model replica; divided by the model-parallel shards below
+    attn_rate = peak * ATTENTION_EFFICIENCY_FRAC if tr.flash_attention else rate
+    attn_exec_tok = 3.0 * attn_fwd_exec
+    compute_s = ((hw_flops_tok - attn_exec_tok) / rate + attn_exec_tok / attn_rate) * tokens_gpu_step / shard
+    recompute_attn_tok = attn_fwd_exec if tr.recompute != "none" else 0.0
+    recompute_s = (
+        ((recompute_tok - recompute_attn_tok) / rate + recompute_attn_tok / attn_rate) * tokens_gpu_step / shard
+    )
+    mem_rate = hw.mem_bw_bytes_per_s * MEM_BW_EFFICIENCY_FRAC
+    moe_frac = m.n_moe_layers / m.n_layers
+    saved_tok = (1 - moe_frac) * activation_bytes_per_token(setup, False, "none")[1]
+    if m.is_moe:
+        saved_tok += moe_frac * activation_bytes_per_token(setup, True, "none")[1]
+    layers_stage = m.n_layers / pp
+    elementwise_bytes = ELEMENTWISE_TRAFFIC_PER_SAVED_BYTE * saved_tok * layers_stage * tokens_mb * mb
+    if not tr.flash_attention:
+        # Softmax over the s x s scores: written by QK^T, read and written by softmax, read by AV,
+        # and as many passes again backward.
+        scores_tok = m.n_heads / t * (s / cp) * e
+        elementwise_bytes += 8 * scores_tok * layers_stage * tokens_mb * mb
+    if tr.recompute == "full":
+        elementwise_bytes *= 1.25  # the forward half (1 of 4 passes) runs again
+    # Cross-entropy over the logits on the last stage: logits written, upcast, softmax read and written,
+    # gradient written and read by the head backward.
+    elementwise_bytes += 6 * (e + 4.0) / 2 * m.vocab / t * tokens_mb * mb
+    memory_bound_s = elementwise_bytes / mem_rate
+
+    # Tensor parallel: 2 all-reduces forward, 2 backward per block (+2 when full recompute replays the
+    # forward); with sp each is an all-gather + reduce-scatter of the same volume [Korthikanti 4.2.2].
+    tp_bw = _group_bw(setup, 1, t)
+    n_tp_collectives = 6 if tr.recompute == "full" else 4
+    tp_s = mb * layers_stage * n_tp_collectives * _ring_all_reduce_s(tokens_mb * m.hidden * e, t, tp_bw)
+
+    # Context parallel ring: each rank receives cp-1 K/V chunks forward, K/V and dK/dV backward.
+    cp_s = 0.0
+    if cp > 1:
+        kv_heads_rank = max(m.n_kv_heads // t, 1)
+        kv_bytes = 2 * kv_heads_rank * m.head_dim * e * tokens_mb * (cp - 1)
+        ring_s = mb * layers_stage * 3 * kv_bytes / _group_bw(setup, t, cp)
+        attn_s = 3.0 * attn_fwd_exec / m.n_layers * layers_stage * tokens_mb * mb / t / attn_rate
+        cp_s = max(0.0, ring_s - attn_s)
+
+    # Expert parallel: dispatch and combine all-to-alls, forward and backward.
+    ep_s = 0.0
+    if p.ep > 1:
+        tok = tokens_mb / (t if p.sequence_parallel else 1)
+        a2a = tok * m.top_k * m.hidden * e * (p.ep - 1) / p.ep
+        ep_s = mb * layers_stage * moe_frac * 4 * a2a / _group_bw(setup, t * cp, p.ep)
+
+    # Pipeline point-to-point: activation forward and its gradient backward, per micro-batch and chunk.
+    pp_s = 0.0
+    if pp > 1:
+        p2p = tokens_mb * m.hidden * e / (t if p.sequence_parallel else 1)
+        pp_s = mb * v * 2 * p2p / _group_bw(setup, t * cp * p.dp, pp)
+
+    # Data parallel.
+    step_work_s = compute_s + recompute_s + memory_bound_s + tp_s
+    bwd_last_mb_s = (2.0 / 3.0) * (compute_s + memory_bound_s) / mb
+    dense_gpu = max(dense_first, dense_last)
+    expert_gpu = max(expert_first, expert_last)
+    dp_s = 0.0
+    if dense_shard > 1 or expert_shard > 1:
+        bw_dense = _group_bw(setup, t, dense_shard)
+        bw_exp = _group_bw(setup, t, expert_shard)
+        gbytes_d, gbytes_e = dense_gpu * grad_e, expert_gpu * grad_e
+        wbytes_d, wbytes_e = dense_gpu * 2.0, expert_gpu * 2.0
+        if p.zero == 0:
+            reduce_s = _ring_all_reduce_s(gbytes_d, dense_shard, bw_dense) + _ring_all_reduce_s(
+                gbytes_e, expert_shard, bw_exp
+            )
+            dp_s = max(0.0, reduce_s - bwd_last_mb_s)
+        else:
+            reduce_s = _ring_gather_s(gbytes_d, dense_shard, bw_dense) + _ring_gather_s(gbytes_e, expert_shard, bw_exp)
+            gather_s = _ring_gather_s(wbytes_d, dense_shard, bw_dense) + _ring_gather_s(wbytes_e, expert_shard, bw_exp)
+            dp_s = max(0.0, reduce_s - bwd_last_mb_s)
+            if p.zero >= 3:
+                passes = 3 if tr.recompute == "full" else 2  # forward, backward (and recompute) gathers
+                dp_s += max(0.0, mb * passes * gather_s - step_work_s)
+            else:
+                dp_s += gather_s
+
+    # Pipeline bubble: (p-1)/(v*m) of the ideal per-stage time [Narayanan].
+    bubble_s = (pp - 1) / (v * mb) * step_work_s if pp > 1 else 0.0
+
+    # Optimizer step: memory-bound, ~28 bytes per parameter for AdamW (read grad, master, m, v; write
+    # master, m, v, 16-bit weight), 20 for SGD, 12 for Adafactor.
+    opt_bytes_per_param = {"adamw": 28.0, "sgd": 20.0, "adafactor": 12.0}[tr.optimizer]
+    opt_params = dense_gpu / (dense_shard if p.zero >= 1 else 1) + expert_gpu / (expert_shard if p.zero >= 1 else 1)
+    optimizer_s = 0.0
+    offload_s = 0.0
+    if offload_opt:
+        host_bw = hw.host_mem_bw_bytes_per_s / hw.gpus_per_node * MEM_BW_EFFICIENCY_FRAC
+        link = hw.host_link_bw_bytes_per_s * COMM_EFFICIENCY_FRAC
+        cpu_step_s = opt_params * opt_bytes_per_param / host_bw
+        d2h_s = opt_params * grad_e / link  # gradient partitions out, overlapped with backward
+        h2d_s = opt_params * 2.0 / link  # updated 16-bit weights back
+        offload_s = cpu_step_s + h2d_s + max(0.0, d2h_s - bwd_last_mb_s)
+        if offload_params:
+            stream_s = mb * 2 * opt_params * 2.0 / link  # weight shards in, forward and backward
+            offload_s += max(0.0, stream_s - step_work_s)
+    else:
+        optimizer_s = opt_params * opt_bytes_per_param / mem_rate
+
+    time = TimeBreakdown(
+        compute_ms=compute_s * 1e3,
+        recompute_ms=recompute_s * 1e3,
+        memory_bound_ms=memory_bound_s * 1e3,
+        tp_comm_ms=tp_s * 1e3,
+        cp_comm_ms=cp_s * 1e3,
+        ep_comm_ms=ep_s * 1e3,
+        pp_comm_ms=pp_s * 1e3,
+        dp_comm_ms=dp_s * 1e3,
+        bubble_ms=bubble_s * 1e3,
+        optimizer_ms=optimizer_s * 1e3,
+        offload_ms=offload_s * 1e3,
+    )
+    step_s = time.total_ms / 1e3
+    gpus = setup.gpus
+    per_node = min(gpus, hw.gpus_per_node)
+    host_node = max(mem_first.host_bytes, mem_last.host_bytes) * per_node
+    return Estimate(
+        setup=setup,
+        memory=worst,
+        memory_first_stage=mem_first,
+        memory_last_stage=mem_last,
+        time=time,
+        params_per_gpu=params_gpu,
+        model_flops_per_step=model_flops,
+        hardware_flops_per_step=hw_flops,
+        tokens_per_s=tokens_step / step_s,
+        mfu_frac=model_flops / gpus / step_s / peak,
+        hfu_frac=hw_flops / gpus / step_s / peak,
+        host_bytes_per_node=host_node,
+        host_fits=host_node <= hw.host_memory_bytes or not offload_opt,
+    )
+
+
+def narayanan_flops_per_iteration(
+    batch: int, seq: int, layers: int, hidden: int, vocab: int, full_recompute: bool
+) -> float:
+    """FLOPs per iteration of a GPT model [Narayanan eq. 3]: 72*B*s*l*h^2*(1 + s/(6h) + V/(12*l*h)),
+    or 96*... with V/(16*l*h) under full recompute."""
+    if full_recompute:
+        return 96.0 * batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+    return 72.0 * batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))

@@ -1,0 +1,395 @@
+"""Presets: the models and devices people size most often, as plain functions returning specs.
+
+Model shapes come from each model's published ``config.json``; parameter counts are exact and tested.
+Device numbers come from vendor datasheets (dense FLOP/s, no sparsity), cited beside each preset.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+
+from advisor.errors import SpecError
+from advisor.specs import HardwareSpec, ModelSpec
+
+GB = 10**9
+MiB = 2**20
+GiB = 2**30
+TFLOPS = 1e12
+
+# CUDA context, cuBLAS and NCCL workspaces: memory outside PyTorch's allocator. A CUDA 12 context with
+# lazy module loading takes ~0.5 GiB on Hopper; NCCL communicators add a few hundred MiB each
+# (PyTorch "CUDA semantics" notes; NCCL_BUFFSIZE default 4 MiB per channel and peer).
+_GPU_RUNTIME_OVERHEAD_BYTES = 1 * GiB
+
+
+# --- models -----------------------------------------------------------------------------------
+
+
+def _gpt2(name: str, n_layers: int, hidden: int, n_heads: int) -> ModelSpec:
+    # openai-community/gpt2*/config.json: n_positions 1024, vocab 50257, tied head, biases everywhere.
+    return ModelSpec(
+        name=name,
+        n_layers=n_layers,
+        hidden=hidden,
+        n_heads=n_heads,
+        ffn_hidden=4 * hidden,
+        vocab=50257,
+        mlp="gelu",
+        norm="layernorm",
+        norm_bias=True,
+        position="learned",
+        max_positions=1024,
+        tied_embeddings=True,
+        qkv_bias=True,
+        attn_out_bias=True,
+        mlp_bias=True,
+    )
+
+
+def gpt2_124m() -> ModelSpec:
+    """GPT-2 small: 124,439,808 parameters."""
+    return _gpt2("gpt2-124m", 12, 768, 12)
+
+
+def gpt2_355m() -> ModelSpec:
+    """GPT-2 medium: 354,823,168 parameters."""
+    return _gpt2("gpt2-355m", 24, 1024, 16)
+
+
+def gpt2_774m() -> ModelSpec:
+    """GPT-2 large: 774,030,080 parameters."""
+    return _gpt2("gpt2-774m", 36, 1280, 20)
+
+
+def gpt2_1_5b() -> ModelSpec:
+    """GPT-2 XL: 1,557,611,200 parameters."""
+    return _gpt2("gpt2-1.5b", 48, 1600, 25)
+
+
+def _llama(name: str, n_layers: int, hidden: int, n_heads: int, n_kv: int, ffn: int, vocab: int, **kw) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        n_layers=n_layers,
+        hidden=hidden,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        ffn_hidden=ffn,
+        vocab=vocab,
+        mlp="swiglu",
+        norm="rmsnorm",
+        position="rope",
+        **kw,
+    )
+
+
+def llama_3_2_1b() -> ModelSpec:
+    """meta-llama/Llama-3.2-1B: 1,235,814,400 parameters (tied embeddings)."""
+    return _llama("llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256, head_dim=64, tied_embeddings=True)
+
+
+def llama_3_2_3b() -> ModelSpec:
+    """meta-llama/Llama-3.2-3B: 3,212,749,824 parameters (tied embeddings)."""
+    return _llama("llama-3.2-3b", 28, 3072, 24, 8, 8192, 128256, head_dim=128, tied_embeddings=True)
+
+
+def llama_3_1_8b() -> ModelSpec:
+    """meta-llama/Llama-3.1-8B: 8,030,261,248 parameters."""
+    return _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256)
+
+
+def llama_3_1_70b() -> ModelSpec:
+    """meta-llama/Llama-3.1-70B: 70,553,706,496 parameters."""
+    return _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256)
+
+
+def llama_3_1_405b() -> ModelSpec:
+    """meta-llama/Llama-3.1-405B: 405,853,388,800 parameters."""
+    return _llama("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256)
+
+
+def mistral_7b() -> ModelSpec:
+    """mistralai/Mistral-7B-v0.1: 7,241,732,096 parameters."""
+    return _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, max_positions=32768)
+
+
+def mixtral_8x7b() -> ModelSpec:
+    """mistralai/Mixtral-8x7B-v0.1: 46,702,792,704 parameters, 8 experts, top-2 (12.9B active)."""
+    return _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, max_positions=32768, n_experts=8, top_k=2)
+
+
+def llama_4_scout() -> ModelSpec:
+    """meta-llama/Llama-4-Scout-17B-16E, language model only: 107,769,861,120 parameters.
+
+    16 routed experts (top-1) plus one shared expert in every block, expert size 8192; 17.2B active.
+    The vision encoder (the rest of the 109B) is not modelled.
+    """
+    return _llama(
+        "llama-4-scout",
+        48,
+        5120,
+        40,
+        8,
+        16384,
+        202048,
+        head_dim=128,
+        max_positions=10485760,
+        n_experts=16,
+        top_k=1,
+        n_shared_experts=1,
+        expert_ffn_hidden=8192,
+    )
+
+
+def llama_4_maverick() -> ModelSpec:
+    """meta-llama/Llama-4-Maverick-17B-128E, language model only: 400,711,848,960 parameters.
+
+    MoE in every other block (interleave_moe_layer_step 2): 128 routed experts (top-1) plus a shared
+    expert of size 8192; dense blocks have an MLP of 16384. 17.2B active.
+    """
+    return _llama(
+        "llama-4-maverick",
+        48,
+        5120,
+        40,
+        8,
+        16384,
+        202048,
+        head_dim=128,
+        max_positions=1048576,
+        n_experts=128,
+        top_k=1,
+        n_shared_experts=1,
+        expert_ffn_hidden=8192,
+        moe_layer_step=2,
+    )
+
+
+def tiny() -> ModelSpec:
+    """A Llama-style model of 4,999,424 parameters for tests and demos on a CPU."""
+    return _llama("tiny", 4, 256, 8, 4, 688, 8192, tied_embeddings=True, max_positions=2048)
+
+
+def tiny_moe() -> ModelSpec:
+    """A tiny mixture-of-experts model (4 experts, top-2) for tests and demos on a CPU."""
+    return _llama("tiny-moe", 4, 256, 8, 4, 688, 8192, tied_embeddings=True, max_positions=2048, n_experts=4, top_k=2)
+
+
+MODELS: dict[str, Callable[[], ModelSpec]] = {
+    "tiny": tiny,
+    "tiny-moe": tiny_moe,
+    "gpt2-124m": gpt2_124m,
+    "gpt2-355m": gpt2_355m,
+    "gpt2-774m": gpt2_774m,
+    "gpt2-1.5b": gpt2_1_5b,
+    "llama-3.2-1b": llama_3_2_1b,
+    "llama-3.2-3b": llama_3_2_3b,
+    "llama-3.1-8b": llama_3_1_8b,
+    "llama-3.1-70b": llama_3_1_70b,
+    "llama-3.1-405b": llama_3_1_405b,
+    "mistral-7b": mistral_7b,
+    "mixtral-8x7b": mixtral_8x7b,
+    "llama-4-scout": llama_4_scout,
+    "llama-4-maverick": llama_4_maverick,
+}
+
+
+def get_model(name: str) -> ModelSpec:
+    """The preset model called ``name`` (see MODELS)."""
+    try:
+        return MODELS[name.lower()]()
+    except KeyError:
+        raise SpecError(
+            "model", name, f"unknown preset; choose one of {', '.join(MODELS)} or import a config.json"
+        ) from None
+
+
+# --- hardware ---------------------------------------------------------------------------------
+
+
+def h100_sxm() -> HardwareSpec:
+    """NVIDIA H100 SXM5 80 GB in an HGX/DGX H100 node.
+
+    Datasheet (nvidia.com/en-us/data-center/h100; dense = half the sparsity figures): FP32 67,
+    TF32 494.5, BF16/FP16 989.5, FP8 1979 TFLOP/s; HBM3 3.35 TB/s; NVLink 4 900 GB/s total (450 per direction); PCIe Gen5 x16
+    64 GB/s per direction. DGX H100: 8 GPUs, 8x ConnectX-7 400 Gb/s (50 GB/s per GPU), 2 TB host
+    memory, 2x Xeon 8480C (8 channels DDR5-4800 each: 2 x 307 GB/s).
+    """
+    return HardwareSpec(
+        name="H100 SXM 80GB",
+        memory_bytes=81559 * MiB,  # nvidia-smi total
+        peak_fp32_flops=67 * TFLOPS,
+        peak_tf32_flops=494.5 * TFLOPS,
+        peak_bf16_flops=989.5 * TFLOPS,
+        peak_fp16_flops=989.5 * TFLOPS,
+        peak_fp8_flops=1979 * TFLOPS,
+        mem_bw_bytes_per_s=3.35e12,
+        gpus_per_node=8,
+        intra_node_bw_bytes_per_s=450 * GB,
+        inter_node_bw_bytes_per_s=50 * GB,
+        host_link="pcie5",
+        host_link_bw_bytes_per_s=64 * GB,
+        host_memory_bytes=2048 * GB,
+        host_mem_bw_bytes_per_s=614 * GB,
+        # H200 measured here: bf16 8192^3 matmul ~790 TFLOP/s of 989 (DESIGN.md); same SMs as H100.
+        matmul_efficiency_frac=0.80,
+        runtime_overhead_bytes=_GPU_RUNTIME_OVERHEAD_BYTES,
+    )
+
+
+def h200() -> HardwareSpec:
+    """NVIDIA H200 SXM 141 GB (HGX H200): H100 compute, HBM3e 4.8 TB/s.
+
+    Datasheet (nvidia.com/en-us/data-center/h200): BF16 989 dense, FP8 1979 dense TFLOP/s; 141 GB HBM3e
+    at 4.8 TB/s; NVLink 900 GB/s; PCIe Gen5. Measured on our H200: bf16 matmul ~790 TFLOP/s (0.80).
+    """
+    return replace(h100_sxm(), name="H200 141GB", memory_bytes=143771 * MiB, mem_bw_bytes_per_s=4.8e12)
+
+
+def gh200() -> HardwareSpec:
+    """NVIDIA GH200 Grace Hopper Superchip (96 GB HBM3 version), in a 4-superchip node.
+
+    Datasheet (nvidia.com/en-us/data-center/grace-hopper-superchip): H100-class GPU, 96 GB HBM3 at
+    4 TB/s; Grace CPU with up to 480 GB LPDDR5X at up to 512 GB/s; NVLink-C2C 900 GB/s total
+    (450 per direction) between CPU and GPU, 7x PCIe Gen5. Node layout of the HPE Cray EX254n (Alps,
+    JUPITER): 4 superchips, NVLink 4 between GPUs (150 GB/s per direction per pair), one 200 Gb/s
+    Slingshot NIC per superchip (25 GB/s).
+    """
+    return HardwareSpec(
+        name="GH200 96GB",
+        memory_bytes=97871 * MiB,
+        peak_fp32_flops=67 * TFLOPS,
+        peak_tf32_flops=494.5 * TFLOPS,
+        peak_bf16_flops=989.5 * TFLOPS,
+        peak_fp16_flops=989.5 * TFLOPS,
+        peak_fp8_flops=1979 * TFLOPS,
+        mem_bw_bytes_per_s=4.0e12,
+        gpus_per_node=4,
+        intra_node_bw_bytes_per_s=150 * GB,
+        inter_node_bw_bytes_per_s=25 * GB,
+        host_link="nvlink-c2c",
+        host_link_bw_bytes_per_s=450 * GB,
+        host_memory_bytes=4 * 480 * GB,
+        host_mem_bw_bytes_per_s=4 * 512 * GB,
+        matmul_efficiency_frac=0.80,
+        runtime_overhead_bytes=_GPU_RUNTIME_OVERHEAD_BYTES,
+    )
+
+
+def _a100(name: str, memory_bytes: int, mem_bw: float) -> HardwareSpec:
+    # Datasheet (nvidia.com/en-us/data-center/a100, dense): FP32 19.5, TF32 156, BF16/FP16 312 TFLOP/s,
+    # no FP8; NVLink 3 600 GB/s total (300 per direction); PCIe Gen4 x16 32 GB/s per direction.
+    # DGX A100: 8 GPUs, 8x ConnectX-6 200 Gb/s (25 GB/s per GPU), 1 TB (2 TB option) host memory,
+    # 2x EPYC 7742 (8 channels DDR4-3200: 2 x 205 GB/s).
+    return HardwareSpec(
+        name=name,
+        memory_bytes=memory_bytes,
+        peak_fp32_flops=19.5 * TFLOPS,
+        peak_tf32_flops=156 * TFLOPS,
+        peak_bf16_flops=312 * TFLOPS,
+        peak_fp16_flops=312 * TFLOPS,
+        peak_fp8_flops=0.0,
+        mem_bw_bytes_per_s=mem_bw,
+        gpus_per_node=8,
+        intra_node_bw_bytes_per_s=300 * GB,
+        inter_node_bw_bytes_per_s=25 * GB,
+        host_link="pcie4",
+        host_link_bw_bytes_per_s=32 * GB,
+        host_memory_bytes=1024 * GB,
+        host_mem_bw_bytes_per_s=410 * GB,
+        # Large bf16 GEMMs reach ~250-270 of 312 TFLOP/s on A100 (cuBLAS, NVIDIA Megatron reports).
+        matmul_efficiency_frac=0.82,
+        runtime_overhead_bytes=_GPU_RUNTIME_OVERHEAD_BYTES,
+    )
+
+
+def a100_80gb() -> HardwareSpec:
+    """NVIDIA A100 SXM4 80 GB: HBM2e 2.039 TB/s."""
+    return _a100("A100 SXM 80GB", 81920 * MiB, 2.039e12)
+
+
+def a100_40gb() -> HardwareSpec:
+    """NVIDIA A100 SXM4 40 GB: HBM2 1.555 TB/s."""
+    return _a100("A100 SXM 40GB", 40960 * MiB, 1.555e12)
+
+
+def l40s() -> HardwareSpec:
+    """NVIDIA L40S 48 GB (PCIe card, no NVLink).
+
+    Datasheet (nvidia.com/en-us/data-center/l40s, dense = half the sparse figures): FP32 91.6,
+    TF32 183, BF16/FP16 362, FP8 733 TFLOP/s; GDDR6 864 GB/s; PCIe Gen4 x16 32 GB/s per direction,
+    which is also the GPU-to-GPU path. Typical 8-GPU server with 200 Gb/s per GPU across nodes.
+    """
+    return HardwareSpec(
+        name="L40S 48GB",
+        memory_bytes=46068 * MiB,
+        peak_fp32_flops=91.6 * TFLOPS,
+        peak_tf32_flops=183 * TFLOPS,
+        peak_bf16_flops=362 * TFLOPS,
+        peak_fp16_flops=362 * TFLOPS,
+        peak_fp8_flops=733 * TFLOPS,
+        mem_bw_bytes_per_s=864 * GB,
+        gpus_per_node=8,
+        intra_node_bw_bytes_per_s=32 * GB,
+        inter_node_bw_bytes_per_s=25 * GB,
+        host_link="pcie4",
+        host_link_bw_bytes_per_s=32 * GB,
+        host_memory_bytes=1024 * GB,
+        host_mem_bw_bytes_per_s=307 * GB,
+        matmul_efficiency_frac=0.70,
+        runtime_overhead_bytes=_GPU_RUNTIME_OVERHEAD_BYTES,
+    )
+
+
+def cpu_host() -> HardwareSpec:
+    """This machine's CPU as the training device (the profiled step's fallback without a GPU).
+
+    Memory is read from the OS. FLOP/s assume AVX2 with two FMA units: 2 x 8 fp32 lanes x 2 FLOP per
+    cycle at ~3 GHz = 96 GFLOP/s per core, no faster bf16 path; DRAM ~10 GB/s per core. These are
+    rough: ``python -m advisor ceilings`` measures the real ones.
+    """
+    cores = os.cpu_count() or 1
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 16 * GiB
+    peak = 96e9 * cores
+    return HardwareSpec(
+        name=f"CPU host ({cores} cores)",
+        memory_bytes=int(memory),
+        peak_fp32_flops=peak,
+        peak_tf32_flops=0.0,
+        peak_bf16_flops=peak,
+        peak_fp16_flops=peak,
+        peak_fp8_flops=0.0,
+        mem_bw_bytes_per_s=10 * GB * cores,
+        gpus_per_node=1,
+        host_link="none",
+        host_memory_bytes=int(memory),
+        host_mem_bw_bytes_per_s=10 * GB * cores,
+        matmul_efficiency_frac=0.5,
+        kind="cpu",
+    )
+
+
+HARDWARE: dict[str, Callable[[], HardwareSpec]] = {
+    "h100": h100_sxm,
+    "h200": h200,
+    "gh200": gh200,
+    "a100-80gb": a100_80gb,
+    "a100-40gb": a100_40gb,
+    "l40s": l40s,
+    "cpu": cpu_host,
+}
+
+_HARDWARE_ALIASES = {"h100-sxm": "h100", "a100": "a100-80gb"}
+
+
+def get_hardware(name: str) -> HardwareSpec:
+    """The preset device called ``name`` (see HARDWARE)."""
+    key = _HARDWARE_ALIASES.get(name.lower(), name.lower())
+    try:
+        return HARDWARE[key]()
+    except KeyError:
+        raise SpecError("gpu", name, f"unknown device; choose one of {', '.join(HARDWARE)}") from None

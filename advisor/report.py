@@ -1,0 +1,93 @@
+"""Readable summaries of an Estimate: text for the CLI, rows for the app's tables."""
+
+from __future__ import annotations
+
+from advisor.estimator import Estimate
+
+GiB = 2**30
+
+MEMORY_LABELS = {
+    "weights_bytes": "weights",
+    "grads_bytes": "gradients",
+    "optimizer_bytes": "optimizer states",
+    "activations_bytes": "activations",
+    "buffers_bytes": "temp/comm buffers",
+    "overhead_bytes": "runtime + fragmentation",
+}
+TIME_LABELS = {
+    "compute_ms": "compute (GEMM + attention)",
+    "recompute_ms": "recompute",
+    "memory_bound_ms": "memory-bound ops",
+    "tp_comm_ms": "TP communication",
+    "cp_comm_ms": "CP ring (exposed)",
+    "ep_comm_ms": "EP all-to-all",
+    "pp_comm_ms": "PP send/recv",
+    "dp_comm_ms": "DP/ZeRO comm (exposed)",
+    "bubble_ms": "pipeline bubble",
+    "optimizer_ms": "optimizer step",
+    "offload_ms": "CPU offload (exposed)",
+}
+
+
+def describe_setup(est: Estimate) -> str:
+    """One line: model, devices, layout, step shape."""
+    s = est.setup
+    m, t, p = s.model, s.train, s.parallel
+    layout = f"dp{p.dp} tp{p.tp} pp{p.pp}" + (f"x{p.vpp}v" if p.vpp > 1 else "") + f" cp{p.cp} ep{p.ep}"
+    extras = (
+        [f"ZeRO-{p.zero}"]
+        + (["SP"] if p.sequence_parallel else [])
+        + ([f"offload {p.offload}"] if p.offload != "none" else [])
+    )
+    step = f"seq {t.seq_len} x micro {t.micro_batch} x accum {s.grad_accum} x dp {p.dp} = global {s.global_batch}"
+    params = f"{m.n_params / 1e9:.2f}B params" + (f", {m.n_active_params / 1e9:.2f}B active" if m.is_moe else "")
+    return (
+        f"{m.name} ({params}) on {s.gpus} x {s.hardware.name}; {layout}, {', '.join(extras)}; "
+        f"{t.precision} {t.optimizer}, recompute {t.recompute}, flash {'on' if t.flash_attention else 'off'}; {step}"
+    )
+
+
+def verdict(est: Estimate) -> str:
+    """FITS / DOES NOT FIT with the numbers behind it."""
+    used, cap = est.memory.total_bytes / GiB, est.capacity_bytes / GiB
+    line = f"{used:.1f} GiB of {cap:.1f} GiB per GPU ({100 * est.memory_frac:.0f} %)"
+    if not est.host_fits:
+        host = est.host_bytes_per_node / GiB
+        return f"DOES NOT FIT: offloaded state needs {host:.0f} GiB of host memory per node, more than the node has; {line}"
+    if est.fits:
+        return f"FITS: {line}"
+    return f"DOES NOT FIT: {line}"
+
+
+def memory_rows(est: Estimate) -> list[tuple[str, float, float]]:
+    """(component, GiB, share of total in %) for the fullest GPU."""
+    d = est.memory.as_dict()
+    total = d["total_bytes"]
+    return [(label, d[k] / GiB, 100 * d[k] / total) for k, label in MEMORY_LABELS.items()]
+
+
+def time_rows(est: Estimate) -> list[tuple[str, float, float]]:
+    """(component, ms, share of step in %) for the non-zero components."""
+    d = est.time.as_dict()
+    total = d["total_ms"]
+    return [(label, d[k], 100 * d[k] / total) for k, label in TIME_LABELS.items() if d[k] > 0]
+
+
+def format_estimate(est: Estimate) -> str:
+    """The CLI's readable breakdown."""
+    out = [describe_setup(est), "", verdict(est), "", f"Memory per GPU (fullest stage){'':14s}GiB      %"]
+    for label, gib, pct in memory_rows(est):
+        out.append(f"  {label:38s}{gib:9.2f} {pct:6.1f}")
+    out.append(f"  {'total':38s}{est.memory.total_bytes / GiB:9.2f}")
+    if est.memory.host_bytes:
+        out.append(f"  {'(offloaded to host memory)':38s}{est.memory.host_bytes / GiB:9.2f}")
+    out += ["", f"Step time{'':35s}ms      %"]
+    for label, ms, pct in time_rows(est):
+        out.append(f"  {label:38s}{ms:9.1f} {pct:6.1f}")
+    out.append(f"  {'total':38s}{est.step_time_ms:9.1f}")
+    out += [
+        "",
+        f"Throughput: {est.tokens_per_s:,.0f} tokens/s; MFU {100 * est.mfu_frac:.1f} %, HFU {100 * est.hfu_frac:.1f} %",
+        f"FLOPs per step: {est.model_flops_per_step:.3e} model, {est.hardware_flops_per_step:.3e} executed",
+    ]
+    return "\n".join(out)

@@ -1,0 +1,70 @@
+"""The command line: readable output, --json, clear errors with exit status 2."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from advisor.cli import main
+
+DATA = Path(__file__).parent / "data" / "hf"
+
+
+def test_size_prints_a_readable_breakdown(capsys):
+    code = main(
+        ["size", "--model", "llama-3.1-8b", "--gpu", "h200", "--gpus", "8", "--tp", "2", "--zero", "1", "--seq", "8192"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "llama-3.1-8b (8.03B params) on 8 x H200 141GB; dp4 tp2" in out
+    assert out.count("FITS") == 1 and "GiB per GPU" in out
+    for row in ("weights", "gradients", "optimizer states", "activations", "TP communication", "Throughput:", "MFU"):
+        assert row in out
+
+
+def test_size_json_is_machine_readable(capsys):
+    code = main(["size", "--model", "gpt2-124m", "--gpu", "a100-80gb", "--seq", "1024", "--micro-batch", "8", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert data["n_params"] == 124_439_808
+    assert data["setup"]["train"]["micro_batch"] == 8
+    assert data["fits"] is True
+    parts = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "overhead_bytes")
+    assert sum(data["memory"][k] for k in parts) == pytest.approx(data["memory"]["total_bytes"])
+    assert data["tokens_per_s"] == pytest.approx(8 * 1024 / (data["step_time_ms"] / 1e3))
+
+
+def test_hf_config_flag(capsys):
+    assert main(["size", "--hf-config", str(DATA / "qwen2-0.5b.json"), "--gpu", "l40s", "--seq", "2048", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["n_params"] == 494_032_768 and data["setup"]["model"]["name"] == "qwen2-0.5b"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tp", "3"], "error: parallel.tp=3: model.n_heads=32 must be divisible by tp"),
+        (["--gpus", "8", "--dp", "2", "--tp", "2"], "error: gpus=8: dp(2) * tp(2) * pp(1) * cp(1) = 4 != gpus(8)"),
+        (["--model", "gpt-9"], "error: model='gpt-9': unknown preset"),
+        (["--hf-config", "/nonexistent/config.json"], "error: cannot read config file config.json"),
+        (["--precision", "fp8", "--gpu", "a100"], "error: train.precision='fp8': A100 SXM 80GB has no fp8"),
+    ],
+)
+def test_bad_input_exits_2_with_the_reason(argv, message, capsys):
+    assert main(["size", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_presets_lists_models_and_devices(capsys):
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    assert "llama-4-maverick" in out and "400,711,848,960" in out and "GH200 96GB" in out
+
+
+def test_module_entry_point_runs():
+    cmd = [sys.executable, "-m", "advisor", "size", "--model", "tiny", "--gpu", "cpu", "--seq", "256", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["n_params"] == 4_999_424

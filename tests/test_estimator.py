@@ -1,0 +1,287 @@
+"""The estimator against the papers' formulas and hand-checked arithmetic."""
+
+from dataclasses import replace
+
+import pytest
+
+from advisor.estimator import (
+    ATTENTION_EFFICIENCY_FRAC,
+    COMM_EFFICIENCY_FRAC,
+    _activation_memory,
+    activation_bytes_per_token,
+    estimate,
+    narayanan_flops_per_iteration,
+    zero_model_state_bytes,
+)
+from advisor.presets import get_hardware, get_model
+from advisor.specs import ModelSpec, ParallelSpec, Setup, TrainSpec
+
+GB = 1e9
+
+
+# --- ZeRO paper, section 5.1 / figure 1: 7.5B parameters, Nd = 64, mixed-precision Adam (K = 12) ---
+
+
+@pytest.mark.parametrize(("stage", "gb"), [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_worked_example(stage, gb):
+    w, g, o = zero_model_state_bytes(7.5e9, "bf16", "adamw", stage, 64)
+    assert round((w + g + o) / GB, 1) == gb
+
+
+def test_zero_sharding_in_a_full_estimate():
+    # Llama-3.1-8B on 64 GPUs, tp = pp = 1: every GPU holds all parameters before sharding.
+    model = get_model("llama-3.1-8b")
+    n = model.n_params
+    for stage, expected in [(0, 16 * n), (1, 4 * n + 12 * n / 64), (2, 2 * n + 14 * n / 64), (3, 16 * n / 64)]:
+        est = estimate(Setup(model, TrainSpec(), ParallelSpec(dp=64, zero=stage), get_hardware("h100")))
+        mem = est.memory
+        assert mem.weights_bytes + mem.grads_bytes + mem.optimizer_bytes == pytest.approx(expected, rel=1e-12)
+
+
+def test_fp32_and_sgd_bytes_per_parameter():
+    assert zero_model_state_bytes(1.0, "fp32", "adamw", 0, 1) == (4.0, 4.0, 8.0)
+    assert zero_model_state_bytes(1.0, "bf16", "sgd", 0, 1) == (2.0, 2.0, 8.0)
+
+
+# --- Korthikanti et al. 2022, GPT-3 175B: s = 2048, h = 12288, a = 96, L = 96, dropout on ---
+
+GPT3 = ModelSpec(
+    name="gpt3-175b",
+    n_layers=96,
+    hidden=12288,
+    n_heads=96,
+    ffn_hidden=4 * 12288,
+    vocab=51200,
+    mlp="gelu",
+    norm="layernorm",
+    norm_bias=True,
+    position="learned",
+    max_positions=2048,
+    qkv_bias=True,
+    attn_out_bias=True,
+    mlp_bias=True,
+)
+S, H, A = 2048, 12288, 96
+
+
+def _layer_bytes(recompute="none", tp=1, sp=False, flash=False):
+    train = TrainSpec(seq_len=S, micro_batch=1, dropout=True, flash_attention=flash, recompute=recompute)
+    setup = Setup(GPT3, train, ParallelSpec(dp=1, tp=tp, sequence_parallel=sp), get_hardware("a100-80gb"))
+    return activation_bytes_per_token(setup, moe=False)[0] * S  # one layer, micro-batch 1
+
+
+def test_korthikanti_no_parallelism():
+    assert _layer_bytes() == S * H * (34 + 5 * A * S / H)
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_korthikanti_tensor_parallel(t):
+    assert _layer_bytes(tp=t) == pytest.approx(S * H * (10 + 24 / t + 5 * A * S / (H * t)), rel=1e-12)
+
+
+@pytest.mark.parametrize("t", [2, 8])
+def test_korthikanti_tensor_and_sequence_parallel(t):
+    assert _layer_bytes(tp=t, sp=True) == pytest.approx(S * H / t * (34 + 5 * A * S / H), rel=1e-12)
+
+
+def test_korthikanti_selective_and_full_recompute():
+    assert _layer_bytes(recompute="selective", tp=8, sp=True) == pytest.approx(S * H / 8 * 34, rel=1e-12)
+    assert _layer_bytes(recompute="full") == 2 * S * H
+    assert _layer_bytes(recompute="full", tp=8, sp=True) == 2 * S * H / 8
+
+
+def test_flash_attention_removes_the_quadratic_term():
+    # Only the fp32 log-sum-exp per head and token remains.
+    assert _layer_bytes(flash=True) == S * H * 34 + 4 * A * S
+
+
+def test_korthikanti_pipeline_first_stage_holds_all_layers_worth():
+    # 1F1B with p stages and m >= p: stage 0 keeps p micro-batches of L/p layers = L layers' worth.
+    train = TrainSpec(
+        seq_len=S, micro_batch=1, global_batch=16, dropout=True, flash_attention=False, recompute="selective"
+    )
+    setup = Setup(GPT3, train, ParallelSpec(dp=1, tp=8, pp=8, sequence_parallel=True), get_hardware("a100-80gb"))
+    acts = _activation_memory(setup, S, in_flight=8, first=True, last=False)
+    embedding_dropout_mask = S * H * 8 / 8  # 1 byte per element, split by sp, 8 micro-batches in flight
+    assert acts == pytest.approx(96 * S * H / 8 * 34 + embedding_dropout_mask, rel=1e-12)
+
+
+def test_swiglu_gqa_counts_each_saved_tensor():
+    # Llama-3.1-8B, bf16, flash, no dropout: per token norm inputs 2*2h, norm outputs 2*2h, Q and K
+    # 2*(q+kv), V 2*kv, attention output 2*q, four f-wide SwiGLU tensors 4*2*f, log-sum-exp 4*a.
+    m = get_model("llama-3.1-8b")
+    setup = Setup(m, TrainSpec(seq_len=4096), ParallelSpec(), get_hardware("h100"))
+    h, q, kv, f = 4096, 4096, 1024, 14336
+    expected = 8 * h + 2 * (q + kv) + 2 * kv + 2 * q + 8 * f + 4 * 32
+    assert activation_bytes_per_token(setup, moe=False)[0] == expected
+
+
+# --- FLOPs: Narayanan et al. 2021 eq. 3 and 6N per token ---
+
+
+def _gpt_no_bias(layers=24, hidden=2048, vocab=51200, seq=2048):
+    model = ModelSpec(
+        name="gpt",
+        n_layers=layers,
+        hidden=hidden,
+        n_heads=16,
+        ffn_hidden=4 * hidden,
+        vocab=vocab,
+        mlp="gelu",
+        norm="layernorm",
+        position="learned",
+        max_positions=seq,
+    )
+    return model
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_flops_match_narayanan(recompute):
+    model = _gpt_no_bias()
+    train = TrainSpec(seq_len=2048, micro_batch=4, global_batch=32, flash_attention=False, recompute=recompute)
+    est = estimate(Setup(model, train, ParallelSpec(dp=8), get_hardware("a100-80gb")))
+    expected = narayanan_flops_per_iteration(32, 2048, 24, 2048, 51200, full_recompute=recompute == "full")
+    assert est.hardware_flops_per_step == pytest.approx(expected, rel=1e-12)
+    assert est.model_flops_per_step == pytest.approx(
+        narayanan_flops_per_iteration(32, 2048, 24, 2048, 51200, False), rel=1e-12
+    )
+
+
+def test_model_flops_are_6n_plus_attention_per_token():
+    model = get_model("llama-3.1-70b")
+    train = TrainSpec(seq_len=4096, global_batch=8)
+    est = estimate(Setup(model, train, ParallelSpec(dp=8, tp=8, zero=1), get_hardware("h100")))
+    per_token = est.model_flops_per_step / (8 * 4096)
+    attention = 12 * 80 * 4096 * 8192  # 12 * L * s * (heads * head_dim) [PaLM appendix B]
+    matmul_params = model.n_params - model.embedding_params - (2 * 80 + 1) * 8192  # no lookup, no norms
+    assert per_token - attention == pytest.approx(6 * matmul_params, rel=1e-12)
+    assert (per_token - attention) / (6 * model.n_params) == pytest.approx(1.0, abs=0.02)
+
+
+def test_moe_flops_count_active_experts_only():
+    model = get_model("mixtral-8x7b")
+    est = estimate(Setup(model, TrainSpec(seq_len=1024), ParallelSpec(dp=8, ep=8, zero=1), get_hardware("h100")))
+    per_token = est.model_flops_per_step / (8 * 1024) - 12 * 32 * 1024 * 4096
+    matmul_active = model.n_active_params - model.embedding_params - (2 * 32 + 1) * 4096
+    assert per_token == pytest.approx(6 * matmul_active, rel=1e-12)
+
+
+# --- step time, hand-checked ---
+
+
+def test_compute_time_by_hand_for_gpt2_on_a100():
+    model = get_model("gpt2-124m")
+    est = estimate(Setup(model, TrainSpec(seq_len=1024, micro_batch=8), ParallelSpec(), get_hardware("a100-80gb")))
+    # Matmul weights per token: 12 * (4*768^2 + 8*768^2) + 50257*768; attention forward 4*s*h*L, causal
+    # flash executes half of it, backward twice forward.
+    nmm = 12 * 12 * 768**2 + 50257 * 768
+    attn = 3 * 0.5 * 4 * 1024 * 768 * 12
+    tokens = 8 * 1024
+    expected_s = tokens * (6 * nmm / (312e12 * 0.82) + attn / (312e12 * ATTENTION_EFFICIENCY_FRAC))
+    assert est.time.compute_ms == pytest.approx(expected_s * 1e3, rel=1e-12)
+    assert est.tokens_per_s == pytest.approx(tokens / (est.step_time_ms / 1e3))
+    assert 0 < est.mfu_frac < 0.82
+
+
+def test_pipeline_bubble_is_p_minus_1_over_m_of_the_work():
+    model = get_model("llama-3.1-8b")
+    for vpp in (1, 2):
+        train = TrainSpec(seq_len=4096, global_batch=16)
+        est = estimate(Setup(model, train, ParallelSpec(dp=1, tp=2, pp=4, vpp=vpp), get_hardware("h100")))
+        t = est.time
+        work = t.compute_ms + t.recompute_ms + t.memory_bound_ms + t.tp_comm_ms
+        assert t.bubble_ms == pytest.approx(3 / (vpp * 16) * work, rel=1e-12)
+
+
+def test_data_parallel_all_reduce_across_nodes_by_hand():
+    # 16 GPUs, 2 nodes: dp ring crosses nodes at 50 GB/s per GPU; grads 2 bytes/param; 2(n-1)/n of them.
+    model = get_model("llama-3.1-8b")
+    est = estimate(Setup(model, TrainSpec(seq_len=2048), ParallelSpec(dp=16), get_hardware("h100")))
+    ring_s = 2 * 15 / 16 * 2 * model.n_params / (50e9 * COMM_EFFICIENCY_FRAC)
+    bwd_s = (2 / 3) * (est.time.compute_ms + est.time.memory_bound_ms) / 1e3
+    assert est.time.dp_comm_ms == pytest.approx((ring_s - bwd_s) * 1e3, rel=1e-9)
+    inside = estimate(Setup(model, TrainSpec(seq_len=2048), ParallelSpec(dp=8), get_hardware("h100")))
+    assert inside.time.dp_comm_ms < est.time.dp_comm_ms
+
+
+def test_tensor_parallel_across_nodes_is_slower():
+    model = get_model("llama-3.1-70b")
+    train = TrainSpec(seq_len=4096, global_batch=16)
+    inside = estimate(Setup(model, train, ParallelSpec(dp=2, tp=8, zero=1), get_hardware("h100")))
+    across = estimate(Setup(model, train, ParallelSpec(dp=1, tp=16, zero=1), get_hardware("h100")))
+    ratio = across.time.tp_comm_ms / inside.time.tp_comm_ms
+    # Bandwidth 450 -> 50 GB/s, ring factor 2*15/16 vs 2*7/8, and with dp 1 instead of 2 each GPU runs
+    # 16 micro-batches per step instead of 8.
+    assert ratio == pytest.approx((450 / 50) * (15 / 16) / (7 / 8) * 2, rel=1e-9)
+
+
+# --- qualitative behaviour the advice will rely on ---
+
+
+def _est(**kw):
+    base = {"model": get_model("llama-3.1-8b"), "train": TrainSpec(seq_len=8192), "parallel": ParallelSpec(dp=8)}
+    base.update(kw)
+    return estimate(Setup(base["model"], base["train"], base["parallel"], base.get("hardware", get_hardware("h100"))))
+
+
+def test_memory_falls_with_each_zero_stage_and_recompute_mode():
+    totals = [_est(parallel=ParallelSpec(dp=8, zero=z)).memory.total_bytes for z in range(4)]
+    assert totals == sorted(totals, reverse=True)
+    acts = [
+        _est(train=TrainSpec(seq_len=8192, recompute=r)).memory.activations_bytes for r in ("none", "selective", "full")
+    ]
+    assert acts[0] == acts[1]  # with flash attention selective recompute saves nothing more
+    assert acts[2] < acts[0] / 4
+    no_flash = [
+        _est(train=TrainSpec(seq_len=8192, recompute=r, flash_attention=False)).memory.activations_bytes
+        for r in ("none", "selective")
+    ]
+    assert no_flash[1] < no_flash[0] / 2
+
+
+def test_recompute_costs_time():
+    none = _est(train=TrainSpec(seq_len=4096, recompute="none")).time
+    full = _est(train=TrainSpec(seq_len=4096, recompute="full")).time
+    assert none.recompute_ms == 0 and full.recompute_ms > 0.25 * full.compute_ms
+
+
+def test_optimizer_offload_moves_state_to_host_and_the_host_link_matters():
+    p = ParallelSpec(dp=4, zero=2, offload="optimizer")
+    model = get_model("llama-3.1-8b")
+    train = TrainSpec(seq_len=4096)
+    h100 = estimate(Setup(model, train, p, get_hardware("h100")))
+    gh200 = estimate(Setup(model, train, p, get_hardware("gh200")))
+    base = estimate(Setup(model, train, replace(p, offload="none"), get_hardware("h100")))
+    assert h100.memory.optimizer_bytes == 0 and h100.memory.grads_bytes == 0
+    # Host keeps fp32 master + Adam states (12 bytes) + fp32 grads (4) for this GPU's shard.
+    assert h100.memory.host_bytes == pytest.approx(16 * model.n_params / 4, rel=1e-12)
+    assert h100.memory.total_bytes < base.memory.total_bytes
+    assert gh200.time.offload_ms < h100.time.offload_ms / 3  # NVLink-C2C 450 vs PCIe 64 GB/s, Grace DRAM
+
+
+def test_host_memory_limit_is_checked():
+    model = get_model("llama-3.1-405b")
+    est = estimate(
+        Setup(
+            model, TrainSpec(seq_len=2048), ParallelSpec(dp=8, zero=3, offload="optimizer+params"), get_hardware("h100")
+        )
+    )
+    # 405B x (16 + 2) bytes over 8 GPUs of one node = 7.3 TB > 2 TB of host memory.
+    assert not est.host_fits and not est.fits
+
+
+def test_verdicts_for_well_known_setups():
+    # Llama-3.1-8B with plain DDP cannot fit 16 bytes/param (128 GB) on an 80 GB GPU; ZeRO-3 on 8 can.
+    assert not _est(parallel=ParallelSpec(dp=8, zero=0)).fits
+    assert _est(parallel=ParallelSpec(dp=8, zero=3)).fits
+    # GPT-2 124M trains on one A100 40GB at micro-batch 8, seq 1024.
+    gpt2 = estimate(
+        Setup(get_model("gpt2-124m"), TrainSpec(seq_len=1024, micro_batch=8), ParallelSpec(), get_hardware("a100-40gb"))
+    )
+    assert gpt2.fits
+
+
+def test_mfu_is_below_the_matmul_ceiling_without_long_sequences():
+    est = _est(train=TrainSpec(seq_len=2048), parallel=ParallelSpec(dp=8, zero=1))
+    assert 0.3 < est.mfu_frac < est.setup.hardware.matmul_efficiency_frac
+    assert est.hfu_frac <= est.mfu_frac  # causal flash executes half the attention the convention counts

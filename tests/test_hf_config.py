@@ -1,0 +1,97 @@
+"""Importing Hugging Face config.json files: exact counts, clear errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from advisor.errors import ConfigImportError
+from advisor.hf_config import load_hf_config, model_from_hf_config
+from advisor.presets import get_model
+
+DATA = Path(__file__).parent / "data" / "hf"
+
+# Real configs of public checkpoints; counts as published (sum of the checkpoints' tensor sizes).
+IMPORTED = {
+    "gpt2.json": 124_439_808,
+    "llama-3.1-8b.json": 8_030_261_248,
+    "mistral-7b.json": 7_241_732_096,
+    "mixtral-8x7b.json": 46_702_792_704,
+    "qwen2-0.5b.json": 494_032_768,
+    "qwen3-0.6b.json": 596_049_920,
+}
+
+
+@pytest.mark.parametrize(("file", "count"), list(IMPORTED.items()))
+def test_imported_configs_have_exact_counts(file, count):
+    assert load_hf_config(DATA / file).n_params == count
+
+
+def test_import_matches_the_preset_shape():
+    imported = load_hf_config(DATA / "llama-3.1-8b.json")
+    preset = get_model("llama-3.1-8b")
+    for field in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "vocab", "tied_embeddings"):
+        assert getattr(imported, field) == getattr(preset, field), field
+    qwen = load_hf_config(DATA / "qwen2-0.5b.json")
+    assert qwen.qkv_bias and not qwen.attn_out_bias and qwen.tied_embeddings
+    assert load_hf_config(DATA / "mixtral-8x7b.json").n_active_params == 12_879_925_248
+
+
+def _cfg(**changes):
+    cfg = json.loads((DATA / "llama-3.1-8b.json").read_text())
+    cfg.update(changes)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("cfg", "words"),
+    [
+        (_cfg(model_type="t5"), "model_type 't5' is not supported; supported: llama, mistral"),
+        (_cfg(num_experts=64), "field 'num_experts' is not supported for model_type 'llama'"),
+        (_cfg(kv_lora_rank=512), "field 'kv_lora_rank' is not supported"),
+        (_cfg(hidden_act="gelu"), "hidden_act 'gelu' not supported for llama; allowed: silu, swish"),
+        (_cfg(hidden_size="4096"), "field 'hidden_size' must be an integer"),
+        (_cfg(num_local_experts=8), "'num_local_experts' is not supported for model_type 'llama'"),
+        (_cfg(num_key_value_heads=7), "invalid model: model.n_kv_heads=7"),
+        ({"architectures": ["BertModel"]}, "no 'model_type' and no known 'architectures'"),
+        ([1, 2], "must hold a JSON object"),
+    ],
+)
+def test_unsupported_configs_fail_clearly(cfg, words):
+    with pytest.raises(ConfigImportError, match=None) as info:
+        model_from_hf_config(cfg)
+    assert words in str(info.value)
+
+
+def test_missing_field_is_named():
+    cfg = _cfg()
+    del cfg["intermediate_size"]
+    with pytest.raises(ConfigImportError, match="required field 'intermediate_size' is missing"):
+        model_from_hf_config(cfg)
+
+
+def test_architectures_alone_are_enough():
+    cfg = _cfg()
+    del cfg["model_type"]
+    assert model_from_hf_config(cfg).n_params == 8_030_261_248
+
+
+def test_file_errors(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigImportError, match=r"config.json is not valid JSON \(line 1"):
+        load_hf_config(bad)
+    with pytest.raises(ConfigImportError, match=r"cannot read config file missing\.json"):
+        load_hf_config(tmp_path / "missing.json")
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"\xff\xfe\x00\x81")
+    with pytest.raises(ConfigImportError, match="not a text file"):
+        load_hf_config(binary)
+
+
+def test_model_is_named_after_its_folder(tmp_path):
+    folder = tmp_path / "my-llama"
+    folder.mkdir()
+    cfg = _cfg()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert load_hf_config(folder / "config.json").name == "my-llama"

@@ -1,0 +1,152 @@
+"""Specs and presets: exact parameter counts and validation messages."""
+
+from dataclasses import replace
+
+import pytest
+
+from advisor.errors import SpecError
+from advisor.presets import HARDWARE, MODELS, get_hardware, get_model
+from advisor.sizing import build_parallel, make_setup
+from advisor.specs import ParallelSpec, Setup, TrainSpec
+
+# Published counts (model cards / sum of safetensors shapes); Llama-4 counts are the language model
+# alone, summed from config.json shapes by hand (see presets.py docstrings).
+EXACT_PARAMS = {
+    "gpt2-124m": 124_439_808,
+    "gpt2-355m": 354_823_168,
+    "gpt2-774m": 774_030_080,
+    "gpt2-1.5b": 1_557_611_200,
+    "llama-3.2-1b": 1_235_814_400,
+    "llama-3.2-3b": 3_212_749_824,
+    "llama-3.1-8b": 8_030_261_248,
+    "llama-3.1-70b": 70_553_706_496,
+    "llama-3.1-405b": 405_853_388_800,
+    "mistral-7b": 7_241_732_096,
+    "mixtral-8x7b": 46_702_792_704,
+    "llama-4-scout": 107_769_861_120,
+    "llama-4-maverick": 400_711_848_960,
+    "tiny": 4_999_424,
+    "tiny-moe": 11_344_128,
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_preset_has_its_exact_parameter_count(name):
+    assert get_model(name).n_params == EXACT_PARAMS[name]
+
+
+def test_gpt2_count_by_hand():
+    # wte 50257*768 + wpe 1024*768 + 12 blocks of 7,087,872 + final LayerNorm 2*768.
+    assert get_model("gpt2-124m").n_params == 50257 * 768 + 1024 * 768 + 12 * 7_087_872 + 1536
+
+
+def test_moe_active_parameters():
+    # Mixtral: 12.9B active of 46.7B; Llama-4 Scout and Maverick: 17B active.
+    assert get_model("mixtral-8x7b").n_active_params == 12_879_925_248
+    assert round(get_model("llama-4-scout").n_active_params / 1e9, 1) == 17.2
+    assert round(get_model("llama-4-maverick").n_active_params / 1e9, 1) == 17.2
+    maverick = get_model("llama-4-maverick")
+    assert (maverick.n_moe_layers, maverick.n_dense_layers) == (24, 24)
+
+
+def test_hardware_presets_cite_datasheet_numbers():
+    h100, h200, gh200 = get_hardware("h100"), get_hardware("h200"), get_hardware("gh200")
+    assert h100.peak_bf16_flops == pytest.approx(989.5e12)
+    assert h100.peak_fp8_flops == pytest.approx(2 * h100.peak_bf16_flops)
+    assert h200.peak_bf16_flops == h100.peak_bf16_flops and h200.mem_bw_bytes_per_s == 4.8e12
+    assert h200.memory_bytes > 1.75 * h100.memory_bytes
+    assert gh200.host_link == "nvlink-c2c" and gh200.host_link_bw_bytes_per_s == 450e9
+    assert h100.host_link_bw_bytes_per_s == 64e9  # PCIe Gen5 x16 per direction
+    assert get_hardware("a100-80gb").peak_fp8_flops == 0
+    assert get_hardware("cpu").kind == "cpu"
+    assert set(HARDWARE) >= {"h100", "h200", "gh200", "a100-80gb", "a100-40gb", "l40s", "cpu"}
+
+
+def _llama(**kw):
+    return replace(get_model("llama-3.1-8b"), **kw)
+
+
+# (what to build, the field the message must name, words the message must contain)
+BAD_INPUTS = [
+    (lambda: _llama(n_layers=0), "model.n_layers=0", "integer >= 1"),
+    (lambda: _llama(hidden=-4096), "model.hidden=-4096", "integer >= 1"),
+    (lambda: _llama(n_kv_heads=5), "model.n_kv_heads=5", "must divide n_heads=32"),
+    (lambda: replace(_llama(), head_dim=0, n_heads=30), "model.n_heads=30", "must divide hidden=4096"),
+    (lambda: _llama(mlp="relu"), "model.mlp='relu'", "one of gelu, swiglu"),
+    (lambda: _llama(norm_bias=True), "model.norm_bias=True", "norm='layernorm'"),
+    (lambda: _llama(n_experts=8, top_k=9), "model.top_k=9", "from 1 to 8"),
+    (lambda: _llama(top_k=2), "model.n_experts=0", "top_k"),
+    (lambda: TrainSpec(seq_len=0), "train.seq_len=0", "integer >= 1"),
+    (lambda: TrainSpec(micro_batch=2.5), "train.micro_batch=2.5", "integer >= 1"),
+    (lambda: TrainSpec(precision="int8"), "train.precision='int8'", "fp32, bf16, fp16, fp8"),
+    (lambda: TrainSpec(optimizer="lion"), "train.optimizer='lion'", "adamw, sgd, adafactor"),
+    (lambda: TrainSpec(recompute="some"), "train.recompute='some'", "none, selective, full"),
+    (lambda: ParallelSpec(zero=4), "parallel.zero=4", "from 0 to 3"),
+    (lambda: ParallelSpec(pp=1, vpp=2), "parallel.vpp=2", "pp > 1"),
+    (lambda: ParallelSpec(sequence_parallel=True), "parallel.sequence_parallel=True", "tp > 1"),
+    (lambda: ParallelSpec(offload="optimizer+params", zero=2), "parallel.offload='optimizer+params'", "zero=3"),
+    (lambda: ParallelSpec(offload="optimizer"), "parallel.offload='optimizer'", "zero >= 1"),
+    (lambda: ParallelSpec(offload="disk", zero=3), "parallel.offload='disk'", "one of none, optimizer"),
+    (lambda: Setup(_llama(), parallel=ParallelSpec(tp=3)), "parallel.tp=3", "n_heads=32 must be divisible by tp"),
+    (
+        lambda: Setup(get_model("llama-3.2-3b"), parallel=ParallelSpec(tp=3)),
+        "parallel.tp=3",
+        "n_kv_heads=8 must divide",
+    ),
+    (
+        lambda: Setup(_llama(), parallel=ParallelSpec(pp=3)),
+        "parallel.pp=3",
+        "n_layers=32 must be divisible by pp x vpp=3",
+    ),
+    (lambda: Setup(_llama(), parallel=ParallelSpec(pp=4, vpp=3)), "parallel.pp=4", "pp x vpp=12"),
+    (lambda: Setup(_llama(), parallel=ParallelSpec(dp=8, ep=2)), "parallel.ep=2", "needs a MoE model"),
+    (lambda: Setup(get_model("mixtral-8x7b"), parallel=ParallelSpec(dp=12, ep=3)), "parallel.ep=3", "n_experts=8"),
+    (lambda: Setup(get_model("mixtral-8x7b"), parallel=ParallelSpec(dp=2, ep=4)), "parallel.ep=4", "dp x cp=2"),
+    (lambda: Setup(_llama(), TrainSpec(seq_len=4097), ParallelSpec(cp=2)), "train.seq_len=4097", "2 x cp=4"),
+    (lambda: Setup(get_model("gpt2-124m"), TrainSpec(seq_len=2048)), "train.seq_len=2048", "positions up to 1024"),
+    (
+        lambda: Setup(_llama(), TrainSpec(global_batch=10), ParallelSpec(dp=4)),
+        "train.global_batch=10",
+        "micro_batch x dp=4",
+    ),
+    (
+        lambda: Setup(_llama(), TrainSpec(global_batch=6), ParallelSpec(dp=1, pp=4, vpp=2)),
+        "train.global_batch=6",
+        "multiple of pp=4",
+    ),
+    (
+        lambda: Setup(_llama(), TrainSpec(precision="fp8"), hardware=get_hardware("a100")),
+        "train.precision='fp8'",
+        "no fp8",
+    ),
+    (lambda: build_parallel(8, 2, tp=2, pp=1), "gpus=8", "dp(2) * tp(2) * pp(1) * cp(1) = 4 != gpus(8)"),
+    (lambda: build_parallel(6, None, tp=4), "gpus=6", "multiple of tp x pp x cp = 4"),
+    (lambda: get_model("gpt-5"), "model='gpt-5'", "unknown preset"),
+    (lambda: get_hardware("b300"), "gpu='b300'", "unknown device; choose one of h100"),
+    (
+        lambda: make_setup(model="tiny", gpu="cpu", zero=1, offload="optimizer"),
+        "parallel.offload='optimizer'",
+        "already the CPU",
+    ),
+]
+
+
+@pytest.mark.parametrize(("build", "field", "words"), BAD_INPUTS, ids=[b[1] for b in BAD_INPUTS])
+def test_bad_input_names_field_value_and_allowed_range(build, field, words):
+    with pytest.raises(SpecError) as info:
+        build()
+    message = str(info.value)
+    assert message.startswith(field + ":"), message
+    assert words in message, message
+
+
+def test_specs_are_frozen():
+    m = get_model("tiny")
+    with pytest.raises(AttributeError):
+        m.n_layers = 8  # type: ignore[misc]
+
+
+def test_setup_derives_batch_and_accumulation():
+    s = Setup(_llama(), TrainSpec(micro_batch=2, global_batch=64), ParallelSpec(dp=4, tp=2))
+    assert (s.gpus, s.grad_accum, s.tokens_per_step) == (8, 8, 64 * 2048)
+    assert Setup(_llama(), TrainSpec(micro_batch=2), ParallelSpec(dp=4)).global_batch == 8
