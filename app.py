@@ -32,8 +32,9 @@ DEFAULTS = {
     "global_batch": 64,
     "precision": "bf16",
     "optimizer": "adamw",
-    "recompute": "selective",
+    "recompute": "none",
     "flash_attention": True,
+    "fp32_grads": False,
     "tp": 1,
     "pp": 1,
     "vpp": 1,
@@ -60,6 +61,7 @@ def size_view(
     optimizer: str,
     recompute: str,
     flash_attention: bool,
+    fp32_grads: bool,
     tp: int,
     pp: int,
     vpp: int,
@@ -83,6 +85,7 @@ def size_view(
             optimizer=optimizer,
             recompute=recompute,
             flash_attention=bool(flash_attention),
+            fp32_grads=bool(fp32_grads),
             tp=int(tp),
             pp=int(pp),
             vpp=int(vpp),
@@ -144,7 +147,9 @@ def build_size_tab() -> None:
             precision = gr.Radio(list(PRECISIONS), value=d["precision"], label="Precision")
             optimizer = gr.Radio(list(OPTIMIZERS), value=d["optimizer"], label="Optimizer")
             recompute = gr.Radio(list(RECOMPUTE_MODES), value=d["recompute"], label="Activation checkpointing")
-            flash = gr.Checkbox(value=d["flash_attention"], label="Flash attention")
+            with gr.Row():
+                flash = gr.Checkbox(value=d["flash_attention"], label="Flash attention")
+                fp32_grads = gr.Checkbox(value=d["fp32_grads"], label="fp32 gradients (Megatron default)")
             gr.Markdown("#### Parallelism (dp = GPUs / (tp·pp·cp))")
             with gr.Row():
                 tp = gr.Dropdown(_DEGREES, value=d["tp"], label="TP")
@@ -164,7 +169,20 @@ def build_size_tab() -> None:
             with gr.Row():
                 mem_table = gr.Dataframe(_EMPTY_MEMORY, label="Memory breakdown", interactive=False)
                 time_table = gr.Dataframe(_EMPTY_TIME, label="Step-time breakdown", interactive=False)
-    inputs = [model, config_file, gpu, gpus, seq, micro_batch, global_batch, precision, optimizer, recompute, flash]
+    inputs = [
+        model,
+        config_file,
+        gpu,
+        gpus,
+        seq,
+        micro_batch,
+        global_batch,
+        precision,
+        optimizer,
+        recompute,
+        flash,
+        fp32_grads,
+    ]
     inputs += [tp, pp, vpp, cp, ep, zero, sp, offload]
     outputs = [summary, mem_plot, time_plot, mem_table, time_table]
     gr.on(

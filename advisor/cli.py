@@ -38,6 +38,7 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none", help="activation checkpointing")
     s.add_argument("--no-flash", action="store_true", help="attention without a fused (flash) kernel")
     s.add_argument("--dropout", action="store_true", help="dropout layers on")
+    s.add_argument("--fp32-grads", action="store_true", help="fp32 gradients under bf16/fp16 (Megatron-LM default)")
     p = parser.add_argument_group("parallelism")
     p.add_argument("--dp", type=int, help="data-parallel size (default: from --gpus, else 1)")
     p.add_argument("--tp", type=int, default=1)
@@ -67,6 +68,7 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
         recompute=args.recompute,
         flash_attention=not args.no_flash,
         dropout=args.dropout,
+        fp32_grads=args.fp32_grads,
         tp=args.tp,
         pp=args.pp,
         vpp=args.vpp,

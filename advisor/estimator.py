@@ -206,10 +206,13 @@ class Estimate:
 # --- model states --------------------------------------------------------------------------------
 
 
-def bytes_per_param(precision: str, optimizer: str, hidden: int) -> tuple[float, float, float]:
+def bytes_per_param(
+    precision: str, optimizer: str, hidden: int, fp32_grads: bool = False
+) -> tuple[float, float, float]:
     """(weight, gradient, optimizer) bytes per parameter before sharding.
 
-    Mixed precision [ZeRO]: 2-byte weights and gradients, fp32 master copy (4) plus fp32 states
+    Mixed precision [ZeRO]: 2-byte weights and gradients (4 with ``fp32_grads``, Megatron-LM's bf16
+    default: 6 + 12/d bytes under its distributed optimizer), fp32 master copy (4) plus fp32 states
     (AdamW 8, SGD momentum 4, Adafactor's factored second moment ~ 4*(rows+cols) per matrix, about
     8/hidden per parameter). fp32: 4-byte weights and gradients, no master copy. fp8 keeps bf16
     weights and adds a 1-byte fp8 copy of each weight (TransformerEngine's cached cast).
@@ -218,15 +221,21 @@ def bytes_per_param(precision: str, optimizer: str, hidden: int) -> tuple[float,
     if precision == "fp32":
         return 4.0, 4.0, states
     weight = 3.0 if precision == "fp8" else 2.0
-    return weight, 2.0, 4.0 + states
+    return weight, 4.0 if fp32_grads else 2.0, 4.0 + states
 
 
 def zero_model_state_bytes(
-    n_params: float, precision: str, optimizer: str, zero: int, shard: int, hidden: int = 4096
+    n_params: float,
+    precision: str,
+    optimizer: str,
+    zero: int,
+    shard: int,
+    hidden: int = 4096,
+    fp32_grads: bool = False,
 ) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per GPU for ``n_params`` under ZeRO ``zero`` over ``shard``
     data-parallel ranks [ZeRO]: stage 1 shards the optimizer, 2 also gradients, 3 also weights."""
-    w, g, o = bytes_per_param(precision, optimizer, hidden)
+    w, g, o = bytes_per_param(precision, optimizer, hidden, fp32_grads)
     return (
         n_params * w / (shard if zero >= 3 else 1),
         n_params * g / (shard if zero >= 2 else 1),
@@ -381,7 +390,7 @@ def estimate(setup: Setup) -> Estimate:
     mb = setup.grad_accum
     s, b = tr.seq_len, tr.micro_batch
     e = 4.0 if tr.precision == "fp32" else 2.0
-    grad_e = 4.0 if tr.precision == "fp32" else 2.0
+    grad_e = 4.0 if tr.precision == "fp32" or tr.fp32_grads else 2.0
     dense_shard = p.dp * cp
     expert_shard = dense_shard // p.ep
     tokens_mb = b * s / cp  # tokens one GPU processes per micro-batch
@@ -391,8 +400,12 @@ def estimate(setup: Setup) -> Estimate:
     # --- memory of the first and the last stage ---
     def stage_memory(first: bool, last: bool, in_flight: float) -> tuple[MemoryBreakdown, float, float]:
         dense, expert, block = _stage_params(setup, first, last)
-        dw, dg, do = zero_model_state_bytes(dense, tr.precision, tr.optimizer, p.zero, dense_shard, m.hidden)
-        ew, eg, eo = zero_model_state_bytes(expert, tr.precision, tr.optimizer, p.zero, expert_shard, m.hidden)
+        dw, dg, do = zero_model_state_bytes(
+            dense, tr.precision, tr.optimizer, p.zero, dense_shard, m.hidden, tr.fp32_grads
+        )
+        ew, eg, eo = zero_model_state_bytes(
+            expert, tr.precision, tr.optimizer, p.zero, expert_shard, m.hidden, tr.fp32_grads
+        )
         weights, grads, opt = dw + ew, dg + eg, do + eo
         host = 0.0
         if offload_opt:

@@ -43,7 +43,8 @@ def describe_setup(est: Estimate) -> str:
     params = f"{m.n_params / 1e9:.2f}B params" + (f", {m.n_active_params / 1e9:.2f}B active" if m.is_moe else "")
     return (
         f"{m.name} ({params}) on {s.gpus} x {s.hardware.name}; {layout}, {', '.join(extras)}; "
-        f"{t.precision} {t.optimizer}, recompute {t.recompute}, flash {'on' if t.flash_attention else 'off'}; {step}"
+        f"{t.precision}{' (fp32 grads)' if t.fp32_grads else ''} {t.optimizer}, recompute {t.recompute}, "
+        f"flash {'on' if t.flash_attention else 'off'}; {step}"
     )
 
 

@@ -44,6 +44,7 @@ def make_setup(
     recompute: str = "none",
     flash_attention: bool = True,
     dropout: bool = False,
+    fp32_grads: bool = False,
     tp: int = 1,
     pp: int = 1,
     vpp: int = 1,
@@ -69,6 +70,7 @@ def make_setup(
         recompute=recompute,
         flash_attention=flash_attention,
         dropout=dropout,
+        fp32_grads=fp32_grads,
     )
     parallel = build_parallel(
         gpus, dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, zero=zero, sequence_parallel=sequence_parallel, offload=offload

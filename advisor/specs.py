@@ -274,6 +274,10 @@ class TrainSpec:
     """Fused attention that never stores the s x s score matrix."""
     dropout: bool = False
     """Dropout layers on (stores 1-byte masks); modern LLM pretraining runs without."""
+    fp32_grads: bool = False
+    """Keep and reduce gradients in fp32 (4 bytes) under 16-bit precision: Megatron-LM's bf16 default
+    (accumulate_allreduce_grads_in_fp32) and DeepSpeed's bf16 optimizer. Off: 16-bit gradients, as in
+    the ZeRO paper and plain PyTorch DDP/FSDP on 16-bit parameters."""
 
     def __post_init__(self) -> None:
         _check_int("train.seq_len", self.seq_len, 1)

@@ -38,6 +38,24 @@ def test_zero_sharding_in_a_full_estimate():
         assert mem.weights_bytes + mem.grads_bytes + mem.optimizer_bytes == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize("d", [1, 8, 64])
+def test_megatron_distributed_optimizer_bytes_with_fp32_grads(d):
+    # Megatron-LM docs (distributed optimizer): bf16 params with fp32 grads take 6 + 12/d bytes per
+    # parameter; our ZeRO-1 with fp32_grads is the same layout.
+    w, g, o = zero_model_state_bytes(1.0, "bf16", "adamw", 1, d, fp32_grads=True)
+    assert w + g + o == pytest.approx(6 + 12 / d)
+
+
+def test_fp32_grads_double_gradient_memory_and_dp_traffic():
+    model = get_model("llama-3.1-8b")
+    hw = get_hardware("h100")
+    p = ParallelSpec(dp=16, zero=1)
+    bf16 = estimate(Setup(model, TrainSpec(seq_len=2048), p, hw))
+    fp32 = estimate(Setup(model, TrainSpec(seq_len=2048, fp32_grads=True), p, hw))
+    assert fp32.memory.grads_bytes == 2 * bf16.memory.grads_bytes == 4 * model.n_params
+    assert fp32.time.dp_comm_ms > bf16.time.dp_comm_ms
+
+
 def test_fp32_and_sgd_bytes_per_parameter():
     assert zero_model_state_bytes(1.0, "fp32", "adamw", 0, 1) == (4.0, 4.0, 8.0)
     assert zero_model_state_bytes(1.0, "bf16", "sgd", 0, 1) == (2.0, 2.0, 8.0)
