@@ -6,13 +6,18 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from advisor.errors import AdvisorError
 from advisor.estimator import Estimate, estimate
 from advisor.presets import HARDWARE, MODELS
-from advisor.report import format_estimate
+from advisor.profiling import RunOptions
+from advisor.report import format_estimate, format_run
+from advisor.runner import child_main, profile_run
+from advisor.runstore import RunStore
 from advisor.sizing import make_setup
 from advisor.specs import OFFLOAD_MODES, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES, Setup
+from advisor.step import OPTIMIZER_IMPLS
 
 
 def add_setup_args(parser: argparse.ArgumentParser) -> None:
@@ -86,6 +91,57 @@ def _cmd_size(args: argparse.Namespace) -> int:
     return 0
 
 
+def _options_from_args(args: argparse.Namespace) -> RunOptions:
+    return RunOptions(
+        device=args.device,
+        steps=args.steps,
+        warmup=args.warmup,
+        num_workers=args.num_workers,
+        pin_memory=args.pin_memory,
+        compile=args.compile,
+        optimizer_impl=args.optimizer_impl,
+        layers=args.layers,
+        timeout_s=args.timeout,
+        nsys=args.nsys,
+        inject=args.inject,
+    )
+
+
+def _cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    setup = setup_from_args(args)
+    options = _options_from_args(args)
+    cli_args = [a for a in argv if a != "profile"]
+
+    def progress(done: int, total: int, message: str) -> None:
+        if not args.json:
+            print(f"  {message}", file=sys.stderr, flush=True)
+
+    run = profile_run(setup, options, RunStore(args.traces), on_progress=progress, cli_args=cli_args)
+    metrics = run.metrics()
+    if args.json:
+        out = {"run_id": run.run_id, "run_dir": str(run.path), "status": run.status, "message": run.record["message"]}
+        out["metrics"] = metrics
+        print(json.dumps(out, indent=2))
+    else:
+        print(format_run(run.record, metrics, run.path))
+    return 0 if run.status == "ok" else 1
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    runs, damaged = RunStore(args.traces).list_runs()
+    if args.json:
+        rows = [{"run_id": r.run_id, "status": r.status, "message": r.record.get("message", "")} for r in runs]
+        print(json.dumps({"runs": rows, "damaged": [{"name": n, "reason": why} for n, why in damaged]}, indent=2))
+        return 0
+    for r in runs:
+        print(f"{r.run_id}  {r.status:9s} {r.record.get('message', '')}")
+    for name, why in damaged:
+        print(f"{name}  DAMAGED   {why}")
+    if not runs and not damaged:
+        print("no runs yet: python -m advisor profile --model tiny --device cpu")
+    return 0
+
+
 def _cmd_presets(args: argparse.Namespace) -> int:
     models = {k: {"n_params": f().n_params, "n_active_params": f().n_active_params} for k, f in MODELS.items()}
     hardware = {k: {"name": f().name, "memory_bytes": f().memory_bytes} for k, f in HARDWARE.items()}
@@ -108,6 +164,28 @@ def build_parser() -> argparse.ArgumentParser:
     size = sub.add_parser("size", help="memory per GPU, step time and MFU of a training setup, instantly")
     add_setup_args(size)
     size.set_defaults(func=_cmd_size)
+    prof = sub.add_parser("profile", help="profile a short real training step in a child process; files a run")
+    add_setup_args(prof)
+    prof.set_defaults(model="tiny", seq=256, micro_batch=2, func=None)
+    r = prof.add_argument_group("run")
+    r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    r.add_argument("--steps", type=int, default=3, help="timed steps, then as many profiled (default: %(default)s)")
+    r.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps, discarded (default: %(default)s)")
+    r.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
+    r.add_argument("--pin-memory", action="store_true")
+    r.add_argument("--compile", action="store_true", help="torch.compile the model")
+    r.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="foreach")
+    r.add_argument("--layers", type=int, default=0, help="proxy mode: run N layers, extrapolate to the full depth")
+    r.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is stopped")
+    r.add_argument("--nsys", action="store_true", help="run the child under nsys profile (Nsight Systems)")
+    r.add_argument("--traces", default=None, help="run store directory (default: traces/)")
+    r.add_argument("--inject", default="", help=argparse.SUPPRESS)
+    runs = sub.add_parser("runs", help="list the runs in the run store")
+    runs.add_argument("--traces", default=None)
+    runs.add_argument("--json", action="store_true")
+    runs.set_defaults(func=_cmd_runs)
+    child = sub.add_parser("_child", help=argparse.SUPPRESS)
+    child.add_argument("--run-dir", required=True)
     presets = sub.add_parser("presets", help="list the model and device presets")
     presets.add_argument("--json", action="store_true")
     presets.set_defaults(func=_cmd_presets)
@@ -116,8 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (2 on bad input, with the reason on stderr)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "profile":
+            return _cmd_profile(args, argv)
+        if args.command == "_child":
+            return child_main(Path(args.run_dir))
         return args.func(args)
     except AdvisorError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -393,3 +393,31 @@ def get_hardware(name: str) -> HardwareSpec:
         return HARDWARE[key]()
     except KeyError:
         raise SpecError("gpu", name, f"unknown device; choose one of {', '.join(HARDWARE)}") from None
+
+
+# GPU names as the driver reports them -> presets, most specific first.
+_GPU_NAME_PRESETS = (
+    ("GH200", "gh200"),
+    ("H200", "h200"),
+    ("H100", "h100"),
+    ("A100-SXM4-40GB", "a100-40gb"),
+    ("A100-PCIE-40GB", "a100-40gb"),
+    ("A100", "a100-80gb"),
+    ("L40S", "l40s"),
+)
+
+
+def local_hardware(device_type: str) -> HardwareSpec:
+    """This machine's device as a HardwareSpec: the CPU host, or the visible GPU matched to a preset by
+    name (memory taken from the driver). An unknown GPU keeps the H100 datasheet peaks, and says so."""
+    if device_type != "cuda":
+        return cpu_host()
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    for key, preset in _GPU_NAME_PRESETS:
+        if key in props.name:
+            return replace(HARDWARE[preset](), memory_bytes=int(props.total_memory))
+    return replace(
+        h100_sxm(), name=f"{props.name} (peaks unknown: H100 datasheet used)", memory_bytes=int(props.total_memory)
+    )

@@ -92,3 +92,34 @@ def format_estimate(est: Estimate) -> str:
         f"FLOPs per step: {est.model_flops_per_step:.3e} model, {est.hardware_flops_per_step:.3e} executed",
     ]
     return "\n".join(out)
+
+
+def format_run(record: dict, metrics: dict | None, path) -> str:
+    """The CLI's summary of a profiled run."""
+    out = [f"run {record['run_id']}: {record['status']}" + (f" - {record['message']}" if record.get("message") else "")]
+    out.append(f"  directory: {path}")
+    if metrics:
+        m = metrics
+        out += [
+            f"  {m['model_name']} on {m['device_name']}: seq {m['seq_len']} x micro {m['micro_batch']} x accum "
+            f"{m['grad_accum']}, {m['precision']}, recompute {m['recompute']}",
+            f"  step {m['step_time_ms']:.1f} ms (median of {m['steps_measured']}; estimate "
+            f"{m['estimate_step_time_ms']:.1f} ms; {m['profiled_step_time_ms']:.1f} ms under the profiler): data {m['data_ms']:.1f}, forward {m['forward_ms']:.1f}, "
+            f"backward {m['backward_ms']:.1f}, optimizer {m['optimizer_ms']:.1f}, other {m['other_ms']:.1f}",
+            f"  peak memory {m['peak_memory_bytes'] / GiB:.3f} GiB (estimate {m['estimate_peak_memory_bytes'] / GiB:.3f}"
+            f" GiB) of {m['memory_capacity_bytes'] / GiB:.1f} GiB",
+            f"  {m['tokens_per_s']:,.0f} tokens/s; MFU {100 * m['mfu_frac']:.1f} %, HFU {100 * m['hfu_frac']:.1f} %",
+        ]
+        if m.get("proxy_note"):
+            out.append(f"  {m['proxy_note']}")
+        nv = m.get("nvml") or {}
+        if nv.get("nvml_available"):
+            out.append(
+                f"  NVML: util {nv.get('gpu_util_pct_mean', 0):.0f} %, power {nv.get('power_w_mean', 0):.0f} W, "
+                f"SM clock {nv.get('sm_clock_mhz_mean', 0):.0f} MHz"
+            )
+        else:
+            out.append(f"  {nv.get('nvml_reason', 'NVML unavailable')}")
+    out.append("  trace: trace.json.gz (open in https://ui.perfetto.dev)")
+    out.append(f"  with Nsight Systems: {record.get('nsys_command', '')}")
+    return "\n".join(out)

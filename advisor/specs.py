@@ -518,3 +518,16 @@ def spec_to_dict(spec: object) -> dict:
         v = getattr(spec, f.name)
         out[f.name] = spec_to_dict(v) if hasattr(v, "__dataclass_fields__") else v
     return out
+
+
+def setup_from_dict(d: dict) -> Setup:
+    """Inverse of spec_to_dict for a Setup (validated again on the way in)."""
+    try:
+        return Setup(
+            model=ModelSpec(**d["model"]),
+            train=TrainSpec(**d["train"]),
+            parallel=ParallelSpec(**d["parallel"]),
+            hardware=HardwareSpec(**d["hardware"]),
+        )
+    except (KeyError, TypeError) as err:
+        raise SpecError("setup", type(err).__name__, f"not a setup dictionary ({err})") from None

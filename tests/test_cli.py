@@ -68,3 +68,22 @@ def test_module_entry_point_runs():
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["n_params"] == 4_999_424
+
+
+def test_profile_prints_the_run_id_and_directory(tmp_path, capsys):
+    argv = ["profile", "--model", "tiny", "--device", "cpu", "--seq", "64", "--micro-batch", "1"]
+    code = main([*argv, "--steps", "1", "--warmup", "0", "--traces", str(tmp_path), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["status"] == "ok"
+    assert Path(out["run_dir"]) == tmp_path / out["run_id"]
+    assert out["metrics"]["tokens_per_step"] == 64
+    assert main(["runs", "--traces", str(tmp_path)]) == 0
+    assert out["run_id"] in capsys.readouterr().out
+
+
+def test_profile_bad_input_and_failed_runs(tmp_path, capsys):
+    assert main(["profile", "--model", "tiny", "--device", "cpu", "--steps", "0", "--traces", str(tmp_path)]) == 2
+    assert "steps=0: must be an integer from 1 to 100" in capsys.readouterr().err
+    argv = ["profile", "--model", "tiny", "--device", "cpu", "--seq", "64", "--steps", "1", "--warmup", "0"]
+    assert main([*argv, "--traces", str(tmp_path), "--inject", "oom"]) == 1
+    assert "oom - out of memory: injected" in capsys.readouterr().out

@@ -1,0 +1,272 @@
+"""The parent side of a profiled run: preflight, start the child process, watch it, file the run.
+
+The UI and the CLI both call :func:`profile_run`, which starts ``python -m advisor _child`` (the
+child runs :func:`advisor.profiling.run_profile`). An out-of-memory error, a crash, a hang past the
+timeout or a cancel all end as a run with a status and a message; the caller never dies with the child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from advisor.errors import AdvisorError
+from advisor.estimator import estimate
+from advisor.presets import local_hardware
+from advisor.profiling import RunOptions, proxy_setup
+from advisor.runstore import RunInfo, RunStore, new_run_id, write_json_atomic
+from advisor.specs import Setup, setup_from_dict, spec_to_dict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NSYS_HELP = (
+    "nsys (NVIDIA Nsight Systems) is not on the PATH. Install it from https://developer.nvidia.com/nsight-systems "
+    "(or the CUDA toolkit's nsight-systems package) and make sure `nsys --version` works, then retry; "
+    "without it, profile without --nsys: the run still has NVTX ranges and a CUDA capture range."
+)
+ProgressFn = Callable[[int, int, str], None]
+
+
+def local_device_type(device: str) -> str:
+    """'cuda' or 'cpu' for a RunOptions.device, without touching CUDA in this process beyond a query."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise AdvisorError("device='cuda': no CUDA device is visible here; use --device cpu")
+    return device
+
+
+def on_this_machine(setup: Setup, device: str) -> Setup:
+    """The setup with this machine's device as its hardware (the profiled step runs here)."""
+    hw = local_hardware(local_device_type(device))
+    try:
+        return replace(setup, hardware=hw)
+    except AdvisorError as err:
+        raise AdvisorError(f"this setup cannot run on {hw.name}: {err}") from err
+
+
+def suggest_proxy_layers(setup: Setup) -> int:
+    """The most layers (a divisor-friendly count) whose estimate fits this device; 0 if none does."""
+    for n in range(setup.model.n_layers - 1, 0, -1):
+        try:
+            if estimate(proxy_setup(setup, n)).fits:
+                return n
+        except AdvisorError:
+            continue
+    return 0
+
+
+def preflight(setup: Setup, options: RunOptions) -> None:
+    """Refuse a run the estimator says will not fit this machine's memory; offer proxy mode."""
+    run = proxy_setup(setup, options.layers)
+    est = estimate(run)
+    if est.fits:
+        return
+    hw = run.hardware
+    need, have = est.memory.total_bytes / 2**30, hw.memory_bytes / 2**30
+    what = f"{run.model.n_layers} layers of {setup.model.name}" if run is not setup else setup.model.name
+    msg = f"{what} needs about {need:.1f} GiB on {hw.name}, which has {have:.1f} GiB."
+    n = suggest_proxy_layers(setup)
+    if n:
+        msg += (
+            f" Try proxy mode: --layers {n} profiles {n} of {setup.model.n_layers} layers and extrapolates per-layer"
+            " costs to the full depth (labelled as extrapolated); or shrink micro-batch / sequence."
+        )
+    else:
+        msg += " Even one layer does not fit: shrink the micro-batch or sequence length."
+    raise AdvisorError(msg)
+
+
+def _child_command(run_dir: Path, options: RunOptions) -> list[str]:
+    cmd = [sys.executable, "-m", "advisor", "_child", "--run-dir", str(run_dir)]
+    if options.nsys:
+        cmd = nsys_prefix(run_dir / "nsys") + cmd
+    return cmd
+
+
+def nsys_prefix(output: Path | str) -> list[str]:
+    """``nsys profile`` recording only the CUDA capture range (the active steps), with a SQLite export."""
+    return [
+        "nsys",
+        "profile",
+        "--capture-range=cudaProfilerApi",
+        "--capture-range-end=stop",
+        "--trace=cuda,nvtx,osrt,cublas,cudnn",
+        "--sample=none",
+        "--export=sqlite",
+        "--force-overwrite=true",
+        "-o",
+        str(output),
+    ]
+
+
+def profile_run(
+    setup: Setup,
+    options: RunOptions,
+    store: RunStore | None = None,
+    *,
+    on_progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
+    cli_args: list[str] | None = None,
+) -> RunInfo:
+    """Profile ``setup`` in a child process and file the run; returns it whatever its status.
+
+    Bad input and a failed preflight raise AdvisorError before any run is created.
+    """
+    store = store or RunStore()
+    if options.nsys and shutil.which("nsys") is None:
+        raise AdvisorError(NSYS_HELP)
+    setup = on_this_machine(setup, options.device)
+    preflight(setup, options)
+    run_id = new_run_id(setup.model.name)
+    run_dir = store.staging_dir(run_id)
+    cmd = _child_command(run_dir, options)
+    user_cmd = shlex.join([sys.executable, "-m", "advisor", "profile", *(cli_args or [])])
+    record: dict[str, Any] = {
+        "run_id": run_id,
+        "status": "running",
+        "message": "",
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "setup": spec_to_dict(setup),
+        "options": options.as_dict(),
+        "command": user_cmd,
+        "nsys_command": shlex.join(nsys_prefix(f"traces/{run_id}-nsys")) + " " + user_cmd,
+    }
+    write_json_atomic(
+        run_dir / "request.json", {"run_id": run_id, "setup": record["setup"], "options": record["options"]}
+    )
+    write_json_atomic(run_dir / "run.json", record)
+
+    t0 = time.perf_counter()
+    status, message = _watch(cmd, run_dir, options.timeout_s, on_progress, cancel)
+    record.update(
+        status=status,
+        message=message,
+        finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        wall_s=round(time.perf_counter() - t0, 3),
+        files=sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".")),
+    )
+    env_file = run_dir / "environment.json"
+    if env_file.is_file():
+        record["environment"] = json.loads(env_file.read_text(encoding="utf-8"))
+    write_json_atomic(run_dir / "run.json", record)
+    store.commit(run_id)
+    return store.load(run_id)
+
+
+def _watch(
+    cmd: list[str], run_dir: Path, timeout_s: float, on_progress: ProgressFn | None, cancel: threading.Event | None
+) -> tuple[str, str]:
+    """Run the child to its end, the timeout or a cancel; returns (status, message)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    env.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    log = open(run_dir / "log.txt", "w", encoding="utf-8")  # noqa: SIM115 - closed after the reader thread
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, env=env, start_new_session=True
+    )
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("@@progress "):
+                try:
+                    p = json.loads(line[len("@@progress ") :])
+                    if on_progress:
+                        on_progress(int(p["done"]), int(p["total"]), str(p["message"]))
+                except (ValueError, KeyError):
+                    pass
+                continue
+            log.write(line)
+            log.flush()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout_s
+    outcome: tuple[str, str] | None = None
+    while proc.poll() is None:
+        if cancel is not None and cancel.is_set():
+            outcome = ("cancelled", "cancelled by the user")
+        elif time.monotonic() > deadline:
+            outcome = (
+                "timeout",
+                f"no result after {timeout_s:g} s: the child was stopped (a hang, or raise --timeout)",
+            )
+        if outcome:
+            _kill(proc)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    reader.join(timeout=5)
+    log.close()
+    if outcome:
+        return outcome
+    child = run_dir / "child_status.json"
+    if proc.returncode == 0 and (run_dir / "metrics.json").is_file():
+        return "ok", ""
+    if child.is_file():
+        info = json.loads(child.read_text(encoding="utf-8"))
+        return info["status"], info["message"]
+    if proc.returncode < 0:
+        name = signal.Signals(-proc.returncode).name
+        return "crashed", f"the child died with {name}; see log.txt"
+    return "crashed", f"the child exited with status {proc.returncode}; see log.txt: {_tail(run_dir / 'log.txt')}"
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _tail(path: Path, n: int = 3) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])
+
+
+def child_main(run_dir: Path) -> int:
+    """Entry of ``python -m advisor _child``: run the request in ``run_dir``; 0 ok, 3 handled failure."""
+    import torch
+
+    from advisor.profiling import environment, run_profile
+
+    request = json.loads((run_dir / "request.json").read_text(encoding="utf-8"))
+    write_json_atomic(run_dir / "environment.json", environment())
+    try:
+        setup = setup_from_dict(request["setup"])
+        options = RunOptions(**request["options"])
+        run_profile(setup, options, run_dir, request["run_id"])
+    except torch.OutOfMemoryError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
+        _child_status(
+            run_dir, "oom", f"out of memory: {first}. Lower the micro-batch, enable checkpointing, or use --layers"
+        )
+        return 3
+    except AdvisorError as err:
+        _child_status(run_dir, "failed", str(err))
+        return 3
+    except Exception as err:
+        import traceback
+
+        traceback.print_exc()
+        _child_status(run_dir, "failed", f"{type(err).__name__}: {err}")
+        return 3
+    return 0
+
+
+def _child_status(run_dir: Path, status: str, message: str) -> None:
+    write_json_atomic(run_dir / "child_status.json", {"status": status, "message": message})

@@ -1,0 +1,147 @@
+"""The run store: one directory per profiled run under ``traces/``, written atomically.
+
+A run is assembled in ``traces/.staging/<run-id>/`` and moved into ``traces/<run-id>/`` with one
+``os.replace`` when it ends, whatever its status: a crash mid-write leaves no half run in the listing.
+Run ids are validated against one pattern and resolved inside the store, so no id can reach a path
+outside it. ``run.json`` holds the spec, options, status, message, environment and file list;
+``metrics.json`` the StepMetrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from advisor.errors import AdvisorError
+
+RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[a-z0-9][a-z0-9._-]{0,39}-[0-9a-f]{6}$")
+STATUSES = ("running", "ok", "oom", "timeout", "crashed", "failed", "cancelled")
+DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "traces"
+STAGING = ".staging"
+
+
+def default_root() -> Path:
+    """``$ADVISOR_TRACES_DIR`` or the repo's ``traces/``."""
+    return Path(os.environ.get("ADVISOR_TRACES_DIR", DEFAULT_ROOT))
+
+
+def new_run_id(model_name: str, now: float | None = None) -> str:
+    """``YYYYmmdd-HHMMSS-<model>-<6 hex>``, UTC; the model name is reduced to [a-z0-9._-]."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+    slug = re.sub(r"[^a-z0-9._-]+", "-", model_name.lower()).strip("-._")[:40] or "model"
+    return f"{stamp}-{slug}-{secrets.token_hex(3)}"
+
+
+def check_run_id(run_id: object) -> str:
+    """The id if it is well formed; AdvisorError otherwise."""
+    if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
+        raise AdvisorError(f"run id {run_id!r} is not valid: expected YYYYmmdd-HHMMSS-<model>-<6 hex digits>")
+    return run_id
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to a temporary file beside ``path`` and rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run as listed: its id, directory and run.json contents."""
+
+    run_id: str
+    path: Path
+    record: dict[str, Any]
+
+    @property
+    def status(self) -> str:
+        return self.record.get("status", "unknown")
+
+    def metrics(self) -> dict[str, Any] | None:
+        """metrics.json, or None where the run has none (failed runs)."""
+        f = self.path / "metrics.json"
+        if not f.is_file():
+            return None
+        return json.loads(f.read_text(encoding="utf-8"))
+
+
+class RunStore:
+    """Runs under one root directory."""
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.root = Path(root) if root is not None else default_root()
+
+    def staging_dir(self, run_id: str) -> Path:
+        """A fresh directory where a run is assembled before it is committed."""
+        d = self.root / STAGING / check_run_id(run_id)
+        d.mkdir(parents=True, exist_ok=False)
+        return d
+
+    def commit(self, run_id: str) -> Path:
+        """Move the staged run into the store in one rename; returns its final directory."""
+        src = self.root / STAGING / check_run_id(run_id)
+        dst = self.root / run_id
+        if not (src / "run.json").is_file():
+            raise AdvisorError(f"run {run_id} has no run.json; refusing to commit a half-written run")
+        os.replace(src, dst)
+        return dst
+
+    def path(self, run_id: str) -> Path:
+        """The directory of a committed run; AdvisorError if the id is invalid or unknown."""
+        d = (self.root / check_run_id(run_id)).resolve()
+        if d.parent != self.root.resolve() or not d.is_dir():
+            raise AdvisorError(f"no run {run_id} in {self.root}")
+        return d
+
+    def load(self, run_id: str) -> RunInfo:
+        d = self.path(run_id)
+        record = _read_record(d)
+        if isinstance(record, str):
+            raise AdvisorError(f"run {run_id} is damaged: {record}")
+        return RunInfo(run_id, d, record)
+
+    def list_runs(self) -> tuple[list[RunInfo], list[tuple[str, str]]]:
+        """(runs newest first, damaged entries as (name, reason)); staging and hidden entries skipped."""
+        runs: list[RunInfo] = []
+        damaged: list[tuple[str, str]] = []
+        if not self.root.is_dir():
+            return runs, damaged
+        for d in sorted(self.root.iterdir(), reverse=True):
+            if d.name.startswith(".") or not d.is_dir():
+                continue
+            if not RUN_ID_RE.match(d.name):
+                damaged.append((d.name, "name is not a run id"))
+                continue
+            record = _read_record(d)
+            if isinstance(record, str):
+                damaged.append((d.name, record))
+            else:
+                runs.append(RunInfo(d.name, d, record))
+        return runs, damaged
+
+    def delete(self, run_id: str) -> None:
+        shutil.rmtree(self.path(run_id))
+
+
+def _read_record(d: Path) -> dict[str, Any] | str:
+    """run.json as a dict, or the reason it cannot be read."""
+    f = d / "run.json"
+    if not f.is_file():
+        return "run.json is missing"
+    try:
+        record = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"run.json is unreadable ({type(err).__name__})"
+    if not isinstance(record, dict) or record.get("status") not in STATUSES:
+        return "run.json has no valid status"
+    if record["status"] == "ok" and not (d / "metrics.json").is_file():
+        return "status ok but metrics.json is missing"
+    return record

@@ -1,0 +1,263 @@
+"""One real training step of the project's model: data, forward, loss, backward, optimizer.
+
+Every option the advice talks about is here: precision (fp32; bf16 autocast; fp16 autocast with a
+GradScaler), activation checkpointing (in the model), CPU offload of the optimizer (ZeRO-Offload
+style: fp32 master weights, states and the step on the host, through pinned buffers on a GPU),
+gradient accumulation, for-loop / foreach / fused optimizer, and torch.compile. Each phase is an
+NVTX range (Nsight Systems) and a ``record_function`` range (torch.profiler) of the same name.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+
+import nvtx
+import torch
+from torch.profiler import record_function
+from torch.utils.data import DataLoader, Dataset
+
+from advisor.errors import AdvisorError
+from advisor.model import Transformer, build_model
+from advisor.specs import Setup
+
+OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
+PHASES = ("data", "forward", "backward", "optimizer")
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """A range both Nsight Systems (NVTX) and torch.profiler (record_function) see."""
+    nvtx.push_range(name)
+    try:
+        with record_function(name):
+            yield
+    finally:
+        nvtx.pop_range()
+
+
+class SyntheticTokens(Dataset):
+    """Random token sequences of length seq_len + 1 (inputs and shifted targets), reproducible by index."""
+
+    def __init__(self, vocab: int, seq_len: int, length: int, seed: int = 0) -> None:
+        self.vocab, self.seq_len, self.length, self.seed = vocab, seq_len, length, seed
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        return torch.randint(0, self.vocab, (self.seq_len + 1,), generator=g)
+
+
+def make_loader(setup: Setup, n_micro_batches: int, num_workers: int, pin_memory: bool, seed: int) -> DataLoader:
+    """A real DataLoader over synthetic tokens: ``n_micro_batches`` batches of micro_batch sequences."""
+    t = setup.train
+    data = SyntheticTokens(setup.model.vocab, t.seq_len, n_micro_batches * t.micro_batch, seed)
+    return DataLoader(data, batch_size=t.micro_batch, shuffle=False, num_workers=num_workers, pin_memory=pin_memory)
+
+
+def build_optimizer(params: list[torch.Tensor], kind: str, impl: str) -> torch.optim.Optimizer:
+    """AdamW (lr 3e-4, wd 0.1), SGD (momentum 0.9) or Adafactor, as a for-loop, foreach or fused kernel."""
+    if impl not in OPTIMIZER_IMPLS:
+        raise AdvisorError(f"optimizer_impl={impl!r}: must be one of {', '.join(OPTIMIZER_IMPLS)}")
+    flags = {"foreach": impl == "foreach"}
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1, fused=impl == "fused" or None, **flags)
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=1e-2, momentum=0.9, fused=impl == "fused" or None, **flags)
+    if impl == "fused":
+        raise AdvisorError("optimizer_impl='fused': Adafactor has no fused kernel; use foreach or for-loop")
+    return torch.optim.Adafactor(params, lr=1e-2, **flags)
+
+
+class HostOffloadOptimizer:
+    """ZeRO-Offload on one device: fp32 master weights, gradients and optimizer states live in host
+    memory (pinned when the model is on a GPU); the step runs on the CPU and the updated weights are
+    copied back. Ren et al. 2021, "ZeRO-Offload"."""
+
+    def __init__(self, params: list[torch.Tensor], kind: str, impl: str) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        pin = self.params[0].device.type == "cuda"
+        self.master = [torch.empty(p.shape, dtype=torch.float32, pin_memory=pin).copy_(p.detach()) for p in self.params]
+        for m in self.master:
+            m.grad = torch.zeros_like(m, pin_memory=pin) if pin else torch.zeros_like(m)
+        self.inner = build_optimizer(self.master, kind, "fused" if impl == "fused" else impl)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        with phase("offload_d2h"):
+            for p, m in zip(self.params, self.master, strict=True):
+                if p.grad is not None:
+                    m.grad.copy_(p.grad, non_blocking=True)
+            if self.params[0].device.type == "cuda":
+                torch.cuda.current_stream().synchronize()
+        with phase("cpu_optimizer_step"):
+            self.inner.step()
+        with phase("offload_h2d"), torch.no_grad():
+            for p, m in zip(self.params, self.master, strict=True):
+                p.copy_(m, non_blocking=True)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Master weights, host gradients and optimizer states (all on the host)."""
+        out = list(self.master) + [m.grad for m in self.master]
+        for st in self.inner.state.values():
+            out += [v for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
+        return out
+
+
+@dataclass
+class Trainer:
+    """The model, optimizer and precision machinery of one training step on one device."""
+
+    setup: Setup
+    device: torch.device
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | HostOffloadOptimizer
+    scaler: torch.amp.GradScaler | None
+    autocast_dtype: torch.dtype | None
+    grad_accum: int
+    phase_ms: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def step(self, batches: Iterator[torch.Tensor]) -> None:
+        """One optimizer step over grad_accum micro-batches; appends per-phase times (ms)."""
+        times = dict.fromkeys(PHASES, 0.0)
+        clock = _Clock(self.device)
+        with phase("step"):
+            for _ in range(self.grad_accum):
+                with phase("data"):
+                    t0 = clock.mark()
+                    batch = next(batches).to(self.device, non_blocking=True)
+                    tokens, targets = batch[:, :-1], batch[:, 1:]
+                    t1 = clock.mark()
+                with phase("forward"), self.autocast():
+                    loss = self.model(tokens, targets) / self.grad_accum
+                t2 = clock.mark()
+                with phase("backward"):
+                    (self.scaler.scale(loss) if self.scaler else loss).backward()
+                t3 = clock.mark()
+                times["data"] += clock.ms(t0, t1)
+                times["forward"] += clock.ms(t1, t2)
+                times["backward"] += clock.ms(t2, t3)
+            with phase("optimizer"):
+                t4 = clock.mark()
+                if self.scaler:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                t5 = clock.mark()
+        clock.sync()
+        times["optimizer"] = clock.ms(t4, t5)
+        for k, v in times.items():
+            self.phase_ms[k].append(v)
+
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of parameters and optimizer state, split by where they live (device vs host)."""
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        if isinstance(self.optimizer, HostOffloadOptimizer):
+            host = sum(t.numel() * t.element_size() for t in self.optimizer.state_tensors())
+            return {"params_bytes": params, "optimizer_device_bytes": 0, "optimizer_host_bytes": host}
+        opt = 0
+        for st in self.optimizer.state.values():
+            opt += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
+        return {"params_bytes": params, "optimizer_device_bytes": opt, "optimizer_host_bytes": 0}
+
+
+class _Clock:
+    """Phase boundaries: CUDA events on a GPU (no host sync until the end), perf_counter on a CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def ms(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' means CUDA where present, else the CPU; asking for CUDA without it is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda"):
+        raise AdvisorError(f"device={device!r}: must be one of auto, cpu, cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise AdvisorError(
+            "device='cuda': no CUDA device is visible here (torch.cuda.is_available() is False); use cpu"
+        )
+    return torch.device(device)
+
+
+def build_trainer(
+    setup: Setup,
+    device: torch.device,
+    *,
+    optimizer_impl: str = "foreach",
+    offload_optimizer: bool = False,
+    compile_model: bool = False,
+    seed: int = 0,
+) -> Trainer:
+    """Model, optimizer, scaler and autocast for ``setup`` on ``device`` (fp32 parameters; 16-bit
+    precisions run under torch.autocast, fp16 with a GradScaler)."""
+    t = setup.train
+    if t.precision == "fp8":
+        raise AdvisorError(
+            "precision='fp8': fp8 training needs NVIDIA TransformerEngine (transformer_engine.pytorch) on a Hopper or "
+            "newer GPU; the profiled step supports fp32, bf16 and fp16"
+        )
+    if t.precision == "fp16" and offload_optimizer:
+        raise AdvisorError(
+            "precision='fp16' with optimizer offload: the loss scaler needs the optimizer on the device; use bf16"
+        )
+    if setup.gpus > 1:
+        raise AdvisorError(f"this is the single-process step; the layout asks for {setup.gpus} GPUs (use --nproc)")
+    torch.manual_seed(seed)
+    model: torch.nn.Module = build_model(setup.model, t.recompute, device=device)
+    model.train()
+    params = list(model.parameters())
+    if offload_optimizer:
+        optimizer: torch.optim.Optimizer | HostOffloadOptimizer = HostOffloadOptimizer(
+            params, t.optimizer, optimizer_impl
+        )
+    else:
+        optimizer = build_optimizer(params, t.optimizer, optimizer_impl)
+    if compile_model:
+        model = torch.compile(model)
+    dtype = _DTYPES[t.precision]
+    scaler = torch.amp.GradScaler(device.type) if t.precision == "fp16" else None
+    return Trainer(
+        setup=setup,
+        device=device,
+        model=model,
+        optimizer=optimizer,
+        scaler=scaler,
+        autocast_dtype=None if dtype == torch.float32 else dtype,
+        grad_accum=setup.grad_accum,
+    )
+
+
+def unwrap(model: torch.nn.Module) -> Transformer:
+    """The Transformer under a torch.compile wrapper."""
+    return getattr(model, "_orig_mod", model)  # type: ignore[return-value]

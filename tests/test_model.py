@@ -1,0 +1,65 @@
+"""The project's transformer: parameter count identical to the spec, for every preset and import."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from advisor.hf_config import load_hf_config
+from advisor.model import INIT_STD, MoE, build_model, count_parameters
+from advisor.presets import MODELS, get_model
+
+DATA = Path(__file__).parent / "data" / "hf"
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_built_model_has_the_specs_parameter_count(name):
+    spec = get_model(name)
+    assert count_parameters(build_model(spec, device="meta")) == spec.n_params
+
+
+@pytest.mark.parametrize("file", sorted(p.name for p in DATA.glob("*.json")))
+def test_imported_configs_build_with_the_same_count(file):
+    spec = load_hf_config(DATA / file)
+    assert count_parameters(build_model(spec, device="meta")) == spec.n_params
+
+
+def test_init_and_shapes():
+    torch.manual_seed(0)
+    spec = get_model("tiny")
+    model = build_model(spec)
+    w = model.blocks[0].attn.q_proj.weight
+    assert w.std().item() == pytest.approx(INIT_STD, rel=0.02)
+    assert model.head.weight is model.embed.weight  # tied
+    tokens = torch.randint(0, spec.vocab, (2, 16))
+    assert model(tokens).shape == (2, 16, spec.vocab)
+    loss = model(tokens, tokens)
+    assert loss.item() == pytest.approx(torch.log(torch.tensor(float(spec.vocab))).item(), rel=0.15)
+
+
+def test_moe_routes_top_k_and_adds_the_balancing_loss():
+    torch.manual_seed(0)
+    spec = get_model("tiny-moe")
+    model = build_model(spec)
+    tokens = torch.randint(0, spec.vocab, (2, 32))
+    loss = model(tokens, tokens)
+    moe = [b.mlp for b in model.blocks if isinstance(b.mlp, MoE)]
+    assert len(moe) == spec.n_moe_layers == 4
+    # Switch loss is n_experts * sum f_i P_i: 1.0 for perfectly balanced routing, at least ~1 otherwise.
+    assert all(0.9 < m.aux_loss.item() < spec.n_experts for m in moe)
+    loss.backward()
+    assert model.blocks[0].mlp.router.weight.grad is not None
+
+
+def test_checkpointing_gives_the_same_gradients():
+    spec = get_model("tiny")
+    tokens = torch.randint(0, spec.vocab, (2, 32))
+    grads = {}
+    for mode in ("none", "selective", "full"):
+        torch.manual_seed(0)
+        model = build_model(spec, recompute=mode)
+        model(tokens, tokens).backward()
+        grads[mode] = [p.grad for p in model.parameters()]
+    for mode in ("selective", "full"):
+        for a, b in zip(grads["none"], grads[mode], strict=True):
+            torch.testing.assert_close(a, b)

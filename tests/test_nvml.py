@@ -1,0 +1,87 @@
+"""NVML sampling: degrades without a driver; decodes readings and throttle reasons (fake NVML)."""
+
+from types import SimpleNamespace
+
+import advisor.nvml as nvml_mod
+from advisor.nvml import NvmlSampler, decode_throttle
+
+
+class FakeNvml:
+    NVML_CLOCK_SM = 1
+    NVML_TEMPERATURE_GPU = 0
+    NVML_PCIE_UTIL_TX_BYTES = 0
+    NVML_PCIE_UTIL_RX_BYTES = 1
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+
+    def __init__(self):
+        self.reads = 0
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return "h0"
+
+    def nvmlDeviceGetName(self, h):
+        return b"NVIDIA H200"
+
+    def nvmlSystemGetDriverVersion(self):
+        return "570.86"
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=90, memory=40)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return SimpleNamespace(used=70 * 2**30)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 650_000  # mW
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        return 1980
+
+    def nvmlDeviceGetTemperature(self, h, kind):
+        return 61
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):
+        self.reads += 1
+        return 0x4 if self.reads % 2 else 0x1  # power cap every other reading, idle otherwise
+
+    def nvmlDeviceGetPcieThroughput(self, h, kind):
+        return 1000  # KB/s
+
+    def nvmlDeviceGetFieldValues(self, h, ids):
+        raise RuntimeError("not supported on this fake")
+
+
+def test_without_a_driver_it_says_why():
+    s = NvmlSampler()
+    s.start()
+    s.stop()
+    assert not s.available and s.samples == []
+    assert s.unavailable_reason.startswith("NVML unavailable: NVMLError_LibraryNotFound")
+    assert s.summary()["nvml_available"] is False
+
+
+def test_readings_and_throttle_reasons_are_decoded(monkeypatch):
+    monkeypatch.setattr(nvml_mod, "_load_pynvml", lambda: FakeNvml())
+    s = NvmlSampler()
+    s.start()
+    s.stop()  # joins the thread and takes a final reading
+    assert s.device_name == "NVIDIA H200" and s.driver_version == "570.86"
+    row = s.samples[-1]
+    assert row["gpu_util_pct"] == 90 and row["power_w"] == 650 and row["sm_clock_mhz"] == 1980
+    assert row["mem_used_bytes"] == 70 * 2**30 and row["pcie_tx_bytes_per_s"] == 1000 * 1024
+    summary = s.summary()
+    assert summary["nvml_available"] and summary["power_w_mean"] == 650
+    assert summary["throttle_reasons"] == ["sw_power_cap"]  # gpu_idle is not a slowdown
+    assert 0 < summary["throttled_frac"] <= 1
+
+
+def test_decode_throttle_bits():
+    assert decode_throttle(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert decode_throttle(0) == []

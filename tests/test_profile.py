@@ -1,0 +1,158 @@
+"""The profiled step end to end on the CPU: child process, run store, step options, failure paths."""
+
+import gzip
+import json
+import signal
+
+import pytest
+import torch
+
+from advisor.errors import AdvisorError
+from advisor.memprobe import measure_step_peak_bytes
+from advisor.profiling import RunOptions, run_profile
+from advisor.runner import on_this_machine, profile_run
+from advisor.runstore import RunStore
+from advisor.sizing import make_setup
+from advisor.step import build_trainer, make_loader
+
+CPU = torch.device("cpu")
+
+
+def _setup(**kw):
+    values = {"model": "tiny", "gpu": "cpu", "seq": 64, "micro_batch": 1, **kw}
+    return make_setup(**values)
+
+
+def _trace_events(run_dir):
+    with gzip.open(run_dir / "trace.json.gz", "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def test_profiled_run_through_the_child_is_complete(tmp_path):
+    store = RunStore(tmp_path)
+    progress = []
+    run = profile_run(
+        _setup(global_batch=2),
+        RunOptions(device="cpu", steps=2, warmup=0),
+        store,
+        on_progress=lambda d, t, m: progress.append((d, t)),
+    )
+    assert run.status == "ok", run.record["message"]
+    assert {"run.json", "metrics.json", "trace.json.gz", "nvml.json", "environment.json", "log.txt"} <= set(
+        run.record["files"]
+    )
+    assert progress[-1] == (5, 5)  # 1 warm-up + 2 timed + 0 profiler warm-up + 2 profiled
+    m = run.metrics()
+    assert (m["tokens_per_step"], m["grad_accum"], m["steps_measured"]) == (128, 2, 2)
+    assert m["n_params"] == 4_999_424 and m["device_type"] == "cpu"
+    assert m["step_time_ms"] > 0 and m["forward_ms"] > 0 and m["backward_ms"] > 0 and m["optimizer_ms"] > 0
+    assert m["data_ms"] + m["forward_ms"] + m["backward_ms"] + m["optimizer_ms"] <= m["step_time_ms"] * 1.001
+    # fp32 AdamW state alone is 16 bytes per parameter; the estimate stays within 20 % of what was measured.
+    assert m["peak_memory_bytes"] > 16 * 4_999_424
+    assert m["estimate_peak_memory_bytes"] == pytest.approx(m["peak_memory_bytes"], rel=0.2)
+    assert m["nvml"]["nvml_available"] is False and "CPU" in m["nvml"]["nvml_reason"]
+    assert run.record["environment"]["torch"] == torch.__version__
+    assert "--capture-range=cudaProfilerApi" in run.record["nsys_command"]
+    names = {e["name"] for e in _trace_events(run.path) if e.get("cat") == "user_annotation"}
+    assert {"step", "data", "forward", "backward", "optimizer"} <= names
+    runs, damaged = store.list_runs()
+    assert [r.run_id for r in runs] == [run.run_id] and damaged == []
+
+
+def test_checkpointing_lowers_measured_peak_memory():
+    peaks = {}
+    for mode in ("none", "selective", "full"):
+        setup = on_this_machine(_setup(seq=256, micro_batch=4, precision="fp32", recompute=mode), "cpu")
+        trainer = build_trainer(setup, CPU)
+        peaks[mode] = measure_step_peak_bytes(trainer, iter(make_loader(setup, 3, 0, False, 0)))
+    # Flash-style SDPA on the CPU keeps no s x s scores, so selective saves little; full saves most.
+    assert peaks["full"] < 0.8 * peaks["none"]
+    assert peaks["selective"] <= peaks["none"]
+
+
+def test_bf16_autocast_puts_bf16_matmuls_in_the_trace(tmp_path):
+    dtypes = {}
+    for precision in ("fp32", "bf16"):
+        run_dir = tmp_path / precision
+        run_dir.mkdir()
+        setup = on_this_machine(_setup(precision=precision), "cpu")
+        run_profile(setup, RunOptions(device="cpu", steps=1, warmup=0), run_dir, "20260101-000000-tiny-abcdef")
+        mm = [e for e in _trace_events(run_dir) if e.get("name") in ("aten::mm", "aten::addmm", "aten::linear")]
+        dtypes[precision] = {t for e in mm for t in e.get("args", {}).get("Input type", []) if t}
+    assert "c10::BFloat16" in dtypes["bf16"]
+    assert "c10::BFloat16" not in dtypes["fp32"] and "float" in dtypes["fp32"]
+
+
+def test_offload_keeps_optimizer_state_on_the_host():
+    setup = on_this_machine(_setup(), "cpu")
+    trainer = build_trainer(setup, CPU, offload_optimizer=True)
+    trainer.step(iter(make_loader(setup, 1, 0, False, 0)))
+    state = trainer.state_bytes()
+    n = 4_999_424
+    # fp32 master weights + fp32 gradients + AdamW m and v, all in host memory: 16 bytes per parameter.
+    assert state == {"params_bytes": 4 * n, "optimizer_device_bytes": 0, "optimizer_host_bytes": 16 * n}
+    # The device copy of every weight equals its updated host master after the step.
+    for p, master in zip(trainer.model.parameters(), trainer.optimizer.master, strict=True):
+        assert torch.equal(p.detach(), master)
+
+
+def test_gradient_accumulation_matches_one_big_batch():
+    def grads(micro, accum):
+        setup = on_this_machine(_setup(micro_batch=micro, global_batch=micro * accum, precision="fp32"), "cpu")
+        trainer = build_trainer(setup, CPU, optimizer_impl="for-loop")
+        trainer.optimizer.step = lambda: None  # keep the gradients for comparison
+        trainer.optimizer.zero_grad = lambda set_to_none=True: None
+        trainer.step(iter(make_loader(setup, accum, 0, False, 0)))
+        return [p.grad.clone() for p in trainer.model.parameters()]
+
+    for a, b in zip(grads(4, 1), grads(1, 4), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("inject", "status", "words"),
+    [
+        ("oom", "oom", "out of memory: injected"),
+        ("crash", "crashed", signal.Signals.SIGABRT.name),
+        ("error", "failed", "RuntimeError: injected error"),
+        ("hang", "timeout", "no result after 20 s"),
+    ],
+)
+def test_failures_become_runs_with_a_status(tmp_path, inject, status, words):
+    store = RunStore(tmp_path)
+    opts = RunOptions(device="cpu", steps=1, warmup=0, inject=inject, timeout_s=20 if inject == "hang" else 120)
+    run = profile_run(_setup(), opts, store)
+    assert run.status == status and words in run.record["message"]
+    assert run.metrics() is None
+    runs, damaged = store.list_runs()
+    assert [r.status for r in runs] == [status] and damaged == []
+    assert list((tmp_path / ".staging").iterdir()) == []
+
+
+def test_preflight_refuses_what_does_not_fit_and_offers_proxy_mode(tmp_path):
+    store = RunStore(tmp_path)
+    with pytest.raises(AdvisorError, match=r"needs about .* GiB on CPU host.*Try proxy mode: --layers \d+"):
+        profile_run(make_setup(model="gpt2-1.5b", gpu="cpu", seq=1024), RunOptions(device="cpu"), store)
+    with pytest.raises(AdvisorError, match="Even one layer does not fit"):
+        profile_run(make_setup(model="llama-3.1-405b", gpu="cpu", seq=4096), RunOptions(device="cpu"), store)
+    assert not tmp_path.exists() or list(tmp_path.iterdir()) == []
+
+
+def test_proxy_mode_is_labelled_extrapolated(tmp_path):
+    setup = on_this_machine(_setup(), "cpu")
+    m = run_profile(
+        setup, RunOptions(device="cpu", steps=1, warmup=0, layers=2), tmp_path, "20260101-000000-tiny-abcdef"
+    )
+    assert m.extrapolated and m.n_layers_run == 2 and m.n_params == 4_999_424
+    assert m.proxy_note.startswith("extrapolated: measured on 2 of 4 layers")
+
+
+def test_bad_run_options_are_named():
+    with pytest.raises(AdvisorError, match="steps=0: must be an integer from 1 to 100"):
+        RunOptions(steps=0)
+    with pytest.raises(AdvisorError, match="device='tpu': must be auto, cpu or cuda"):
+        RunOptions(device="tpu")
+    with pytest.raises(AdvisorError, match="fp8 training needs NVIDIA TransformerEngine"):
+        build_trainer(make_setup(model="tiny", gpu="h100", seq=64, precision="fp8"), CPU)
+    with pytest.raises(AdvisorError, match=r"cannot run on CPU host .* has no fp8"):
+        on_this_machine(make_setup(model="tiny", gpu="h100", seq=64, precision="fp8"), "cpu")
