@@ -5,21 +5,28 @@ Run ``python app.py`` (binds 127.0.0.1:7860; set ADVISOR_HOST / ADVISOR_PORT to 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import queue
+import threading
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr
 import pandas as pd
 
-from advisor.charts import memory_figure, time_figure
+from advisor.charts import measured_memory_figure, memory_figure, nvml_figure, phase_figure, time_figure
 from advisor.errors import AdvisorError
 from advisor.estimator import estimate
 from advisor.presets import HARDWARE, MODELS
+from advisor.profiling import RunOptions
 from advisor.report import describe_setup, memory_rows, time_rows, verdict
+from advisor.runner import profile_run
+from advisor.runstore import RunInfo, RunStore
 from advisor.sizing import make_setup
 from advisor.specs import OFFLOAD_MODES, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES
+from advisor.step import OPTIMIZER_IMPLS
 
 log = logging.getLogger("advisor.app")
 
@@ -196,13 +203,228 @@ def build_size_tab() -> None:
     return inputs, outputs
 
 
+# --- Profile tab ---------------------------------------------------------------------------------
+
+PROFILE_DEFAULTS = {
+    "model": "tiny",
+    "seq": 256,
+    "micro_batch": 2,
+    "global_batch": 0,
+    "precision": "bf16",
+    "recompute": "none",
+    "optimizer": "adamw",
+    "offload": False,
+    "device": "auto",
+    "steps": 3,
+    "layers": 0,
+    "num_workers": 0,
+    "pin_memory": False,
+    "compile_model": False,
+    "optimizer_impl": "foreach",
+}
+_CANCEL = threading.Event()
+_TOP_OPS_COLUMNS = ["op", "calls", "self ms", "total ms", "GFLOP"]
+
+
+def _store() -> RunStore:
+    return RunStore()
+
+
+def _no_run_outputs():
+    return None, None, None, pd.DataFrame(columns=_TOP_OPS_COLUMNS), None
+
+
+def run_view(run: RunInfo):
+    """(summary markdown, phase figure, memory figure, NVML figure, top-ops table, trace file) of a run."""
+    rec = run.record
+    m = run.metrics()
+    head = f"### Run `{run.run_id}`: {rec['status']}"
+    if rec.get("message"):
+        head += f"\n{rec['message']}"
+    if m is None:
+        return (head, *_no_run_outputs())
+    nv = m.get("nvml") or {}
+    nv_line = (
+        f"NVML: {nv.get('gpu_util_pct_mean', 0):.0f} % util, {nv.get('power_w_mean', 0):.0f} W"
+        if nv.get("nvml_available")
+        else nv.get("nvml_reason", "NVML unavailable")
+    )
+    summary = (
+        f"{head}\n**{m['step_time_ms']:.1f} ms per step** (estimate {m['estimate_step_time_ms']:.1f} ms) · "
+        f"**{m['tokens_per_s']:,.0f} tokens/s** · MFU {100 * m['mfu_frac']:.1f} % · peak memory "
+        f"{m['peak_memory_bytes'] / 2**30:.3f} GiB on {m['device_name']}\n\n"
+        f"{m['model_name']}: seq {m['seq_len']} x micro {m['micro_batch']} x accum {m['grad_accum']}, "
+        f"{m['precision']}, recompute {m['recompute']}, {m['optimizer']} · {nv_line}"
+    )
+    if m.get("proxy_note"):
+        summary += f"\n\n**{m['proxy_note']}**"
+    summary += f"\n\nWith Nsight Systems:\n```\n{rec.get('nsys_command', '')}\n```"
+    top_file = run.path / "top_ops.json"
+    rows = json.loads(top_file.read_text(encoding="utf-8")) if top_file.is_file() else []
+    key = "self_device_us" if m["device_type"] == "cuda" else "self_cpu_us"
+    top = pd.DataFrame(
+        [(r["name"], r["calls"], r[key] / 1e3, r["cpu_total_us"] / 1e3, (r["flops"] or 0) / 1e9) for r in rows[:15]],
+        columns=_TOP_OPS_COLUMNS,
+    ).round(3)
+    nvml_file = run.path / "nvml.json"
+    samples = json.loads(nvml_file.read_text(encoding="utf-8"))["samples"] if nvml_file.is_file() else []
+    trace = run.path / "trace.json.gz"
+    figures = (phase_figure(m), measured_memory_figure(m), nvml_figure(samples))
+    return (summary, *figures, top, str(trace) if trace.is_file() else None)
+
+
+def profile_view(
+    model: str,
+    seq: float,
+    micro_batch: float,
+    global_batch: float,
+    precision: str,
+    recompute: str,
+    optimizer: str,
+    offload: bool,
+    device: str,
+    steps: float,
+    layers: float,
+    num_workers: float,
+    pin_memory: bool,
+    compile_model: bool,
+    optimizer_impl: str,
+):
+    """Profile tab: runs the step in a child process, yields progress, then the run's view."""
+    try:
+        setup = make_setup(
+            model=model,
+            gpu="cpu" if device == "cpu" else "h100",
+            seq=_as_int(seq),
+            micro_batch=_as_int(micro_batch),
+            global_batch=_as_int(global_batch) or 0,
+            precision=precision,
+            recompute=recompute,
+            optimizer=optimizer,
+            zero=1 if offload else 0,
+            offload="optimizer" if offload else "none",
+        )
+        options = RunOptions(
+            device=device,
+            steps=_as_int(steps),
+            layers=_as_int(layers) or 0,
+            num_workers=_as_int(num_workers) or 0,
+            pin_memory=bool(pin_memory),
+            compile=bool(compile_model),
+            optimizer_impl=optimizer_impl,
+        )
+    except AdvisorError as err:
+        yield (f"### Invalid setup\n{err}", *_no_run_outputs())
+        return
+    _CANCEL.clear()
+    updates: queue.Queue = queue.Queue()
+    result: dict = {}
+
+    def work() -> None:
+        try:
+            result["run"] = profile_run(setup, options, _store(), on_progress=lambda *p: updates.put(p), cancel=_CANCEL)
+        except AdvisorError as err:
+            result["error"] = f"### Not run\n{err}"
+        except Exception:
+            log.exception("profile run failed")
+            result["error"] = "### Internal error\nThe run could not be started; see the server log."
+        finally:
+            updates.put(None)
+
+    threading.Thread(target=work, daemon=True).start()
+    yield ("### Starting the child process…", *_no_run_outputs())
+    while (item := updates.get()) is not None:
+        done, total, message = item
+        yield (f"### Running: {message} ({100 * done // total} %)", *(gr.skip() for _ in range(5)))
+    if "error" in result:
+        yield (result["error"], *_no_run_outputs())
+        return
+    yield run_view(result["run"])
+
+
+def cancel_profile() -> str:
+    _CANCEL.set()
+    return "### Cancelling…"
+
+
+def open_run(run_id: str | None):
+    """Show a stored run chosen in the list."""
+    if not run_id:
+        return ("Pick a run.", *_no_run_outputs())
+    try:
+        return run_view(_store().load(run_id))
+    except AdvisorError as err:
+        return (f"### Cannot open run\n{err}", *_no_run_outputs())
+
+
+def run_choices() -> gr.Dropdown:
+    runs, _ = _store().list_runs()
+    return gr.Dropdown(choices=[r.run_id for r in runs], value=None)
+
+
+def build_profile_tab() -> gr.Dropdown:
+    d = PROFILE_DEFAULTS
+    with gr.Row():
+        with gr.Column(scale=1, min_width=320):
+            model = gr.Dropdown(list(MODELS), value=d["model"], label="Model preset")
+            with gr.Row():
+                seq = gr.Number(value=d["seq"], precision=0, minimum=1, label="Sequence length")
+                micro_batch = gr.Number(value=d["micro_batch"], precision=0, minimum=1, label="Micro-batch")
+                global_batch = gr.Number(value=d["global_batch"], precision=0, minimum=0, label="Global batch")
+            precision = gr.Radio(["fp32", "bf16", "fp16"], value=d["precision"], label="Precision")
+            recompute = gr.Radio(list(RECOMPUTE_MODES), value=d["recompute"], label="Activation checkpointing")
+            with gr.Row():
+                optimizer = gr.Radio(list(OPTIMIZERS), value=d["optimizer"], label="Optimizer")
+                optimizer_impl = gr.Radio(list(OPTIMIZER_IMPLS), value=d["optimizer_impl"], label="Optimizer kernels")
+            with gr.Row():
+                offload = gr.Checkbox(value=d["offload"], label="Offload optimizer to host (GPU only)")
+                compile_model = gr.Checkbox(value=d["compile_model"], label="torch.compile")
+            with gr.Row():
+                device = gr.Radio(["auto", "cpu", "cuda"], value=d["device"], label="Device")
+                steps = gr.Number(value=d["steps"], precision=0, minimum=1, maximum=100, label="Steps")
+                layers = gr.Number(value=d["layers"], precision=0, minimum=0, label="Proxy layers (0 = all)")
+            with gr.Row():
+                num_workers = gr.Number(value=d["num_workers"], precision=0, minimum=0, label="DataLoader workers")
+                pin_memory = gr.Checkbox(value=d["pin_memory"], label="pin_memory")
+            with gr.Row():
+                run_btn = gr.Button("Run profiled step", variant="primary", elem_id="profile-run")
+                cancel_btn = gr.Button("Cancel")
+            with gr.Row():
+                runs = gr.Dropdown(choices=[], label="Stored runs", interactive=True)
+                refresh = gr.Button("Refresh list", size="sm")
+        with gr.Column(scale=2):
+            summary = gr.Markdown("Press **Run profiled step**, or open a stored run.", elem_id="profile-summary")
+            with gr.Row():
+                phases = gr.Plot(label="Step phases")
+                memory = gr.Plot(label="Peak memory")
+            nvml = gr.Plot(label="NVML")
+            top_ops = gr.Dataframe(
+                pd.DataFrame(columns=_TOP_OPS_COLUMNS), label="Top ops by self time", interactive=False
+            )
+            trace = gr.File(label="Chrome trace (open in ui.perfetto.dev)", interactive=False)
+    inputs = [model, seq, micro_batch, global_batch, precision, recompute, optimizer, offload, device, steps, layers]
+    inputs += [num_workers, pin_memory, compile_model, optimizer_impl]
+    outputs = [summary, phases, memory, nvml, top_ops, trace]
+    run_btn.click(profile_view, inputs, outputs, api_name="profile", concurrency_limit=1, concurrency_id="device")
+    cancel_btn.click(cancel_profile, None, summary, api_name=False, queue=False)
+    runs.change(open_run, runs, outputs, api_name="open_run")
+    refresh.click(run_choices, None, runs, api_name=False)
+    return runs
+
+
 def build_app() -> gr.Blocks:
     """The whole app; tabs are added here as the product grows."""
     with gr.Blocks(title="LLM training advisor") as demo:
-        gr.Markdown("# LLM training advisor\nSize a training setup instantly: memory per GPU, step time, MFU.")
+        gr.Markdown(
+            "# LLM training advisor\nSize a training setup instantly (memory per GPU, step time, MFU), then "
+            "profile a real step on this machine."
+        )
         with gr.Tab("Size"):
             inputs, outputs = build_size_tab()
+        with gr.Tab("Profile"):
+            runs = build_profile_tab()
         demo.load(size_view, inputs=inputs, outputs=outputs, api_name=False)
+        demo.load(run_choices, None, runs, api_name=False)
     return demo
 
 
@@ -210,7 +432,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO)
     host = os.environ.get("ADVISOR_HOST", "127.0.0.1")
     port = int(os.environ.get("ADVISOR_PORT", "7860"))
-    build_app().queue(default_concurrency_limit=16).launch(server_name=host, server_port=port, max_file_size="5mb")
+    build_app().queue(default_concurrency_limit=16).launch(
+        server_name=host, server_port=port, max_file_size="5mb", allowed_paths=[str(_store().root)]
+    )
 
 
 if __name__ == "__main__":

@@ -64,3 +64,57 @@ def time_figure(est: Estimate) -> go.Figure:
         height=380,
     )
     return fig
+
+
+def phase_figure(metrics: dict) -> go.Figure:
+    """Where one measured step's time went: data, forward, backward, optimizer, other (ms)."""
+    names = ["data", "forward", "backward", "optimizer", "other"]
+    values = [metrics[f"{n}_ms"] for n in names]
+    fig = go.Figure(
+        go.Bar(
+            x=values,
+            y=names,
+            orientation="h",
+            marker_color=["#bab0ac", "#4c78a8", "#f58518", "#e45756", "#72b7b2"],
+            text=[f"{v:.1f} ms" for v in values],
+            textposition="auto",
+        )
+    )
+    title = f"Measured step {metrics['step_time_ms']:.1f} ms (estimate {metrics['estimate_step_time_ms']:.1f} ms)"
+    if metrics.get("extrapolated"):
+        title += " - extrapolated"
+    fig.update_layout(title=title, xaxis_title="ms per step", height=320, margin={"l": 90, "r": 20, "t": 50, "b": 40})
+    return fig
+
+
+def measured_memory_figure(metrics: dict) -> go.Figure:
+    """Measured peak memory beside the estimator's prediction and the device capacity (GiB)."""
+    measured, predicted = metrics["peak_memory_bytes"] / GiB, metrics["estimate_peak_memory_bytes"] / GiB
+    fig = go.Figure(
+        go.Bar(
+            x=["measured peak", "estimated"],
+            y=[measured, predicted],
+            marker_color=["#4c78a8", "#bab0ac"],
+            text=[f"{measured:.3f} GiB", f"{predicted:.3f} GiB"],
+            textposition="auto",
+        )
+    )
+    cap = metrics["memory_capacity_bytes"] / GiB
+    if cap < 4 * max(measured, predicted):
+        fig.add_hline(y=cap, line_dash="dash", annotation_text=f"capacity {cap:.0f} GiB")
+    fig.update_layout(title=f"Peak memory ({100 * metrics['memory_frac']:.1f} % of {cap:.0f} GiB)", yaxis_title="GiB")
+    fig.update_layout(height=320, margin={"l": 50, "r": 20, "t": 50, "b": 40})
+    return fig
+
+
+def nvml_figure(samples: list[dict]) -> go.Figure | None:
+    """GPU utilisation (%), power (W) and SM clock (MHz) over the run; None without NVML samples."""
+    if not samples:
+        return None
+    fig = go.Figure()
+    t = [s["t_s"] for s in samples]
+    for key, label in (("gpu_util_pct", "GPU util %"), ("power_w", "power W"), ("sm_clock_mhz", "SM clock MHz")):
+        if any(key in s for s in samples):
+            fig.add_scatter(x=t, y=[s.get(key) for s in samples], name=label, mode="lines")
+    fig.update_layout(title="NVML samples", xaxis_title="s", height=320, margin={"l": 50, "r": 20, "t": 50, "b": 40})
+    return fig

@@ -107,16 +107,15 @@ def _options_from_args(args: argparse.Namespace) -> RunOptions:
     )
 
 
-def _cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
+def _cmd_profile(args: argparse.Namespace) -> int:
     setup = setup_from_args(args)
     options = _options_from_args(args)
-    cli_args = [a for a in argv if a != "profile"]
 
     def progress(done: int, total: int, message: str) -> None:
         if not args.json:
             print(f"  {message}", file=sys.stderr, flush=True)
 
-    run = profile_run(setup, options, RunStore(args.traces), on_progress=progress, cli_args=cli_args)
+    run = profile_run(setup, options, RunStore(args.traces), on_progress=progress)
     metrics = run.metrics()
     if args.json:
         out = {"run_id": run.run_id, "run_dir": str(run.path), "status": run.status, "message": run.record["message"]}
@@ -198,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "profile":
-            return _cmd_profile(args, argv)
+            return _cmd_profile(args)
         if args.command == "_child":
             return child_main(Path(args.run_dir))
         return args.func(args)

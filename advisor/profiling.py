@@ -132,6 +132,28 @@ def _inject(kind: str) -> None:
         raise RuntimeError("injected error (test hook)")
 
 
+def write_top_ops(prof, path: Path, device_type: str, limit: int = 30) -> None:
+    """The ops with the most self time over the active steps (torch.profiler key averages), as JSON rows
+    with times in microseconds and the profiler's own FLOP counts (mm/addmm only, see DESIGN.md)."""
+    rows = []
+    for e in prof.key_averages():
+        if e.key.startswith("ProfilerStep") or e.key in ("step", "data", "forward", "backward", "optimizer"):
+            continue
+        rows.append(
+            {
+                "name": e.key,
+                "calls": e.count,
+                "self_cpu_us": e.self_cpu_time_total,
+                "cpu_total_us": e.cpu_time_total,
+                "self_device_us": getattr(e, "self_device_time_total", 0.0) if device_type == "cuda" else 0.0,
+                "flops": e.flops,
+            }
+        )
+    key = "self_device_us" if device_type == "cuda" else "self_cpu_us"
+    rows.sort(key=lambda r: r[key], reverse=True)
+    path.write_text(json.dumps(rows[:limit], indent=1), encoding="utf-8")
+
+
 def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -> StepMetrics:
     """Run the profiled step of ``setup`` and write trace, metrics and NVML samples into ``run_dir``.
 
@@ -202,6 +224,7 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
     else:
         rise, _ = peak_from_memory_events(prof.profiler.kineto_results.events(), "cpu")
         peak_bytes, reserved = baseline_bytes + rise, None
+    write_top_ops(prof, run_dir / "top_ops.json", device.type)
     with open(trace_path, "rb") as src, gzip.open(run_dir / "trace.json.gz", "wb", compresslevel=6) as dst:
         shutil.copyfileobj(src, dst)
     trace_path.unlink()

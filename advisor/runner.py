@@ -113,6 +113,34 @@ def nsys_prefix(output: Path | str) -> list[str]:
     ]
 
 
+def profile_cli_args(setup: Setup, options: RunOptions) -> list[str]:
+    """The ``python -m advisor profile`` flags that reproduce this run (UI and CLI share one path)."""
+    from advisor.presets import MODELS
+
+    m, t, p = setup.model, setup.train, setup.parallel
+    preset = MODELS.get(m.name)
+    args = (
+        ["--model", m.name] if preset is not None and preset() == m else ["--hf-config", f"<config.json of {m.name}>"]
+    )
+    args += ["--seq", str(t.seq_len), "--micro-batch", str(t.micro_batch)]
+    if t.global_batch:
+        args += ["--global-batch", str(t.global_batch)]
+    args += ["--precision", t.precision, "--optimizer", t.optimizer, "--recompute", t.recompute]
+    if not t.flash_attention:
+        args.append("--no-flash")
+    if p.offload != "none":
+        args += ["--zero", str(p.zero), "--offload", p.offload]
+    args += ["--device", options.device, "--steps", str(options.steps), "--warmup", str(options.warmup)]
+    if options.layers:
+        args += ["--layers", str(options.layers)]
+    if options.optimizer_impl != "foreach":
+        args += ["--optimizer-impl", options.optimizer_impl]
+    if options.num_workers:
+        args += ["--num-workers", str(options.num_workers)]
+    args += [flag for flag, on in (("--pin-memory", options.pin_memory), ("--compile", options.compile)) if on]
+    return args
+
+
 def profile_run(
     setup: Setup,
     options: RunOptions,
@@ -120,7 +148,6 @@ def profile_run(
     *,
     on_progress: ProgressFn | None = None,
     cancel: threading.Event | None = None,
-    cli_args: list[str] | None = None,
 ) -> RunInfo:
     """Profile ``setup`` in a child process and file the run; returns it whatever its status.
 
@@ -134,7 +161,7 @@ def profile_run(
     run_id = new_run_id(setup.model.name)
     run_dir = store.staging_dir(run_id)
     cmd = _child_command(run_dir, options)
-    user_cmd = shlex.join([sys.executable, "-m", "advisor", "profile", *(cli_args or [])])
+    user_cmd = shlex.join(["python", "-m", "advisor", "profile", *profile_cli_args(setup, options)])
     record: dict[str, Any] = {
         "run_id": run_id,
         "status": "running",
@@ -143,7 +170,7 @@ def profile_run(
         "setup": spec_to_dict(setup),
         "options": options.as_dict(),
         "command": user_cmd,
-        "nsys_command": shlex.join(nsys_prefix(f"traces/{run_id}-nsys")) + " " + user_cmd,
+        "nsys_command": shlex.join(nsys_prefix(f"{run_id}-nsys")) + " " + user_cmd,
     }
     write_json_atomic(
         run_dir / "request.json", {"run_id": run_id, "setup": record["setup"], "options": record["options"]}

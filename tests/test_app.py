@@ -90,3 +90,43 @@ def test_app_builds_with_a_size_endpoint():
     demo = app.build_app()
     names = [dep.get("api_name") for dep in demo.config["dependencies"]]
     assert "size" in names
+
+
+# --- Profile tab ---
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    from advisor.runstore import RunStore
+
+    s = RunStore(tmp_path)
+    monkeypatch.setattr(app, "_store", lambda: s)
+    return s
+
+
+def _profile(**changes):
+    values = {**app.PROFILE_DEFAULTS, "device": "cpu", "seq": 64, "micro_batch": 1, "steps": 1, **changes}
+    return list(app.profile_view(**values))
+
+
+def test_profile_tab_runs_a_step_and_shows_it(store):
+    updates = _profile()
+    assert updates[0][0].startswith("### Starting")
+    assert any(u[0].startswith("### Running: step") for u in updates)
+    summary, phases, memory, nvml, top, trace = updates[-1]
+    assert "`: ok" in summary and "tokens/s" in summary and "nsys profile --capture-range=cudaProfilerApi" in summary
+    assert [bar.y for bar in phases.data][0] == ("data", "forward", "backward", "optimizer", "other")
+    assert list(memory.data[0].x) == ["measured peak", "estimated"]
+    assert nvml is None  # CPU run: no NVML samples
+    assert "aten::mm" in set(top["op"]) and trace.endswith("trace.json.gz")
+    (run,) = store.list_runs()[0]
+    reopened = app.open_run(run.run_id)
+    assert reopened[0] == summary
+
+
+def test_profile_tab_reports_bad_input_and_refusals(store):
+    assert _profile(steps=0)[-1][0] == "### Invalid setup\nsteps=0: must be an integer from 1 to 100"
+    refused = _profile(model="gpt2-1.5b", seq=1024)[-1][0]
+    assert refused.startswith("### Not run") and "--layers" in refused
+    assert store.list_runs() == ([], [])
+    assert app.open_run("../../etc")[0].startswith("### Cannot open run\nrun id '../../etc' is not valid")
