@@ -126,6 +126,20 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0 if run.status == "ok" else 1
 
 
+def _cmd_dryrun(args: argparse.Namespace) -> int:
+    from advisor.dryrun import dry_run, format_dry_run
+
+    setup = setup_from_args(args)
+    result = dry_run(
+        setup,
+        optimizer_impl=args.optimizer_impl,
+        offload_optimizer=setup.parallel.offload != "none",
+        target="cpu" if setup.hardware.kind == "cpu" else "cuda",
+    )
+    print(json.dumps(result.as_dict(), indent=2) if args.json else format_dry_run(result))
+    return 0
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
     runs, damaged = RunStore(args.traces).list_runs()
     if args.json:
@@ -179,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--nsys", action="store_true", help="run the child under nsys profile (Nsight Systems)")
     r.add_argument("--traces", default=None, help="run store directory (default: traces/)")
     r.add_argument("--inject", default="", help=argparse.SUPPRESS)
+    dry = sub.add_parser("dryrun", help="exact memory of the real step under fake tensors: any size, no allocation")
+    add_setup_args(dry)
+    dry.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="foreach")
+    dry.set_defaults(func=_cmd_dryrun)
     runs = sub.add_parser("runs", help="list the runs in the run store")
     runs.add_argument("--traces", default=None)
     runs.add_argument("--json", action="store_true")

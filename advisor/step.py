@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
-import nvtx
 import torch
 from torch.profiler import record_function
 from torch.utils.data import DataLoader, Dataset
@@ -22,6 +21,16 @@ from torch.utils.data import DataLoader, Dataset
 from advisor.errors import AdvisorError
 from advisor.model import Transformer, build_model
 from advisor.specs import Setup
+
+try:  # the nvtx package works without a GPU; torch.cuda.nvtx needs a CUDA build (DESIGN.md)
+    import nvtx
+
+    _push, _pop = nvtx.push_range, nvtx.pop_range
+except ImportError:  # e.g. a GPU image without the package: torch's binding sees the same NVTX
+    if torch.cuda.is_available():
+        _push, _pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
+    else:
+        _push = _pop = lambda *a: None
 
 OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -31,12 +40,12 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 @contextmanager
 def phase(name: str) -> Iterator[None]:
     """A range both Nsight Systems (NVTX) and torch.profiler (record_function) see."""
-    nvtx.push_range(name)
+    _push(name)
     try:
         with record_function(name):
             yield
     finally:
-        nvtx.pop_range()
+        _pop()
 
 
 class SyntheticTokens(Dataset):

@@ -115,7 +115,7 @@ def test_profile_tab_runs_a_step_and_shows_it(store):
     assert any(u[0].startswith("### Running: step") for u in updates)
     summary, phases, memory, nvml, top, trace = updates[-1]
     assert "`: ok" in summary and "tokens/s" in summary and "nsys profile --capture-range=cudaProfilerApi" in summary
-    assert [bar.y for bar in phases.data][0] == ("data", "forward", "backward", "optimizer", "other")
+    assert phases.data[0].y == ("data", "forward", "backward", "optimizer", "other")
     assert list(memory.data[0].x) == ["measured peak", "estimated"]
     assert nvml is None  # CPU run: no NVML samples
     assert "aten::mm" in set(top["op"]) and trace.endswith("trace.json.gz")

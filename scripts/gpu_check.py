@@ -1,0 +1,142 @@
+"""GPU check: profiled steps on this machine's GPU beside the estimator's and the dry run's predictions.
+
+``bash scripts/gpu_check.sh`` runs it (under 8 minutes on one H200): GPT-2 124M and Llama-3.2-1B,
+fp32 vs bf16, activation checkpointing none / selective / full, each a real profiled step in a child
+process. Writes ``bench/results/gpu_check_<gpu>.md`` and ``.json``: measured peak memory, the
+estimator's and the dry run's predictions, step time, tokens/s and MFU. ``--device cpu --quick``
+runs two tiny configurations on the CPU (the test suite does, so the script cannot rot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from advisor.errors import AdvisorError  # noqa: E402
+from advisor.estimator import estimate  # noqa: E402
+from advisor.profiling import RunOptions  # noqa: E402
+from advisor.runner import local_device_type, on_this_machine, profile_run  # noqa: E402
+from advisor.runstore import RunStore  # noqa: E402
+from advisor.sizing import make_setup  # noqa: E402
+
+GiB = 2**30
+FULL = [
+    ("gpt2-124m", 1024, 8),
+    ("llama-3.2-1b", 2048, 4),
+]
+QUICK = [("tiny", 128, 2)]
+
+
+def _dry_run_peak(setup) -> float | None:
+    try:
+        from advisor.dryrun import dry_run
+    except ImportError:
+        return None
+    try:
+        return float(dry_run(setup, target=setup.hardware.kind if setup.hardware.kind == "cpu" else "cuda").peak_bytes)
+    except Exception as err:  # the check reports, it does not stop
+        print(f"  dry run failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--quick", action="store_true", help="two tiny configurations (CPU smoke test)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--traces", default=None, help="run store (default: a folder beside --out)")
+    ap.add_argument("--steps", type=int, default=2)
+    args = ap.parse_args()
+    device = local_device_type(args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    store = RunStore(args.traces or out / "gpu_check_traces")
+    grid = QUICK if args.quick else FULL
+    precisions = ("fp32", "bf16")
+    recomputes = ("none", "full") if args.quick else ("none", "selective", "full")
+    rows = []
+    t_start = time.perf_counter()
+    for model, seq, micro in grid:
+        for precision in precisions if not args.quick else ("fp32",):
+            for recompute in recomputes:
+                setup = make_setup(
+                    model=model, gpu="cpu", seq=seq, micro_batch=micro, precision=precision, recompute=recompute
+                )
+                label = f"{model} s{seq} b{micro} {precision} {recompute}"
+                print(f"[{time.perf_counter() - t_start:6.1f} s] {label}", flush=True)
+                try:
+                    local = on_this_machine(setup, device)
+                    est = estimate(local)
+                    run = profile_run(setup, RunOptions(device=device, steps=args.steps, warmup=1), store)
+                except AdvisorError as err:
+                    rows.append({"config": label, "status": "refused", "message": str(err)})
+                    continue
+                m = run.metrics() or {}
+                rows.append(
+                    {
+                        "config": label,
+                        "status": run.status,
+                        "message": run.record.get("message", ""),
+                        "run_id": run.run_id,
+                        "measured_peak_bytes": m.get("peak_memory_bytes"),
+                        "reserved_peak_bytes": m.get("reserved_memory_bytes"),
+                        "estimate_peak_bytes": est.memory.total_bytes,
+                        "estimate_allocated_bytes": est.memory.total_bytes - est.memory.overhead_bytes,
+                        "dry_run_peak_bytes": _dry_run_peak(local),
+                        "step_time_ms": m.get("step_time_ms"),
+                        "estimate_step_time_ms": est.step_time_ms,
+                        "tokens_per_s": m.get("tokens_per_s"),
+                        "mfu_frac": m.get("mfu_frac"),
+                        "device_name": m.get("device_name"),
+                    }
+                )
+    device_name = next((r["device_name"] for r in rows if r.get("device_name")), device)
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+    stem = out / f"gpu_check_{slug}{'_quick' if args.quick else ''}"
+    stem.with_suffix(".json").write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    stem.with_suffix(".md").write_text(_markdown(rows, device_name, time.perf_counter() - t_start), encoding="utf-8")
+    print(stem.with_suffix(".md").read_text(encoding="utf-8"))
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x / GiB:.2f}"
+
+
+def _err(pred: float | None, meas: float | None) -> str:
+    return "-" if not pred or not meas else f"{100 * (pred - meas) / meas:+.1f} %"
+
+
+def _markdown(rows: list[dict], device_name: str, wall_s: float) -> str:
+    lines = [
+        f"# GPU check on {device_name}",
+        "",
+        f"`bash scripts/gpu_check.sh` ({wall_s:.0f} s). Memory in GiB; errors are prediction vs measured peak",
+        "allocated (torch.cuda.max_memory_allocated); the estimate's allocated part excludes its runtime allowance.",
+        "",
+        "| config | status | measured peak | estimate (alloc.) | err | dry run | err | step ms | est. ms | tokens/s | MFU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['config']} | {r['status']}: {r.get('message', '')} |||||||||| ")
+            continue
+        meas = r["measured_peak_bytes"]
+        lines.append(
+            f"| {r['config']} | ok | {_gib(meas)} | {_gib(r['estimate_allocated_bytes'])} | "
+            f"{_err(r['estimate_allocated_bytes'], meas)} | {_gib(r['dry_run_peak_bytes'])} | "
+            f"{_err(r['dry_run_peak_bytes'], meas)} | {r['step_time_ms']:.1f} | {r['estimate_step_time_ms']:.1f} | "
+            f"{r['tokens_per_s']:,.0f} | {100 * r['mfu_frac']:.1f} % |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The GPU check, one command (under 8 minutes on one H200). Results land in bench/results/ (and in
+# $OUT too when set, as on the device machine). Needs torch with CUDA; nvtx, gradio and plotly are not needed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+"$PY" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device visible"; print(torch.__version__, torch.cuda.get_device_name(0))'
+status=0
+"$PY" scripts/gpu_check.py "$@" || status=$?
+if [[ -n "${OUT:-}" ]]; then
+  cp bench/results/gpu_check_*.md bench/results/gpu_check_*.json "$OUT"/ 2>/dev/null || true
+fi
+exit $status
