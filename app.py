@@ -25,8 +25,7 @@ from advisor.report import describe_setup, memory_rows, time_rows, verdict
 from advisor.runner import profile_run
 from advisor.runstore import RunInfo, RunStore
 from advisor.sizing import make_setup
-from advisor.specs import OFFLOAD_MODES, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES
-from advisor.step import OPTIMIZER_IMPLS
+from advisor.specs import FRAMEWORKS, OFFLOAD_MODES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES
 
 log = logging.getLogger("advisor.app")
 
@@ -39,6 +38,8 @@ DEFAULTS = {
     "global_batch": 64,
     "precision": "bf16",
     "optimizer": "adamw",
+    "optimizer_impl": "fused",
+    "framework": "megatron",
     "recompute": "none",
     "flash_attention": True,
     "fp32_grads": False,
@@ -66,6 +67,8 @@ def size_view(
     global_batch: float,
     precision: str,
     optimizer: str,
+    optimizer_impl: str,
+    framework: str,
     recompute: str,
     flash_attention: bool,
     fp32_grads: bool,
@@ -90,6 +93,8 @@ def size_view(
             global_batch=_as_int(global_batch),
             precision=precision,
             optimizer=optimizer,
+            optimizer_impl=optimizer_impl,
+            framework=framework,
             recompute=recompute,
             flash_attention=bool(flash_attention),
             fp32_grads=bool(fp32_grads),
@@ -152,7 +157,15 @@ def build_size_tab() -> None:
                     value=d["global_batch"], precision=0, minimum=0, label="Global batch (0 = no accum)"
                 )
             precision = gr.Radio(list(PRECISIONS), value=d["precision"], label="Precision")
-            optimizer = gr.Radio(list(OPTIMIZERS), value=d["optimizer"], label="Optimizer")
+            with gr.Row():
+                optimizer = gr.Radio(list(OPTIMIZERS), value=d["optimizer"], label="Optimizer")
+                optimizer_impl = gr.Radio(list(OPTIMIZER_IMPLS), value=d["optimizer_impl"], label="Optimizer kernels")
+            framework = gr.Radio(
+                list(FRAMEWORKS),
+                value=d["framework"],
+                label="Implementation",
+                info="megatron: bf16 weights + fp32 master, grad buffers; pytorch: eager autocast over fp32 weights",
+            )
             recompute = gr.Radio(list(RECOMPUTE_MODES), value=d["recompute"], label="Activation checkpointing")
             with gr.Row():
                 flash = gr.Checkbox(value=d["flash_attention"], label="Flash attention")
@@ -186,6 +199,8 @@ def build_size_tab() -> None:
         global_batch,
         precision,
         optimizer,
+        optimizer_impl,
+        framework,
         recompute,
         flash,
         fp32_grads,
@@ -301,6 +316,8 @@ def profile_view(
             precision=precision,
             recompute=recompute,
             optimizer=optimizer,
+            optimizer_impl=optimizer_impl,
+            framework="pytorch",
             zero=1 if offload else 0,
             offload="optimizer" if offload else "none",
         )
@@ -311,7 +328,6 @@ def profile_view(
             num_workers=_as_int(num_workers) or 0,
             pin_memory=bool(pin_memory),
             compile=bool(compile_model),
-            optimizer_impl=optimizer_impl,
         )
     except AdvisorError as err:
         yield (f"### Invalid setup\n{err}", *_no_run_outputs())

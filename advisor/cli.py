@@ -16,8 +16,7 @@ from advisor.report import format_estimate, format_run
 from advisor.runner import child_main, profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup
-from advisor.specs import OFFLOAD_MODES, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES, Setup
-from advisor.step import OPTIMIZER_IMPLS
+from advisor.specs import FRAMEWORKS, OFFLOAD_MODES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES, Setup
 
 
 def add_setup_args(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +39,13 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--precision", choices=PRECISIONS, default="bf16")
     s.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    s.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="fused", help="optimizer kernels")
+    s.add_argument(
+        "--framework",
+        choices=FRAMEWORKS,
+        default="megatron",
+        help="megatron: 16-bit weights + fp32 master, persistent grad buffers; pytorch: eager autocast step",
+    )
     s.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none", help="activation checkpointing")
     s.add_argument("--no-flash", action="store_true", help="attention without a fused (flash) kernel")
     s.add_argument("--dropout", action="store_true", help="dropout layers on")
@@ -70,6 +76,8 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
         global_batch=args.global_batch,
         precision=args.precision,
         optimizer=args.optimizer,
+        optimizer_impl=args.optimizer_impl,
+        framework=args.framework,
         recompute=args.recompute,
         flash_attention=not args.no_flash,
         dropout=args.dropout,
@@ -99,7 +107,6 @@ def _options_from_args(args: argparse.Namespace) -> RunOptions:
         num_workers=args.num_workers,
         pin_memory=args.pin_memory,
         compile=args.compile,
-        optimizer_impl=args.optimizer_impl,
         layers=args.layers,
         timeout_s=args.timeout,
         nsys=args.nsys,
@@ -132,7 +139,6 @@ def _cmd_dryrun(args: argparse.Namespace) -> int:
     setup = setup_from_args(args)
     result = dry_run(
         setup,
-        optimizer_impl=args.optimizer_impl,
         offload_optimizer=setup.parallel.offload != "none",
         target="cpu" if setup.hardware.kind == "cpu" else "cuda",
     )
@@ -187,7 +193,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
     r.add_argument("--pin-memory", action="store_true")
     r.add_argument("--compile", action="store_true", help="torch.compile the model")
-    r.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="foreach")
     r.add_argument("--layers", type=int, default=0, help="proxy mode: run N layers, extrapolate to the full depth")
     r.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is stopped")
     r.add_argument("--nsys", action="store_true", help="run the child under nsys profile (Nsight Systems)")
@@ -195,7 +200,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--inject", default="", help=argparse.SUPPRESS)
     dry = sub.add_parser("dryrun", help="exact memory of the real step under fake tensors: any size, no allocation")
     add_setup_args(dry)
-    dry.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="foreach")
     dry.set_defaults(func=_cmd_dryrun)
     runs = sub.add_parser("runs", help="list the runs in the run store")
     runs.add_argument("--traces", default=None)

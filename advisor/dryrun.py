@@ -269,7 +269,7 @@ def _notes(setup: Setup, target: str, offload: bool, runtime_bytes: int, frag_by
 
 
 def dry_run(
-    setup: Setup, *, optimizer_impl: str = "foreach", offload_optimizer: bool = False, target: str = "cpu"
+    setup: Setup, *, optimizer_impl: str | None = None, offload_optimizer: bool = False, target: str = "cpu"
 ) -> DryRunResult:
     """Memory of one steady-state training step of ``setup`` on one device, in bytes, without allocating.
 

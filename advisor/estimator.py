@@ -63,6 +63,9 @@ class MemoryBreakdown:
     """Allowance outside the model: CUDA context and library workspaces, allocator fragmentation."""
     host_bytes: float
     """Offloaded state this GPU keeps in host memory."""
+    moment: str = "backward"
+    """When the peak happens: 'backward' (activations alive) or 'optimizer step' (all gradients and
+    the optimizer's scratch alive, activations freed)."""
 
     @property
     def total_bytes(self) -> float:
@@ -189,6 +192,7 @@ class Estimate:
             "memory_frac": self.memory_frac,
             "capacity_bytes": self.capacity_bytes,
             "memory": self.memory.as_dict(),
+            "peak_moment": self.memory.moment,
             "memory_first_stage": self.memory_first_stage.as_dict(),
             "memory_last_stage": self.memory_last_stage.as_dict(),
             "host_bytes_per_node": self.host_bytes_per_node,
@@ -207,7 +211,7 @@ class Estimate:
 
 
 def bytes_per_param(
-    precision: str, optimizer: str, hidden: int, fp32_grads: bool = False
+    precision: str, optimizer: str, hidden: int, fp32_grads: bool = False, autocast: bool = False
 ) -> tuple[float, float, float]:
     """(weight, gradient, optimizer) bytes per parameter before sharding.
 
@@ -215,10 +219,11 @@ def bytes_per_param(
     default: 6 + 12/d bytes under its distributed optimizer), fp32 master copy (4) plus fp32 states
     (AdamW 8, SGD momentum 4, Adafactor's factored second moment ~ 4*(rows+cols) per matrix, about
     8/hidden per parameter). fp32: 4-byte weights and gradients, no master copy. fp8 keeps bf16
-    weights and adds a 1-byte fp8 copy of each weight (TransformerEngine's cached cast).
+    weights and adds a 1-byte fp8 copy of each weight (TransformerEngine's cached cast). ``autocast``
+    (torch.autocast over fp32 parameters, PyTorch AMP): 4-byte weights and gradients, no master copy.
     """
     states = {"adamw": 8.0, "sgd": 4.0, "adafactor": 8.0 / hidden}[optimizer]
-    if precision == "fp32":
+    if precision == "fp32" or autocast:
         return 4.0, 4.0, states
     weight = 3.0 if precision == "fp8" else 2.0
     return weight, 4.0 if fp32_grads else 2.0, 4.0 + states
@@ -232,10 +237,11 @@ def zero_model_state_bytes(
     shard: int,
     hidden: int = 4096,
     fp32_grads: bool = False,
+    autocast: bool = False,
 ) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per GPU for ``n_params`` under ZeRO ``zero`` over ``shard``
     data-parallel ranks [ZeRO]: stage 1 shards the optimizer, 2 also gradients, 3 also weights."""
-    w, g, o = bytes_per_param(precision, optimizer, hidden, fp32_grads)
+    w, g, o = bytes_per_param(precision, optimizer, hidden, fp32_grads, autocast)
     return (
         n_params * w / (shard if zero >= 3 else 1),
         n_params * g / (shard if zero >= 2 else 1),
@@ -243,26 +249,30 @@ def zero_model_state_bytes(
     )
 
 
-def _stage_params(setup: Setup, first: bool, last: bool) -> tuple[float, float, float]:
-    """(dense, expert, full-layer-unsharded-by-dp) parameters one GPU of a stage holds after TP/PP/EP.
+def _stage_params(setup: Setup, first: bool, last: bool) -> tuple[float, float, float, float]:
+    """(dense, expert, block, matmul) parameters one GPU of a stage holds after TP/PP/EP.
 
     Megatron split: attention heads and MLP columns by tp (KV heads replicated when tp > n_kv_heads),
     vocabulary-parallel embedding and head, norms, routers and row-parallel biases replicated, routed
     experts split by ep and each by tp. The first stage holds the embedding, the last the final norm
-    and the head (a copy of the embedding when tied and pp > 1).
+    and the head (a copy of the embedding when tied and pp > 1). ``block`` is one block's weights
+    gathered in full over DP (ZeRO-3 buffers); ``matmul`` the weights that enter a matrix multiply
+    (what autocast keeps 16-bit copies of).
     """
     m, p = setup.model, setup.parallel
     t = p.tp
     kv_heads_rank = max(m.n_kv_heads // t, 1)
     h, q = m.hidden, m.q_dim
     kv_rank = kv_heads_rank * m.head_dim
-    attn = h * (q // t + 2 * kv_rank) + (q // t) * h
+    attn_mm = h * (q // t + 2 * kv_rank) + (q // t) * h
+    attn = attn_mm
     if m.qkv_bias:
         attn += q // t + 2 * kv_rank
     if m.attn_out_bias:
         attn += h
     if m.qk_norm:
         attn += 2 * m.head_dim
+    mats = 3 if m.mlp == "swiglu" else 2
 
     def mlp(ffn: int) -> float:
         return (m.mlp_params(ffn) - (h if m.mlp_bias else 0)) / t + (h if m.mlp_bias else 0)
@@ -272,20 +282,25 @@ def _stage_params(setup: Setup, first: bool, last: bool) -> tuple[float, float, 
     moe_frac = m.n_moe_layers / m.n_layers
     dense_layer = attn + mlp(m.ffn_hidden) + norms
     dense = layers * (1 - moe_frac) * dense_layer
+    matmul = layers * (1 - moe_frac) * (attn_mm + mats * h * m.ffn_hidden / t)
     expert = 0.0
+    block = dense_layer
     if m.is_moe:
+        local_experts = m.n_experts / p.ep
         moe_shared = attn + m.router_params + m.n_shared_experts * mlp(m.expert_ffn_hidden) + norms
         dense += layers * moe_frac * moe_shared
-        expert = layers * moe_frac * (m.n_experts / p.ep) * mlp(m.expert_ffn_hidden)
+        expert = layers * moe_frac * local_experts * mlp(m.expert_ffn_hidden)
+        expert_mm = (local_experts + m.n_shared_experts) * mats * h * m.expert_ffn_hidden / t
+        matmul += layers * moe_frac * (attn_mm + m.router_params + expert_mm)
+        block = max(dense_layer, moe_shared + local_experts * mlp(m.expert_ffn_hidden))
     if first:
         dense += m.vocab * h / t + (m.max_positions * h if m.position == "learned" else 0)
     if last:
         dense += m.norm_params
+        matmul += m.vocab * h / t
         if not m.tied_embeddings or (p.pp > 1 and not first):
             dense += m.vocab * h / t
-    # One block's weights gathered in full over DP (ZeRO-3 / param offload buffers).
-    block = max(dense_layer, moe_shared + (m.n_experts / p.ep) * mlp(m.expert_ffn_hidden)) if m.is_moe else dense_layer
-    return dense, expert, block
+    return dense, expert, block, matmul
 
 
 # --- activations ---------------------------------------------------------------------------------
@@ -302,6 +317,12 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
     attention keeps only its fp32 log-sum-exp per head. With tp but no sp the norm inputs, linear
     inputs and dropout masks are replicated; with sp everything is split over tp. Context parallelism
     is applied by the caller (tokens per GPU). Full recompute keeps only the block input.
+
+    The eager PyTorch step (framework 'pytorch') saves more, measured tensor by tensor with
+    saved_tensors_hooks (bench/results/dryrun_accuracy_cpu.md): under autocast the residual stream and
+    the norm inputs stay fp32 (4h) and every linear saves its own 16-bit copy of its input (q, k, v,
+    and gate/up: 5 per Llama block instead of 2); SDPA saves its output besides the o_proj input
+    (+e*q); on a CPU nn.RMSNorm is a composite that also keeps its fp32 normalised input (4h per norm).
     """
     m, tr, p = setup.model, setup.train, setup.parallel
     t = p.tp
@@ -309,13 +330,22 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
     h, q, kv, f = m.hidden, m.q_dim, m.kv_dim, m.ffn_hidden
     drop = 1.0 if tr.dropout else 0.0
     mode = tr.recompute if recompute is None else recompute
+    eager = tr.framework == "pytorch"
+    resid = 4.0 if tr.autocast else e  # bytes of one residual-stream element
 
     if mode == "full":
-        x = e * h
+        x = resid * h
         return (x / t if p.sequence_parallel else x), 0.0
 
-    replicated = 4 * e * h + 2 * drop * h  # norm inputs, norm outputs feeding linears, output dropout masks
+    # Norm inputs, norm outputs feeding linears, output dropout masks.
+    mlp_inputs = 2 if m.mlp == "swiglu" else 1
+    linear_inputs = (3 + mlp_inputs) * e * h if tr.autocast else 2 * e * h
+    replicated = 2 * resid * h + linear_inputs + 2 * drop * h
+    if eager and m.norm == "rmsnorm" and setup.hardware.kind == "cpu":
+        replicated += 2 * 4.0 * h
     split = e * (q + kv) + e * kv + e * q  # Q and K for QK^T, V, output-projection input
+    if eager:
+        split += e * q  # SDPA's own saved output
     if moe:
         fe = m.expert_ffn_hidden
         mult = 4 if m.mlp == "swiglu" else 2
@@ -332,7 +362,12 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
     return base + scores / t, base
 
 
-def _activation_memory(setup: Setup, tokens_mb: float, in_flight: float, first: bool, last: bool) -> float:
+def _activation_memory(
+    setup: Setup, tokens_mb: float, in_flight: float, first: bool, last: bool
+) -> tuple[float, float]:
+    """(saved, working) activation bytes of one stage: what is saved for backward over all micro-batches
+    in flight, and, under full recompute, the one block being recomputed (alive after the loss
+    backward has freed its buffers, so the two never add up)."""
     m, tr, p = setup.model, setup.train, setup.parallel
     layers = m.n_layers / p.pp
     moe_frac = m.n_moe_layers / m.n_layers
@@ -340,18 +375,20 @@ def _activation_memory(setup: Setup, tokens_mb: float, in_flight: float, first: 
     moe_tok, _ = activation_bytes_per_token(setup, moe=True) if m.is_moe else (0.0, 0.0)
     per_layer_tok = (1 - moe_frac) * dense_tok + moe_frac * moe_tok
     acts = layers * per_layer_tok * tokens_mb * in_flight
+    working = 0.0
     if tr.recompute == "full":
         # The block being recomputed holds its full activations during its backward [Korthikanti 4.1].
         work_dense, _ = activation_bytes_per_token(setup, moe=False, recompute="none")
         work_moe = activation_bytes_per_token(setup, moe=True, recompute="none")[0] if m.is_moe else 0.0
-        acts += max(work_dense, work_moe) * tokens_mb
+        working = max(work_dense, work_moe) * tokens_mb
     e = 4.0 if tr.precision == "fp32" else 2.0
+    resid = 4.0 if tr.autocast else e
     if first and tr.dropout:
         acts += m.hidden * tokens_mb * in_flight / (p.tp if p.sequence_parallel else 1)  # embedding dropout mask
     if last:
         # Final norm input and head input, plus the fp32 log-softmax the loss saves (vocab-parallel).
-        acts += (2 * e * m.hidden / (p.tp if p.sequence_parallel else 1) + 4.0 * m.vocab / p.tp) * tokens_mb
-    return acts
+        acts += ((resid + e) * m.hidden / (p.tp if p.sequence_parallel else 1) + 4.0 * m.vocab / p.tp) * tokens_mb
+    return acts, working
 
 
 # --- communication helpers --------------------------------------------------------------------
@@ -390,7 +427,7 @@ def estimate(setup: Setup) -> Estimate:
     mb = setup.grad_accum
     s, b = tr.seq_len, tr.micro_batch
     e = 4.0 if tr.precision == "fp32" else 2.0
-    grad_e = 4.0 if tr.precision == "fp32" or tr.fp32_grads else 2.0
+    grad_e = 4.0 if tr.precision == "fp32" or tr.fp32_grads or tr.autocast else 2.0
     dense_shard = p.dp * cp
     expert_shard = dense_shard // p.ep
     tokens_mb = b * s / cp  # tokens one GPU processes per micro-batch
@@ -398,36 +435,61 @@ def estimate(setup: Setup) -> Estimate:
     offload_params = p.offload == "optimizer+params"
 
     # --- memory of the first and the last stage ---
+    # Gradients outlive the step where a framework keeps gradient buffers (Megatron's main_grad, DDP and
+    # ZeRO buckets) or micro-batches accumulate into them; the eager single-device step frees them.
+    persistent_grads = tr.framework == "megatron" or mb > 1 or dense_shard > 1
+
     def stage_memory(first: bool, last: bool, in_flight: float) -> tuple[MemoryBreakdown, float, float]:
-        dense, expert, block = _stage_params(setup, first, last)
-        dw, dg, do = zero_model_state_bytes(
-            dense, tr.precision, tr.optimizer, p.zero, dense_shard, m.hidden, tr.fp32_grads
-        )
-        ew, eg, eo = zero_model_state_bytes(
-            expert, tr.precision, tr.optimizer, p.zero, expert_shard, m.hidden, tr.fp32_grads
-        )
+        """The stage's memory at its fuller moment: when backward begins (activations and loss
+        buffers alive) or during the optimizer step (all gradients and the optimizer's scratch)."""
+        dense, expert, block, matmul = _stage_params(setup, first, last)
+        state = (tr.precision, tr.optimizer, p.zero)
+        dw, dg, do = zero_model_state_bytes(dense, *state, dense_shard, m.hidden, tr.fp32_grads, tr.autocast)
+        ew, eg, eo = zero_model_state_bytes(expert, *state, expert_shard, m.hidden, tr.fp32_grads, tr.autocast)
         weights, grads, opt = dw + ew, dg + eg, do + eo
+        shard_params = dense / (dense_shard if p.zero else 1) + expert / (expert_shard if p.zero else 1)
         host = 0.0
         if offload_opt:
             # ZeRO-Offload: fp32 master, states and gradients live on the host; the GPU keeps only
             # gradient buckets on their way out.
-            shard_params = dense / dense_shard + expert / expert_shard
             host += opt + shard_params * 4.0
             opt, grads = 0.0, 0.0
         if offload_params:
             host += weights
             weights = 0.0
-        acts = _activation_memory(setup, tokens_mb, in_flight, first, last)
-        buffers = 0.0
+        saved, working = _activation_memory(setup, tokens_mb, in_flight, first, last)
+        # autocast's 16-bit weight copies: saved by every linear for its backward; under full recompute
+        # only the head's survives the forward, and the recomputed block makes its own.
+        head_cast = 2.0 * m.vocab * m.hidden / t if tr.autocast and last else 0.0
+        block_cast = 2.0 * (matmul - m.vocab * m.hidden / t * last) if tr.autocast else 0.0
+        if tr.recompute == "full":
+            block_cast /= m.n_layers / pp
+            working += block_cast
+        else:
+            saved += block_cast
+        comm = 0.0
         if p.zero >= 3 or offload_params:
-            buffers += 2 * block * 2.0 + block * grad_e  # two gathered blocks (prefetch) + one grad block
+            comm += 2 * block * 2.0 + block * grad_e  # two gathered blocks (prefetch) + one grad block
         elif dense_shard > 1 or offload_opt:
-            buffers += 2 * DDP_BUCKET_BYTES
-        if last:
-            buffers += (e + 4.0) * m.vocab / t * tokens_mb  # logits and their fp32 gradient in the loss backward
-        allocated = weights + grads + opt + acts + buffers
-        overhead = hw.runtime_overhead_bytes + (FRAGMENTATION_FRAC * allocated if hw.kind == "gpu" else 0.0)
-        return MemoryBreakdown(weights, grads, opt, acts, buffers, overhead, host), dense, expert
+            comm += 2 * DDP_BUCKET_BYTES
+        # The loss backward holds the fp32 gradient of the log-softmax and of the logits: 8 bytes per
+        # logit in every precision (measured, bench/results/dryrun_accuracy_cpu.md).
+        loss = 8.0 * m.vocab / t * tokens_mb if last else 0.0
+        # foreach kernels build one fp32 temporary the size of the parameters they update (the
+        # sqrt of exp_avg_sq for AdamW); fused kernels none; a for-loop one tensor at a time.
+        scratch = {"foreach": 4.0 * shard_params, "fused": 0.0, "for-loop": 4.0 * m.vocab * m.hidden / t}
+        opt_scratch = 0.0 if offload_opt else scratch[tr.optimizer_impl]
+        # Backward begins with the loss buffers; a recomputed block comes after they are freed.
+        if working > loss + head_cast:
+            acts, buf = saved + working, comm
+        else:
+            acts, buf = saved + head_cast, comm + loss
+        backward = (weights, grads if persistent_grads else 0.0, opt, acts, buf)
+        step = (weights, grads, opt, 0.0, comm + opt_scratch)
+        w, g, o, a, buf = backward if sum(backward) >= sum(step) else step
+        moment = "backward" if (w, g, o, a, buf) == backward else "optimizer step"
+        overhead = hw.runtime_overhead_bytes + (FRAGMENTATION_FRAC * (w + g + o + a + buf) if hw.kind == "gpu" else 0.0)
+        return MemoryBreakdown(w, g, o, a, buf, overhead, host, moment), dense, expert
 
     # 1F1B: stage 0 holds min(pp, m) micro-batches; interleaving adds (p-1)/(p*v) [Korthikanti 4.2.3].
     in_flight_first = min(pp, mb) * ((1 + (pp - 1) / (pp * v)) if v > 1 else 1.0)

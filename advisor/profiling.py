@@ -33,7 +33,7 @@ from advisor.metrics import StepMetrics
 from advisor.model import model_flops_per_token
 from advisor.nvml import NvmlSampler
 from advisor.specs import Setup
-from advisor.step import OPTIMIZER_IMPLS, build_trainer, make_loader, resolve_device
+from advisor.step import build_trainer, make_loader, resolve_device
 
 INJECTIONS = ("oom", "crash", "hang", "error")
 
@@ -53,8 +53,6 @@ class RunOptions:
     pin_memory: bool = False
     compile: bool = False
     """torch.compile the model."""
-    optimizer_impl: str = "foreach"
-    """for-loop, foreach or fused optimizer kernels."""
     layers: int = 0
     """Proxy mode: run this many layers and extrapolate to the full depth (0: all layers)."""
     seed: int = 0
@@ -74,7 +72,6 @@ class RunOptions:
             (isinstance(self.steps, int) and 1 <= self.steps <= 100, "steps", "an integer from 1 to 100"),
             (isinstance(self.warmup, int) and 0 <= self.warmup <= 20, "warmup", "an integer from 0 to 20"),
             (isinstance(self.num_workers, int) and 0 <= self.num_workers <= 32, "num_workers", "0 to 32"),
-            (self.optimizer_impl in OPTIMIZER_IMPLS, "optimizer_impl", ", ".join(OPTIMIZER_IMPLS)),
             (isinstance(self.layers, int) and self.layers >= 0, "layers", "an integer >= 0 (0 = all layers)"),
             (0 < self.timeout_s <= 24 * 3600, "timeout_s", "a number of seconds in (0, 86400]"),
             (self.inject in ("", *INJECTIONS), "inject", "one of " + ", ".join(INJECTIONS)),
@@ -166,7 +163,6 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
     trainer = build_trainer(
         setup,
         device,
-        optimizer_impl=options.optimizer_impl,
         offload_optimizer=setup.parallel.offload != "none",
         compile_model=options.compile,
         seed=options.seed,
@@ -285,7 +281,7 @@ def _metrics(
         grad_accum=setup.grad_accum,
         precision=t.precision,
         recompute=t.recompute,
-        optimizer=f"{t.optimizer} ({options.optimizer_impl})",
+        optimizer=f"{t.optimizer} ({t.optimizer_impl})",
         tokens_per_step=tokens,
         steps_measured=len(step_ms),
         step_time_ms=step,

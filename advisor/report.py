@@ -76,7 +76,8 @@ def time_rows(est: Estimate) -> list[tuple[str, float, float]]:
 
 def format_estimate(est: Estimate) -> str:
     """The CLI's readable breakdown."""
-    out = [describe_setup(est), "", verdict(est), "", f"Memory per GPU (fullest stage){'':14s}GiB      %"]
+    head = f"Memory per GPU (fullest stage, {est.memory.moment})"
+    out = [describe_setup(est), "", verdict(est), "", f"{head:44s}GiB      %"]
     for label, gib, pct in memory_rows(est):
         out.append(f"  {label:38s}{gib:9.2f} {pct:6.1f}")
     out.append(f"  {'total':38s}{est.memory.total_bytes / GiB:9.2f}")

@@ -50,10 +50,11 @@ def local_device_type(device: str) -> str:
 
 
 def on_this_machine(setup: Setup, device: str) -> Setup:
-    """The setup with this machine's device as its hardware (the profiled step runs here)."""
+    """The setup as the profiled step runs it: this machine's device as its hardware, and the eager
+    PyTorch implementation (autocast over fp32 parameters) that the step is."""
     hw = local_hardware(local_device_type(device))
     try:
-        return replace(setup, hardware=hw)
+        return replace(setup, hardware=hw, train=replace(setup.train, framework="pytorch"))
     except AdvisorError as err:
         raise AdvisorError(f"this setup cannot run on {hw.name}: {err}") from err
 
@@ -133,8 +134,8 @@ def profile_cli_args(setup: Setup, options: RunOptions) -> list[str]:
     args += ["--device", options.device, "--steps", str(options.steps), "--warmup", str(options.warmup)]
     if options.layers:
         args += ["--layers", str(options.layers)]
-    if options.optimizer_impl != "foreach":
-        args += ["--optimizer-impl", options.optimizer_impl]
+    if t.optimizer_impl != "fused":
+        args += ["--optimizer-impl", t.optimizer_impl]
     if options.num_workers:
         args += ["--num-workers", str(options.num_workers)]
     args += [flag for flag, on in (("--pin-memory", options.pin_memory), ("--compile", options.compile)) if on]

@@ -15,6 +15,8 @@ PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 OPTIMIZERS = ("adamw", "sgd", "adafactor")
 RECOMPUTE_MODES = ("none", "selective", "full")
 OFFLOAD_MODES = ("none", "optimizer", "optimizer+params")
+OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
+FRAMEWORKS = ("megatron", "pytorch")
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
@@ -278,6 +280,14 @@ class TrainSpec:
     """Keep and reduce gradients in fp32 (4 bytes) under 16-bit precision: Megatron-LM's bf16 default
     (accumulate_allreduce_grads_in_fp32) and DeepSpeed's bf16 optimizer. Off: 16-bit gradients, as in
     the ZeRO paper and plain PyTorch DDP/FSDP on 16-bit parameters."""
+    optimizer_impl: str = "fused"
+    """Optimizer kernels: fused (one kernel, no scratch: Megatron, DeepSpeed, torchtitan), foreach
+    (PyTorch's default on GPUs: one fp32 scratch copy of the parameters during the step) or for-loop."""
+    framework: str = "megatron"
+    """How the step is implemented. 'megatron': 16-bit weights with fp32 master copies, persistent
+    gradient buffers, fused norms and attention (Megatron-LM, DeepSpeed). 'pytorch': this project's
+    eager step, torch.autocast over fp32 parameters, gradients freed after each step (set_to_none),
+    an extra 16-bit input copy per linear under autocast."""
 
     def __post_init__(self) -> None:
         _check_int("train.seq_len", self.seq_len, 1)
@@ -286,6 +296,21 @@ class TrainSpec:
         _check_choice("train.precision", self.precision, PRECISIONS)
         _check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("train.recompute", self.recompute, RECOMPUTE_MODES)
+        _check_choice("train.optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
+        _check_choice("train.framework", self.framework, FRAMEWORKS)
+        if self.optimizer == "adafactor" and self.optimizer_impl == "fused":
+            raise SpecError("train.optimizer_impl", "fused", "Adafactor has no fused kernel; use foreach or for-loop")
+        if self.framework == "pytorch" and self.precision == "fp8":
+            raise SpecError(
+                "train.precision",
+                "fp8",
+                "fp8 needs TransformerEngine (framework='megatron'); eager PyTorch runs fp32, bf16 or fp16",
+            )
+
+    @property
+    def autocast(self) -> bool:
+        """16-bit compute through torch.autocast over fp32 parameters (the eager PyTorch step)."""
+        return self.framework == "pytorch" and self.precision in ("bf16", "fp16")
 
 
 @dataclass(frozen=True, slots=True)

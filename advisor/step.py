@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from advisor.errors import AdvisorError
 from advisor.model import Transformer, build_model
-from advisor.specs import Setup
+from advisor.specs import OPTIMIZER_IMPLS, Setup
 
 try:  # the nvtx package works without a GPU; torch.cuda.nvtx needs a CUDA build (DESIGN.md)
     import nvtx
@@ -32,7 +32,6 @@ except ImportError:  # e.g. a GPU image without the package: torch's binding see
     else:
         _push = _pop = lambda *a: None
 
-OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 PHASES = ("data", "forward", "backward", "optimizer")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -223,7 +222,7 @@ def build_trainer(
     setup: Setup,
     device: torch.device,
     *,
-    optimizer_impl: str = "foreach",
+    optimizer_impl: str | None = None,
     offload_optimizer: bool = False,
     compile_model: bool = False,
     seed: int = 0,
@@ -231,6 +230,7 @@ def build_trainer(
     """Model, optimizer, scaler and autocast for ``setup`` on ``device`` (fp32 parameters; 16-bit
     precisions run under torch.autocast, fp16 with a GradScaler)."""
     t = setup.train
+    optimizer_impl = optimizer_impl or t.optimizer_impl
     if t.precision == "fp8":
         raise AdvisorError(
             "precision='fp8': fp8 training needs NVIDIA TransformerEngine (transformer_engine.pytorch) on a Hopper or "

@@ -105,8 +105,16 @@ class Row:
 
 def measure(model: str | ModelSpec, precision: str, recompute: str, micro_batch: int, seq: int) -> Row:
     """One configuration: measured peak (one warm-up step first), dry run, estimate."""
+    # The eager PyTorch step with PyTorch's default foreach AdamW: what build_trainer runs here.
     setup = make_setup(
-        model=model, gpu="cpu", seq=seq, micro_batch=micro_batch, precision=precision, recompute=recompute
+        model=model,
+        gpu="cpu",
+        seq=seq,
+        micro_batch=micro_batch,
+        precision=precision,
+        recompute=recompute,
+        optimizer_impl="foreach",
+        framework="pytorch",
     )
     dry = dry_run(setup)
     trainer = build_trainer(setup, torch.device("cpu"))

@@ -119,7 +119,8 @@ def test_korthikanti_pipeline_first_stage_holds_all_layers_worth():
         seq_len=S, micro_batch=1, global_batch=16, dropout=True, flash_attention=False, recompute="selective"
     )
     setup = Setup(GPT3, train, ParallelSpec(dp=1, tp=8, pp=8, sequence_parallel=True), get_hardware("a100-80gb"))
-    acts = _activation_memory(setup, S, in_flight=8, first=True, last=False)
+    acts, working = _activation_memory(setup, S, in_flight=8, first=True, last=False)
+    assert working == 0  # no block is recomputed under selective recompute
     embedding_dropout_mask = S * H * 8 / 8  # 1 byte per element, split by sp, 8 micro-batches in flight
     assert acts == pytest.approx(96 * S * H / 8 * 34 + embedding_dropout_mask, rel=1e-12)
 
@@ -303,3 +304,51 @@ def test_mfu_is_below_the_matmul_ceiling_without_long_sequences():
     est = _est(train=TrainSpec(seq_len=2048), parallel=ParallelSpec(dp=8, zero=1))
     assert 0.3 < est.mfu_frac < est.setup.hardware.matmul_efficiency_frac
     assert est.hfu_frac <= est.mfu_frac  # causal flash executes half the attention the convention counts
+
+
+# --- the eager PyTorch step (framework="pytorch"), checked against measured CPU peaks ---
+
+
+def _eager(**kw):
+    train = {"seq_len": 128, "micro_batch": 2, "precision": "fp32", "framework": "pytorch", **kw}
+    return estimate(Setup(get_model("llama-3.1-8b"), TrainSpec(**train), ParallelSpec(), get_hardware("h200")))
+
+
+def test_eager_step_peaks_at_the_optimizer_step_with_foreach_scratch():
+    n = get_model("llama-3.1-8b").n_params
+    foreach = _eager(optimizer_impl="foreach").memory
+    fused = _eager(optimizer_impl="fused").memory
+    # Short sequences: states dominate. foreach holds weights 4 + grads 4 + AdamW 8 + scratch 4 bytes.
+    assert foreach.moment == "optimizer step" and foreach.activations_bytes == 0
+    assert foreach.weights_bytes + foreach.grads_bytes + foreach.optimizer_bytes + foreach.buffers_bytes == 20 * n
+    assert fused.buffers_bytes == 0 and fused.total_bytes < foreach.total_bytes
+
+
+def test_eager_bf16_is_autocast_over_fp32_parameters():
+    n = get_model("llama-3.1-8b").n_params
+    mem = _eager(precision="bf16", optimizer_impl="fused").memory
+    assert (mem.weights_bytes, mem.optimizer_bytes) == (4 * n, 8 * n)  # no fp32 master copy
+    megatron = estimate(Setup(get_model("llama-3.1-8b"), TrainSpec(seq_len=128, micro_batch=2), ParallelSpec()))
+    assert (megatron.memory.weights_bytes, megatron.memory.optimizer_bytes) == (2 * n, 12 * n)
+
+
+def test_gradients_are_freed_only_in_the_eager_single_device_step():
+    # Long sequences: activations dominate, the peak is when backward begins.
+    eager = _eager(seq_len=8192, micro_batch=4, optimizer_impl="fused").memory
+    assert eager.moment == "backward" and eager.grads_bytes == 0
+    accumulating = _eager(seq_len=8192, micro_batch=4, global_batch=8, optimizer_impl="fused").memory
+    assert accumulating.grads_bytes == 4 * get_model("llama-3.1-8b").n_params  # micro-batches accumulate
+
+
+def test_full_recompute_block_does_not_add_to_the_loss_buffers():
+    m = get_model("tiny")
+    train = TrainSpec(seq_len=2048, precision="fp32", recompute="full", framework="pytorch")
+    setup = Setup(m, train, ParallelSpec(), get_hardware("h200"))
+    mem = estimate(setup).memory
+    loss = 8 * m.vocab * 2048  # fp32 gradients of the log-softmax and of the logits
+    working, _ = activation_bytes_per_token(setup, moe=False, recompute="none")
+    assert loss > working * 2048  # the loss buffers are the larger of the two moments here
+    assert mem.moment == "backward" and mem.buffers_bytes == loss
+    saved = estimate(replace(setup, train=replace(train, recompute="none"))).memory
+    log_softmax = 4 * m.vocab * 2048  # saved by the loss in both modes
+    assert mem.activations_bytes - log_softmax < (saved.activations_bytes - log_softmax) / 4
