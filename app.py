@@ -374,8 +374,10 @@ def open_run(run_id: str | None):
 
 
 def run_choices() -> gr.Dropdown:
+    """The stored runs, newest first and selected (so the tab opens on the latest run)."""
     runs, _ = _store().list_runs()
-    return gr.Dropdown(choices=[r.run_id for r in runs], value=None)
+    ids = [r.run_id for r in runs]
+    return gr.Dropdown(choices=ids, value=ids[0] if ids else None)
 
 
 def build_profile_tab() -> gr.Dropdown:

@@ -130,3 +130,24 @@ def test_profile_tab_reports_bad_input_and_refusals(store):
     assert refused.startswith("### Not run") and "--layers" in refused
     assert store.list_runs() == ([], [])
     assert app.open_run("../../etc")[0].startswith("### Cannot open run\nrun id '../../etc' is not valid")
+
+
+def test_profile_tab_opens_on_the_newest_run(store):
+    assert app.run_choices().value is None  # empty store: nothing selected
+    _profile()
+    _profile(precision="fp32")
+    newest = store.list_runs()[0][0].run_id
+    dropdown = app.run_choices()
+    assert dropdown.value == newest and len(dropdown.choices) == 2
+
+
+SAMPLE_RUNS = ("20261130-165248-tiny-6bcb2f", "20261130-165253-tiny-617152")  # committed under traces/
+
+
+@pytest.mark.parametrize("run_id", SAMPLE_RUNS)
+def test_shipped_sample_runs_are_readable(run_id):
+    from advisor.runstore import RunStore
+
+    summary, phases, memory, _, top, trace = app.run_view(RunStore().load(run_id))
+    assert f"`{run_id}`: ok" in summary and phases is not None and memory is not None
+    assert not top.empty and trace.endswith("trace.json.gz")
