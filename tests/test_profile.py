@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import os
 import signal
 
 import pytest
@@ -156,3 +157,31 @@ def test_bad_run_options_are_named():
         build_trainer(make_setup(model="tiny", gpu="h100", seq=64, precision="fp8"), CPU)
     with pytest.raises(AdvisorError, match=r"cannot run on CPU host .* fp8 needs TransformerEngine"):
         on_this_machine(make_setup(model="tiny", gpu="h100", seq=64, precision="fp8"), "cpu")
+
+
+def test_nsys_missing_is_explained(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nsys here
+    with pytest.raises(AdvisorError, match=r"nsys \(NVIDIA Nsight Systems\) is not on the PATH"):
+        profile_run(_setup(), RunOptions(device="cpu", nsys=True), RunStore(tmp_path / "runs"))
+
+
+def test_nsys_wraps_the_child_and_its_files_stay_in_the_run(tmp_path, monkeypatch):
+    # A stand-in nsys: checks the capture-range flags, writes the report files, runs the command.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nsys"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        '[[ "$1" == profile && " $* " == *" --capture-range=cudaProfilerApi "* ]] || exit 9\n'
+        "shift\n"
+        'while [[ $# -gt 0 && "$1" != -o ]]; do shift; done\n'
+        'out="$2"; shift 2\n'
+        'touch "$out.nsys-rep" "$out.sqlite"\n'
+        'exec "$@"\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    opts = RunOptions(device="cpu", steps=1, warmup=0, nsys=True, timeout_s=120)
+    run = profile_run(_setup(), opts, RunStore(tmp_path / "runs"))
+    assert run.status == "ok", run.record["message"]
+    assert {"nsys.nsys-rep", "nsys.sqlite", "metrics.json"} <= set(run.record["files"])
