@@ -23,3 +23,7 @@ class SpecError(AdvisorError):
 
 class ConfigImportError(AdvisorError):
     """A Hugging Face config.json could not be turned into a model spec."""
+
+
+class TraceError(AdvisorError):
+    """A trace file could not be read: wrong format, damaged, too large, or holding no events."""

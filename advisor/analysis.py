@@ -1,0 +1,200 @@
+"""Trace analyses: pure functions from the event table to tables (HolisticTraceAnalysis' definitions).
+
+Definitions follow HTA (facebookresearch/HolisticTraceAnalysis) so that results are comparable:
+GPU events are kernels, memcpys and memsets; per rank the kernel span runs from the first GPU event's
+start to the last one's end; idle time is the span minus the union of GPU events; communication
+kernels match ``^nccl`` (this covers the newer ``ncclDevKernel_*`` names HTA 0.5 misses), memory
+events are memcpy and memset, everything else on a GPU is computation. Times are integer ns.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from advisor.trace_table import gpu_events
+
+COMM_RE = re.compile(r"^nccl|ncclKernel|ncclDevKernel", re.IGNORECASE)
+TYPES = ("COMPUTATION", "COMMUNICATION", "MEMORY")
+CONSECUTIVE_KERNEL_DELAY_NS = 30_000  # HTA's default for the idle split
+# Fine kernel categories, first match wins (names of cuBLAS/CUTLASS/Hopper nvjet GEMMs, FlashAttention,
+# PyTorch's elementwise and reduction templates, fused optimizers).
+CATEGORY_PATTERNS = (
+    ("communication", re.compile(r"^nccl|ncclDevKernel|ncclKernel", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|_attn|mha_", re.I)),
+    ("gemm", re.compile(r"gemm|cutlass|cublas|nvjet|xmma|wgmma|gemv|splitKreduce|matmul|sm\d+_xmma", re.I)),
+    ("convolution", re.compile(r"conv|implicit_convolve|winograd|cudnn::.*(?:fprop|dgrad|wgrad)", re.I)),
+    ("normalization", re.compile(r"norm|bn_fw|bn_bw|batch_norm", re.I)),
+    ("optimizer", re.compile(r"adam|sgd|multi_tensor_apply|lamb|optimizer", re.I)),
+    ("reduction", re.compile(r"reduce|softmax|cross_entropy|nll_loss|argmax|sum_kernel|max_kernel|cunn_", re.I)),
+    (
+        "elementwise",
+        re.compile(r"elementwise|vectorized|unrolled|pointwise|triton_|CatArray|copy_kernel|fill|index", re.I),
+    ),
+)
+
+
+def drop_last_profiler_step(df: pd.DataFrame) -> pd.DataFrame:
+    """The events of the complete profiler steps: per rank, host events that start before the last
+    ``ProfilerStep#N`` range and the GPU events their runtime calls launched (HTA's default window:
+    the last step is cut off by the end of the capture). A rank without ProfilerStep ranges is kept whole."""
+    kept = []
+    for _, g in df.groupby("rank", observed=True, sort=True):
+        steps = g[(g["kind"] == "annotation") & g["name"].astype(str).str.startswith("ProfilerStep#")]
+        if steps.empty:
+            kept.append(g)
+            continue
+        last = steps["start_ns"].max()
+        gpu_mask = g["kind"].isin(("kernel", "memcpy", "memset")).to_numpy()
+        host = g[~gpu_mask & (g["start_ns"].to_numpy() < last)]
+        launched = set(host.loc[host["correlation"] >= 0, "correlation"].tolist())
+        gpu = g[gpu_mask]
+        kept += [host, gpu[gpu["correlation"].isin(launched)]]
+    out = pd.concat(kept)
+    out.attrs = dict(df.attrs)
+    return out.sort_index()
+
+
+def hta_type(gpu: pd.DataFrame) -> np.ndarray:
+    """COMPUTATION / COMMUNICATION / MEMORY for each GPU event (as codes 0, 1, 2)."""
+    names = gpu["name"].astype(str)
+    comm = names.str.contains(COMM_RE).to_numpy()
+    memory = gpu["kind"].isin(("memcpy", "memset")).to_numpy()
+    return np.where(comm, 1, np.where(memory, 2, 0))
+
+
+def kernel_category(name: str, kind: str = "kernel") -> str:
+    """The fine category of one GPU event (memcpy and memset by kind, kernels by name)."""
+    if kind in ("memcpy", "memset"):
+        return kind
+    for category, pattern in CATEGORY_PATTERNS:
+        if pattern.search(name):
+            return category
+    return "other"
+
+
+def _sweep(starts: np.ndarray, ends: np.ndarray, types: np.ndarray, n_types: int = 3) -> np.ndarray:
+    """Time (ns) spent in each combination of active types: index = bitmask of active types."""
+    if starts.size == 0:
+        return np.zeros(2**n_types, dtype=np.int64)
+    t = np.concatenate([starts, ends])
+    bit = np.concatenate([types, types])
+    sign = np.concatenate([np.ones(starts.size, np.int64), -np.ones(ends.size, np.int64)])
+    order = np.argsort(t, kind="stable")
+    t, bit, sign = t[order], bit[order], sign[order]
+    counts = np.zeros((t.size, n_types), dtype=np.int64)
+    counts[np.arange(t.size), bit] = sign
+    active = np.cumsum(counts, axis=0) > 0
+    mask = (active * (1 << np.arange(n_types))).sum(axis=1)
+    dur = np.diff(t)
+    return np.bincount(mask[:-1], weights=dur, minlength=2**n_types).astype(np.int64)
+
+
+def union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
+    """Length of the union of intervals [start, end), in ns."""
+    return int(_sweep(starts, ends, np.zeros(starts.size, dtype=np.int64), 1)[1])
+
+
+def _per_rank(df: pd.DataFrame):
+    gpu = gpu_events(df)
+    for rank, g in gpu.groupby("rank", observed=True, sort=True):
+        starts = g["start_ns"].to_numpy()
+        yield int(rank), g, starts, starts + g["dur_ns"].to_numpy()
+
+
+def temporal_breakdown(df: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: kernel span split into idle, compute and non-compute (communication + memory) time."""
+    rows = []
+    for rank, g, starts, ends in _per_rank(df):
+        per_mask = _sweep(starts, ends, hta_type(g))
+        span = int(ends.max() - starts.min())
+        busy = int(per_mask[1:].sum())
+        compute = int(per_mask[[m for m in range(8) if m & 1]].sum())
+        rows.append((rank, span, span - busy, compute, busy - compute))
+    out = pd.DataFrame(rows, columns=["rank", "kernel_span_ns", "idle_ns", "compute_ns", "non_compute_ns"])
+    for col in ("idle", "compute", "non_compute"):
+        out[f"{col}_pct"] = 100 * out[f"{col}_ns"] / out["kernel_span_ns"]
+    return out
+
+
+def _mask_label(mask: int) -> str:
+    return " overlapping ".join(t for i, t in enumerate(TYPES) if mask & (1 << i))
+
+
+def kernel_type_breakdown(df: pd.DataFrame) -> pd.DataFrame:
+    """Busy GPU time by type, overlaps as their own rows, summed over ranks (HTA's kernel_type_breakdown)."""
+    total = np.zeros(8, dtype=np.int64)
+    for _, g, starts, ends in _per_rank(df):
+        total += _sweep(starts, ends, hta_type(g))
+    rows = [(_mask_label(m), int(total[m])) for m in range(1, 8) if total[m] > 0]
+    out = pd.DataFrame(rows, columns=["kernel_type", "time_ns"]).sort_values("time_ns", ascending=False)
+    out["time_pct"] = 100 * out["time_ns"] / out["time_ns"].sum()
+    return out.reset_index(drop=True)
+
+
+def comm_comp_overlap(df: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: share of communication time that overlaps computation (NaN without communication)."""
+    rows = []
+    for rank, g, starts, ends in _per_rank(df):
+        per_mask = _sweep(starts, ends, hta_type(g))
+        comm = int(per_mask[[m for m in range(8) if m & 2]].sum())
+        overlap = int(per_mask[[m for m in range(8) if m & 3 == 3]].sum())
+        rows.append((rank, comm, overlap, 100 * overlap / comm if comm else float("nan")))
+    return pd.DataFrame(rows, columns=["rank", "comm_ns", "overlap_ns", "overlap_pct"])
+
+
+def _launch_start(df: pd.DataFrame) -> pd.Series:
+    """Start of the runtime call that launched each correlation id, per rank."""
+    rt = df[(df["kind"] == "runtime") & (df["correlation"] >= 0)]
+    return rt.drop_duplicates(["rank", "correlation"]).set_index(["rank", "correlation"])["start_ns"]
+
+
+def idle_time_breakdown(df: pd.DataFrame, consecutive_delay_ns: int = CONSECUTIVE_KERNEL_DELAY_NS) -> pd.DataFrame:
+    """Per rank and stream: idle time between consecutive GPU events split into host wait (the next
+    event was launched only after the previous one finished: the GPU waited for the CPU), kernel wait
+    (a gap shorter than ``consecutive_delay_ns`` between back-to-back events: launch overhead) and
+    other, with each category's share of that stream's idle time."""
+    launch = _launch_start(df)
+    rows = []
+    gpu = gpu_events(df).sort_values(["rank", "stream", "start_ns"])
+    for (rank, stream), g in gpu.groupby(["rank", "stream"], observed=True, sort=False):
+        starts = g["start_ns"].to_numpy()
+        ends = np.maximum.accumulate(starts + g["dur_ns"].to_numpy())
+        gaps = starts[1:] - ends[:-1]
+        keys = pd.MultiIndex.from_arrays([np.full(len(g) - 1, rank), g["correlation"].to_numpy()[1:]])
+        launched = launch.reindex(keys).to_numpy(dtype=float)
+        idle = gaps > 0
+        host = idle & (launched >= ends[:-1])
+        kernel = idle & ~host & (gaps < consecutive_delay_ns)
+        other = idle & ~host & ~kernel
+        total = int(gaps[idle].sum())
+        for cat, sel in (("host_wait", host), ("kernel_wait", kernel), ("other", other)):
+            t = int(gaps[sel].sum())
+            rows.append((int(rank), int(stream), cat, t, t / total if total else float("nan")))
+    return pd.DataFrame(rows, columns=["rank", "stream", "idle_category", "idle_ns", "idle_frac"])
+
+
+def idle_split(df: pd.DataFrame, consecutive_delay_ns: int = CONSECUTIVE_KERNEL_DELAY_NS) -> pd.DataFrame:
+    """Per rank: idle time by category summed over streams, as shares in %."""
+    per_stream = idle_time_breakdown(df, consecutive_delay_ns)
+    out = per_stream.pivot_table(index="rank", columns="idle_category", values="idle_ns", aggfunc="sum").fillna(0)
+    total = out.sum(axis=1)
+    return pd.DataFrame({f"{c}_pct": 100 * out[c] / total for c in ("host_wait", "kernel_wait", "other")}).reset_index()
+
+
+def kernel_breakdown(df: pd.DataFrame, top: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(time per fine category with its share of summed GPU-event time, the top kernels by total time)."""
+    gpu = gpu_events(df)
+    names = gpu["name"].astype(str).to_numpy()
+    kinds = gpu["kind"].astype(str).to_numpy()
+    cache: dict[tuple[str, str], str] = {}
+    cats = np.array([cache.setdefault((n, k), kernel_category(n, k)) for n, k in zip(names, kinds, strict=True)])
+    frame = pd.DataFrame({"name": names, "category": cats, "dur_ns": gpu["dur_ns"].to_numpy()})
+    by_cat = frame.groupby("category")["dur_ns"].agg(time_ns="sum", count="size").reset_index()
+    by_cat["time_pct"] = 100 * by_cat["time_ns"] / by_cat["time_ns"].sum()
+    by_name = frame.groupby(["name", "category"])["dur_ns"].agg(time_ns="sum", count="size", mean_ns="mean")
+    by_name = by_name.reset_index().sort_values("time_ns", ascending=False).head(top)
+    by_name["time_pct"] = 100 * by_name["time_ns"] / frame["dur_ns"].sum()
+    return by_cat.sort_values("time_ns", ascending=False).reset_index(drop=True), by_name.reset_index(drop=True)

@@ -1,0 +1,95 @@
+"""The event table: one schema for every trace source (Kineto JSON, Nsight Systems SQLite).
+
+A trace is parsed once into a pandas DataFrame with these columns (times in integer nanoseconds on
+the trace's own clock; one row per event):
+
+| column      | dtype    | meaning                                                                      |
+|-------------|----------|------------------------------------------------------------------------------|
+| rank        | int32    | process rank (0 for a single-process trace)                                  |
+| kind        | category | kernel, memcpy, memset, runtime, cpu_op, annotation, memory, sync, other     |
+| name        | category | kernel / op / range name (demangled where the source has it)                 |
+| start_ns    | int64    | start time                                                                   |
+| dur_ns      | int64    | duration (0 for instant events such as memory events)                        |
+| device      | int32    | GPU index; -1 for host events                                                |
+| stream      | int64    | CUDA stream; -1 for host events                                              |
+| tid         | int64    | host thread id; -1 for device events                                         |
+| correlation | int64    | CUDA correlation id linking a runtime call to its kernel/copy; -1 if none    |
+| bytes       | int64    | bytes copied or set (memcpy/memset), allocated (+) or freed (-) (memory)     |
+| copy_kind   | category | memcpy direction: HtoD, DtoH, DtoD, HtoH, PtoP; '' otherwise                 |
+| host_mem    | category | host side of a copy: pageable, pinned, managed; '' otherwise or unknown     |
+
+Kinds: ``kernel`` GPU kernels; ``memcpy``/``memset`` GPU copies and sets; ``runtime`` CUDA runtime and
+driver API calls (cudaLaunchKernel, cudaMemcpyAsync, cudaDeviceSynchronize...); ``cpu_op`` framework
+ops (aten::mm); ``annotation`` user ranges (record_function, NVTX, ProfilerStep#N); ``memory``
+allocation events; ``sync`` CUDA synchronization records (nsys); ``other`` everything else kept.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+KINDS = ("kernel", "memcpy", "memset", "runtime", "cpu_op", "annotation", "memory", "sync", "other")
+COPY_KINDS = ("", "HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
+HOST_MEM = ("", "pageable", "pinned", "managed")
+COLUMNS: dict[str, str] = {
+    "rank": "int32",
+    "kind": "category",
+    "name": "category",
+    "start_ns": "int64",
+    "dur_ns": "int64",
+    "device": "int32",
+    "stream": "int64",
+    "tid": "int64",
+    "correlation": "int64",
+    "bytes": "int64",
+    "copy_kind": "category",
+    "host_mem": "category",
+}
+_DEFAULTS = {"device": -1, "stream": -1, "tid": -1, "correlation": -1, "bytes": 0, "copy_kind": "", "host_mem": ""}
+
+
+def make_table(columns: dict[str, object], n: int | None = None) -> pd.DataFrame:
+    """An event table from column arrays; missing optional columns get their defaults, dtypes are
+    fixed and kinds checked. ``n`` is the row count when every given column is a scalar."""
+    lengths = {len(v) for v in columns.values() if hasattr(v, "__len__") and not isinstance(v, str)}
+    rows = n if n is not None else (lengths.pop() if lengths else 0)
+    data: dict[str, object] = {}
+    for col, dtype in COLUMNS.items():
+        value = columns.get(col, _DEFAULTS.get(col))
+        if value is None:
+            raise ValueError(f"event table needs column {col!r}")
+        if np.isscalar(value):
+            value = np.full(rows, value)
+        if dtype == "category":
+            categories = {"kind": KINDS, "copy_kind": COPY_KINDS, "host_mem": HOST_MEM}.get(col)
+            series = pd.Categorical(value, categories=categories) if categories else pd.Categorical(value)
+            data[col] = series
+        else:
+            data[col] = np.asarray(value, dtype=dtype)
+    df = pd.DataFrame(data)
+    if df["kind"].isna().any():
+        bad = sorted(set(pd.Series(columns["kind"])[df["kind"].isna().to_numpy()].astype(str)))[:5]
+        raise ValueError(f"unknown event kinds {bad}; allowed: {', '.join(KINDS)}")
+    return df
+
+
+def empty_table() -> pd.DataFrame:
+    return make_table({"rank": [], "kind": [], "name": [], "start_ns": [], "dur_ns": []})
+
+
+def concat_tables(tables: list[pd.DataFrame]) -> pd.DataFrame:
+    """Stack tables (e.g. one per rank) keeping the schema's dtypes and categories."""
+    if not tables:
+        return empty_table()
+    out = pd.concat(tables, ignore_index=True)
+    for col, dtype in COLUMNS.items():
+        if dtype == "category" and out[col].dtype != "category":
+            out[col] = out[col].astype("category")
+    out["kind"] = out["kind"].cat.set_categories(KINDS)
+    return out
+
+
+def gpu_events(df: pd.DataFrame) -> pd.DataFrame:
+    """Kernels, copies and sets: what runs on a GPU stream."""
+    return df[df["kind"].isin(("kernel", "memcpy", "memset"))]
