@@ -198,3 +198,108 @@ def kernel_breakdown(df: pd.DataFrame, top: int = 10) -> tuple[pd.DataFrame, pd.
     by_name = by_name.reset_index().sort_values("time_ns", ascending=False).head(top)
     by_name["time_pct"] = 100 * by_name["time_ns"] / frame["dur_ns"].sum()
     return by_cat.sort_values("time_ns", ascending=False).reset_index(drop=True), by_name.reset_index(drop=True)
+
+
+TINY_KERNEL_NS = 10_000  # kernels shorter than 10 us cannot hide a ~5-10 us launch: launch-bound territory
+SYNC_RE = re.compile(
+    r"^(?:cuda|hip)(?:DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|Memset)(?!Async|Peer)"
+)
+PHASES = ("step", "data", "forward", "backward", "optimizer")
+
+
+def launch_stats(df: pd.DataFrame, tiny_ns: int = TINY_KERNEL_NS) -> pd.DataFrame:
+    """Per rank: kernel launch statistics from runtime calls joined to kernels by correlation id.
+
+    launch delay = kernel start minus the end of the runtime call that launched it (0 when the GPU
+    started it before the call returned); tiny kernels are shorter than ``tiny_ns``. Many tiny kernels
+    with the GPU mostly idle waiting for the host is the launch-bound signature.
+    """
+    rows = []
+    kernels = df[df["kind"] == "kernel"]
+    runtime = df[(df["kind"] == "runtime") & (df["correlation"] >= 0)]
+    for rank, k in kernels.groupby("rank", observed=True, sort=True):
+        rt = runtime[runtime["rank"] == rank].drop_duplicates("correlation").set_index("correlation")
+        joined = k.join(rt[["start_ns", "dur_ns"]], on="correlation", rsuffix="_rt", how="inner")
+        delay = np.maximum(0, joined["start_ns"] - joined["start_ns_rt"] - joined["dur_ns_rt"]).to_numpy()
+        dur = k["dur_ns"].to_numpy()
+        tiny = dur < tiny_ns
+        rows.append(
+            {
+                "rank": int(rank),
+                "kernels": len(k),
+                "kernel_mean_us": dur.mean() / 1e3,
+                "tiny_kernel_frac": tiny.mean(),
+                "tiny_kernel_time_frac": dur[tiny].sum() / max(dur.sum(), 1),
+                "launch_delay_mean_us": delay.mean() / 1e3 if delay.size else float("nan"),
+                "launch_delay_p95_us": np.percentile(delay, 95) / 1e3 if delay.size else float("nan"),
+                "launch_call_mean_us": joined["dur_ns_rt"].mean() / 1e3 if len(joined) else float("nan"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def memcpy_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Copies by direction and host memory kind: count, bytes, time, bandwidth, and whether the host side
+    is pageable (a host<->device copy from pageable memory is staged and synchronous)."""
+    copies = df[df["kind"] == "memcpy"]
+    if copies.empty:
+        return pd.DataFrame(columns=["copy_kind", "host_mem", "count", "bytes", "time_ns", "bandwidth_gbps", "pageable"])
+    g = copies.groupby(["copy_kind", "host_mem"], observed=True)
+    out = g.agg(count=("bytes", "size"), bytes=("bytes", "sum"), time_ns=("dur_ns", "sum")).reset_index()
+    out["bandwidth_gbps"] = out["bytes"] / out["time_ns"].clip(lower=1)
+    out["pageable"] = out["host_mem"].astype(str).eq("pageable") & out["copy_kind"].isin(("HtoD", "DtoH"))
+    return out.sort_values("time_ns", ascending=False).reset_index(drop=True)
+
+
+def sync_calls(df: pd.DataFrame) -> pd.DataFrame:
+    """Host calls that block until the GPU catches up (device/stream/event synchronize, blocking
+    cudaMemcpy/cudaMemset), and nsys synchronization records: count and total time per name."""
+    rt = df[df["kind"].isin(("runtime", "sync"))]
+    names = rt["name"].astype(str)
+    hits = rt[(rt["kind"] == "sync").to_numpy() | names.str.contains(SYNC_RE).to_numpy()]
+    out = hits.groupby(hits["name"].astype(str)).agg(count=("dur_ns", "size"), time_ns=("dur_ns", "sum"))
+    return out.reset_index().rename(columns={"index": "name"}).sort_values("time_ns", ascending=False)
+
+
+def phase_breakdown(df: pd.DataFrame) -> pd.DataFrame:
+    """Time in the step ranges (our step/data/forward/backward/optimizer; ProfilerStep#N counts as
+    'step' where the trace has no 'step' range of its own), per rank: count, total and mean in ns."""
+    ann = df[(df["kind"] == "annotation") & (df["device"] == -1)]  # host ranges; the GPU copies repeat them
+    names = ann["name"].astype(str)
+    if not names.eq("step").any():
+        names = names.str.replace(r"^ProfilerStep#\d+$", "step", regex=True)
+    keep = names.isin(PHASES).to_numpy()
+    sel = ann[keep].assign(phase=names[keep].to_numpy())
+    out = sel.groupby(["rank", "phase"], observed=True)["dur_ns"].agg(count="size", total_ns="sum", mean_ns="mean")
+    return out.reset_index()
+
+
+def memory_timeline(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(timeline of bytes allocated per rank and device from memory events, peak per rank and device).
+
+    The running sum starts at 0 when the profiler starts: memory allocated before it is not seen."""
+    mem = df[df["kind"] == "memory"].sort_values("start_ns", kind="stable")
+    if mem.empty:
+        cols = ["rank", "device", "start_ns", "allocated_bytes"]
+        return pd.DataFrame(columns=cols), pd.DataFrame(columns=["rank", "device", "peak_bytes"])
+    mem = mem.assign(allocated_bytes=mem.groupby(["rank", "device"], observed=True)["bytes"].cumsum())
+    timeline = mem[["rank", "device", "start_ns", "allocated_bytes"]].reset_index(drop=True)
+    peak = timeline.groupby(["rank", "device"], observed=True)["allocated_bytes"].max().rename("peak_bytes")
+    return timeline, peak.reset_index()
+
+
+def rank_skew(df: pd.DataFrame, straggler_frac: float = 0.05) -> pd.DataFrame:
+    """Per rank: mean step time (ProfilerStep/step ranges, else the GPU kernel span) and how far it is
+    above the median rank; ranks more than ``straggler_frac`` above the median are stragglers."""
+    phases = phase_breakdown(df)
+    steps = phases[phases["phase"] == "step"].set_index("rank")["mean_ns"]
+    if steps.empty:
+        spans = temporal_breakdown(df)
+        steps = spans.set_index("rank")["kernel_span_ns"].astype(float)
+    out = steps.rename("step_ns").reset_index()
+    if out.empty:
+        return out.assign(above_median_pct=[], straggler=[])
+    median = out["step_ns"].median()
+    out["above_median_pct"] = 100 * (out["step_ns"] - median) / median
+    out["straggler"] = out["above_median_pct"] > 100 * straggler_frac
+    return out

@@ -20,60 +20,90 @@ class StepMetrics:
     run_id: str
     source: str
     """'profile' (our own step) or 'trace' (an imported trace)."""
-    device_type: str
+    device_type: str | None = None
     """'cpu' or 'cuda'."""
-    device_name: str
-    model_name: str
-    n_params: int
-    n_layers_run: int
+    device_name: str | None = None
+    model_name: str | None = None
+    n_params: int | None = None
+    n_layers_run: int | None = None
     """Layers actually executed (fewer than the model's in proxy mode)."""
-    seq_len: int
-    micro_batch: int
-    grad_accum: int
-    precision: str
-    recompute: str
-    optimizer: str
-    tokens_per_step: int
-    steps_measured: int
-    step_time_ms: float
+    seq_len: int | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    precision: str | None = None
+    recompute: str | None = None
+    optimizer: str | None = None
+    tokens_per_step: int | None = None
+    steps_measured: int | None = None
+    step_time_ms: float | None = None
     """Median wall time of one optimizer step (all micro-batches)."""
-    step_time_min_ms: float
-    step_time_max_ms: float
-    profiled_step_time_ms: float
+    step_time_min_ms: float | None = None
+    step_time_max_ms: float | None = None
+    profiled_step_time_ms: float | None = None
     """Median step time under the profiler (its overhead shows against step_time_ms)."""
-    data_ms: float
-    forward_ms: float
-    backward_ms: float
-    optimizer_ms: float
-    other_ms: float
+    data_ms: float | None = None
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    optimizer_ms: float | None = None
+    other_ms: float | None = None
     """Step time not inside a data/forward/backward/optimizer range."""
-    tokens_per_s: float
-    model_flops_per_step: float
+    tokens_per_s: float | None = None
+    model_flops_per_step: float | None = None
     """6N + 12*L*s*q per token (PaLM appendix B), no recompute."""
-    hardware_flops_per_step: float
+    hardware_flops_per_step: float | None = None
     """Executed FLOPs incl. recompute (causal flash attention at half)."""
-    achieved_flops_per_s: float
-    peak_flops_per_s: float
+    achieved_flops_per_s: float | None = None
+    peak_flops_per_s: float | None = None
     """Datasheet peak of this device for the precision used."""
-    mfu_frac: float
-    hfu_frac: float
-    peak_memory_bytes: int
+    mfu_frac: float | None = None
+    hfu_frac: float | None = None
+    peak_memory_bytes: int | None = None
     """Peak bytes allocated on the training device during a profiled step."""
-    reserved_memory_bytes: int | None
+    reserved_memory_bytes: int | None = None
     """CUDA caching allocator reservation at its peak (None on a CPU)."""
-    memory_capacity_bytes: int
-    memory_frac: float
-    params_bytes: int
-    optimizer_device_bytes: int
-    optimizer_host_bytes: int
-    estimate_step_time_ms: float
+    memory_capacity_bytes: int | None = None
+    memory_frac: float | None = None
+    params_bytes: int | None = None
+    optimizer_device_bytes: int | None = None
+    optimizer_host_bytes: int | None = None
+    estimate_step_time_ms: float | None = None
     """The analytic estimator's prediction for the same setup on this device."""
-    estimate_peak_memory_bytes: float
+    estimate_peak_memory_bytes: float | None = None
     extrapolated: bool = False
     """Proxy mode: figures scaled from n_layers_run to the full depth (see proxy_note)."""
     proxy_note: str | None = None
     nvml: dict[str, Any] = field(default_factory=dict)
     """NVML summary: means/maxima of utilisation, power, clocks, throttle share; or why unavailable."""
+    # --- from the trace analysis (advisor.analysis); None where the trace has no GPU events ---
+    n_ranks: int | None = None
+    gpu_idle_pct: float | None = None
+    """Share of the GPU kernel span with no kernel, copy or set running (mean over ranks)."""
+    gpu_compute_pct: float | None = None
+    gpu_non_compute_pct: float | None = None
+    """Communication and memory kernels not overlapped by computation."""
+    comm_overlap_pct: float | None = None
+    """Share of communication time overlapped by computation (None without communication)."""
+    idle_host_wait_pct: float | None = None
+    """Of the GPU's idle time: waiting for the host to launch work."""
+    idle_kernel_wait_pct: float | None = None
+    idle_other_pct: float | None = None
+    kernel_category_pct: dict = field(default_factory=dict)
+    """Share of summed GPU-event time per category: gemm, attention, elementwise, reduction,
+    normalization, optimizer, communication, memcpy, memset, convolution, other."""
+    tiny_kernel_frac: float | None = None
+    """Share of kernels shorter than 10 us."""
+    launch_delay_mean_us: float | None = None
+    pageable_copies: int | None = None
+    """Host<->device copies from or to pageable host memory."""
+    pageable_copy_bytes: int | None = None
+    sync_calls: int | None = None
+    """Blocking host calls: device/stream/event synchronize, blocking cudaMemcpy/cudaMemset."""
+    sync_time_ms: float | None = None
+    step_skew_pct: float | None = None
+    """Slowest rank's step time above the median rank's."""
+    stragglers: list = field(default_factory=list)
+    top_ops: list = field(default_factory=list)
+    """The ops or kernels with the most time: [{name, time_ms, share_pct}]."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

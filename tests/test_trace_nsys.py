@@ -1,0 +1,288 @@
+"""The Nsight Systems SQLite loader on real exports, checked against ../shared/traces/nsys/reference.json
+(numbers from a plain sqlite3 script run on the same files), and on damaged and foreign inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from advisor.errors import TraceError
+from advisor.trace_nsys import load_nsys_sqlite
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+NSYS = TRACES / "nsys"
+if not NSYS.is_dir():
+    pytest.skip(f"real traces not found at {NSYS} (the shared traces folder beside the repo)", allow_module_level=True)
+
+REFERENCE = {r["file"]: r for r in json.loads((NSYS / "reference.json").read_text())}
+WITH_TABLES = ["nsysai_mfu_2gpu_before.sqlite", "nsysai_mfu_2gpu_after.sqlite", "pipit_cloverleaf_cuda.sqlite"]
+ROW_KINDS = {
+    "CUPTI_ACTIVITY_KIND_KERNEL": "kernel",
+    "CUPTI_ACTIVITY_KIND_MEMCPY": "memcpy",
+    "CUPTI_ACTIVITY_KIND_MEMSET": "memset",
+    "CUPTI_ACTIVITY_KIND_RUNTIME": "runtime",
+    "NVTX_EVENTS": "annotation",
+}
+
+
+@pytest.fixture(scope="module")
+def tables() -> dict[str, pd.DataFrame]:
+    return {f: load_nsys_sqlite(NSYS / f) for f in WITH_TABLES}
+
+
+def busy_ns(start: np.ndarray, end: np.ndarray) -> int:
+    """Length of the union of the intervals [start, end)."""
+    order = np.argsort(start, kind="stable")
+    start, end = start[order], end[order]
+    reach = np.maximum.accumulate(end)
+    first = np.ones(start.size, dtype=bool)
+    first[1:] = start[1:] > reach[:-1]  # a gap before this interval starts a new merged segment
+    heads = np.flatnonzero(first)
+    return int((np.maximum.reduceat(end, heads) - start[heads]).sum())
+
+
+def span_busy_idle(kernels: pd.DataFrame) -> tuple[int, int, float]:
+    start = kernels["start_ns"].to_numpy()
+    end = start + kernels["dur_ns"].to_numpy()
+    span = int(end.max() - start.min())
+    busy = busy_ns(start, end)
+    return span, busy, 100.0 * (span - busy) / span
+
+
+def test_busy_ns_helper():
+    assert busy_ns(np.array([0, 5, 20, 22]), np.array([10, 12, 25, 23])) == 12 + 5
+
+
+@pytest.mark.parametrize("file", WITH_TABLES)
+def test_row_counts_match_reference(tables, file):
+    # The reference counts every NVTX_EVENTS row; in these files all rows are eventType 59
+    # (NvtxPushPopRange, reference nvtx_eventTypes) with an end, so they are exactly the ranges the
+    # loader keeps (it drops marks and domain/category/thread naming records).
+    df, ref = tables[file], REFERENCE[file]
+    counts = df["kind"].value_counts()
+    for table, kind in ROW_KINDS.items():
+        assert counts[kind] == (ref["row_counts"][table] or 0), (file, kind)
+    if "nvtx_eventTypes" in ref:
+        assert set(ref["nvtx_eventTypes"]) == {"59"}
+
+
+@pytest.mark.parametrize("file", WITH_TABLES)
+def test_kernel_span_busy_idle_match_reference(tables, file):
+    df, ref = tables[file], REFERENCE[file]
+    kernels = df[df["kind"] == "kernel"]
+    whole = ref["busy_all_devices"]
+    span, busy, idle_pct = span_busy_idle(kernels)
+    assert (span, busy) == (whole["span_ns"], whole["busy_ns"])  # equal to the nanosecond
+    assert idle_pct == pytest.approx(whole["idle_pct"], abs=0.01)
+    assert set(kernels["device"].unique().tolist()) == {int(d) for d in ref["busy_per_device"]}
+    for device, want in ref["busy_per_device"].items():
+        on = kernels[kernels["device"] == int(device)]
+        span, busy, idle_pct = span_busy_idle(on)
+        assert len(on) == want["kernels"]
+        assert int(on["dur_ns"].sum()) == want["sum_kernel_ns"]
+        assert (span, busy) == (want["span_ns"], want["busy_ns"])
+        assert idle_pct == pytest.approx(want["idle_pct"], abs=0.01)
+
+
+def test_idle_numbers_by_hand(tables):
+    # README table: before 299.877 ms span, 285.206 ms busy, 4.89 % idle (device 0: 9.67, 1: 11.50).
+    kernels = tables["nsysai_mfu_2gpu_before.sqlite"].query("kind == 'kernel'")
+    span, busy, idle_pct = span_busy_idle(kernels)
+    assert span / 1e6 == pytest.approx(299.877, abs=0.001)
+    assert busy / 1e6 == pytest.approx(285.206, abs=0.001)
+    assert idle_pct == pytest.approx(4.89, abs=0.005)
+    assert span_busy_idle(kernels[kernels["device"] == 1])[2] == pytest.approx(11.50, abs=0.005)
+    pipit = tables["pipit_cloverleaf_cuda.sqlite"].query("kind == 'kernel'")
+    assert span_busy_idle(pipit)[2] == pytest.approx(14.00, abs=0.005)
+
+
+@pytest.mark.parametrize("file", WITH_TABLES)
+def test_top5_kernels_match_reference(tables, file):
+    kernels = tables[file].query("kind == 'kernel'")
+    top = (
+        kernels.groupby("name", observed=True)["dur_ns"]
+        .agg(["count", "sum"])
+        .sort_values("sum", ascending=False, kind="stable")
+        .head(5)
+    )
+    # The reference cuts names at 200 characters (two PdV_kernel instances share their first 200).
+    got = [(str(name)[:200], int(r["count"]), int(r["sum"])) for name, r in top.iterrows()]
+    want = [(k["name"], k["count"], k["total_ns"]) for k in REFERENCE[file]["top5_kernels_by_total_ns"]]
+    assert got == want
+
+
+@pytest.mark.parametrize("file", ["nsysai_mfu_2gpu_before.sqlite", "nsysai_mfu_2gpu_after.sqlite"])
+def test_nvtx_names_inline_and_registered(tables, file):
+    # Text is inline for most rows and a textId into StringIds for the rest (reference: 18656 + 462
+    # before, 16693 + 420 after); both resolve, and the longest ranges match the reference.
+    ref = REFERENCE[file]
+    nvtx = tables[file].query("kind == 'annotation'")
+    assert ref["nvtx_text_inline"] + ref["nvtx_textId"] == len(nvtx)
+    assert not (nvtx["name"].astype(str) == "").any()
+    assert nvtx["device"].eq(-1).all() and nvtx["tid"].gt(0).all()
+    top = nvtx.sort_values("dur_ns", ascending=False, kind="stable").head(5)
+    want = [(r["name"], r["total_ns"]) for r in ref["nvtx_top_ranges"]]
+    assert list(zip(top["name"].astype(str), top["dur_ns"].astype(int), strict=True)) == want
+    assert {"ncclSend", "ncclRecv"} <= set(nvtx["name"].astype(str))  # registered (textId) strings
+
+
+def test_ranks_are_processes_in_pid_order(tables):
+    # Kernel globalPid >> 24 & 0xFFFFFF is 144 (device 0) and 145 (device 1), the two python3 rows of
+    # PROCESSES; the after-tuning run has pids 148 and 149.
+    df = tables["nsysai_mfu_2gpu_before.sqlite"]
+    assert df.attrs["ranks"] == [0, 1]
+    assert df.attrs["pid_map"] == {0: 144, 1: 145}
+    assert df.attrs["process_names"] == {0: "python3", 1: "python3"}
+    kernels = df[df["kind"] == "kernel"]
+    assert kernels.groupby("rank")["device"].unique().map(list).to_dict() == {0: [0], 1: [1]}
+    assert df.groupby("rank")["kind"].value_counts().loc[(0, "kernel")] == 1993
+    assert tables["nsysai_mfu_2gpu_after.sqlite"].attrs["pid_map"] == {0: 148, 1: 149}
+    runtime = df[df["kind"] == "runtime"]
+    assert set(runtime["tid"].unique().tolist()) == {144, 145, 242, 245}  # globalTid & 0xFFFFFF
+
+
+@pytest.mark.parametrize("file", WITH_TABLES)
+def test_metadata(tables, file):
+    df, ref = tables[file], REFERENCE[file]
+    assert df.attrs["source"] == "nsys"
+    assert df.attrs["file"] == file
+    assert df.attrs["nsys_version"] == ref["meta"]["EXPORT_PRODUCT_VERSION"]
+    assert sorted(set(df.attrs["gpu_names"].values())) == sorted(ref["gpu_names"])
+
+
+def test_copies_sets_and_syncs(tables):
+    # sqlite3: SELECT copyKind, srcKind, dstKind, count(*) ... GROUP BY 1, 2, 3 gives (1, 0, 2) x 34
+    # and (8, 2, 2) x 986: HtoD from pageable memory, DtoD, in nsys' ENUM_CUDA_MEM_KIND (0 = pageable).
+    df = tables["nsysai_mfu_2gpu_before.sqlite"]
+    copies = df[df["kind"] == "memcpy"]
+    assert copies.groupby(["copy_kind", "host_mem"], observed=True).size().to_dict() == {
+        ("HtoD", "pageable"): 34,
+        ("DtoD", ""): 986,
+    }
+    assert set(copies["name"].astype(str)) == {"Memcpy HtoD (Pageable -> Device)", "Memcpy DtoD (Device -> Device)"}
+    assert copies["bytes"].gt(0).all() and copies["stream"].ge(0).all() and copies["correlation"].gt(0).all()
+    sets = df[df["kind"] == "memset"]
+    assert set(sets["name"].astype(str)) == {"Memset (Device)"}  # memKind 2 in all 269 rows
+    assert df["kind"].eq("sync").sum() == 366
+    pipit = tables["pipit_cloverleaf_cuda.sqlite"]
+    copies = pipit[pipit["kind"] == "memcpy"]
+    assert copies.groupby(["copy_kind", "host_mem"], observed=True).size().to_dict() == {
+        ("HtoD", "pageable"): 254,
+        ("DtoH", "pageable"): 25,
+    }
+    runtime = pipit[pipit["kind"] == "runtime"]["name"].astype(str).value_counts()
+    assert runtime["cudaLaunchKernel"] == 1312  # cudaLaunchKernel_v7000 in StringIds
+    assert runtime["cudaDeviceSynchronize"] == 1312
+    assert (pipit["start_ns"].diff().dropna() >= 0).all()
+
+
+def test_empty_export_is_refused():
+    with pytest.raises(TraceError) as err:
+        load_nsys_sqlite(NSYS / "dynamicvit_nsys_profile.sqlite")
+    msg = str(err.value)
+    assert msg.startswith("dynamicvit_nsys_profile.sqlite holds no CUDA or NVTX activity")
+    assert "TARGET_INFO_GPU" in msg and "StringIds" in msg and str(NSYS) not in msg
+
+
+def test_export_with_empty_tables_is_refused(tmp_path):
+    copy = tmp_path / "emptied.sqlite"
+    shutil.copy(NSYS / "pipit_cloverleaf_cuda.sqlite", copy)
+    with closing(sqlite3.connect(copy)) as conn, conn:
+        for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_RUNTIME"):
+            conn.execute(f"DELETE FROM {table}")
+    with pytest.raises(TraceError, match=r"^emptied.sqlite holds no CUDA or NVTX events: its tables .* are empty"):
+        load_nsys_sqlite(copy)
+
+
+def test_missing_columns_and_enum_tables_are_tolerated(tmp_path):
+    # Older or trimmed exports lack columns and ENUM tables; others carry extra columns.
+    copy = tmp_path / "trimmed.sqlite"
+    shutil.copy(NSYS / "pipit_cloverleaf_cuda.sqlite", copy)
+    with closing(sqlite3.connect(copy)) as conn, conn:
+        conn.execute("ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL DROP COLUMN correlationId")
+        conn.execute("ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL DROP COLUMN greenContextId")
+        conn.execute("ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL ADD COLUMN someToolsColumn TEXT")
+        conn.execute("DROP TABLE ENUM_CUDA_MEMCPY_OPER")
+        conn.execute("DROP TABLE ENUM_CUDA_MEM_KIND")
+        conn.execute("DROP TABLE META_DATA_EXPORT")
+        conn.execute("DROP TABLE TARGET_INFO_GPU")
+    df = load_nsys_sqlite(copy)
+    kernels = df[df["kind"] == "kernel"]
+    assert len(kernels) == 1312 and kernels["correlation"].eq(-1).all()
+    copies = df[df["kind"] == "memcpy"]
+    assert copies["copy_kind"].value_counts()[["HtoD", "DtoH"]].tolist() == [254, 25]
+    assert copies["host_mem"].eq("pageable").all()
+    assert df.attrs["nsys_version"] is None and df.attrs["gpu_names"] == {}
+
+
+def test_not_sqlite(tmp_path):
+    text = tmp_path / "notes.sqlite"
+    text.write_text("kernel,start,end\n")
+    with pytest.raises(TraceError, match=r"^notes.sqlite is not an SQLite database .*nsys export --type sqlite"):
+        load_nsys_sqlite(text)
+
+
+def test_sqlite_but_not_nsys(tmp_path):
+    other = tmp_path / "other.db"
+    with closing(sqlite3.connect(other)) as conn, conn:
+        conn.execute("CREATE TABLE runs (id INTEGER, loss REAL)")
+    with pytest.raises(TraceError, match=r"^other.db is an SQLite database but not an Nsight Systems export.*runs"):
+        load_nsys_sqlite(other)
+
+
+def test_truncated_export(tmp_path):
+    data = (NSYS / "pipit_cloverleaf_cuda.sqlite").read_bytes()
+    cut = tmp_path / "cut.sqlite"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TraceError) as err:
+        load_nsys_sqlite(cut)
+    assert str(err.value) == (
+        "cut.sqlite is truncated: its header counts 526 pages of 4096 bytes (2154496 bytes) but the file "
+        "has 1077248 bytes; copy or export it again"
+    )
+
+
+def test_damaged_export(tmp_path):
+    # Full length, so the header check passes, but the middle pages are zeros: SQLite reports it.
+    data = bytearray((NSYS / "pipit_cloverleaf_cuda.sqlite").read_bytes())
+    data[4096 * 100 : 4096 * 400] = bytes(4096 * 300)
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(
+        TraceError, match=r"^bad.sqlite is a damaged SQLite database \(database disk image is malformed\)"
+    ):
+        load_nsys_sqlite(bad)
+
+
+def test_over_max_bytes():
+    with pytest.raises(TraceError) as err:
+        load_nsys_sqlite(NSYS / "pipit_cloverleaf_cuda.sqlite", max_bytes=2**20)
+    assert str(err.value).startswith(
+        "pipit_cloverleaf_cuda.sqlite is 2.1 MiB (2154496 bytes), over the 1.0 MiB limit (1048576 bytes)"
+    )
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(TraceError, match=r"^no trace file gone.sqlite$"):
+        load_nsys_sqlite(tmp_path / "gone.sqlite")
+
+
+@pytest.mark.parametrize("name", [b"caf\xe9.sqlite", b"run #1?mode=rw&x=%41.sqlite"])
+def test_odd_file_names_load(tmp_path, name):
+    # A Latin-1 byte that is not UTF-8, and characters that mean something in a URI.
+    odd = tmp_path / os.fsdecode(name)
+    shutil.copy(NSYS / "pipit_cloverleaf_cuda.sqlite", odd)
+    df = load_nsys_sqlite(odd)
+    assert df["kind"].eq("kernel").sum() == 1312
+    assert df.attrs["file"] == odd.name
+    with pytest.raises(TraceError) as err:
+        load_nsys_sqlite(odd, max_bytes=2**20)
+    assert str(err.value).startswith(odd.name)
