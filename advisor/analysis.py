@@ -243,7 +243,9 @@ def memcpy_summary(df: pd.DataFrame) -> pd.DataFrame:
     is pageable (a host<->device copy from pageable memory is staged and synchronous)."""
     copies = df[df["kind"] == "memcpy"]
     if copies.empty:
-        return pd.DataFrame(columns=["copy_kind", "host_mem", "count", "bytes", "time_ns", "bandwidth_gbps", "pageable"])
+        return pd.DataFrame(
+            columns=["copy_kind", "host_mem", "count", "bytes", "time_ns", "bandwidth_gbps", "pageable"]
+        )
     g = copies.groupby(["copy_kind", "host_mem"], observed=True)
     out = g.agg(count=("bytes", "size"), bytes=("bytes", "sum"), time_ns=("dur_ns", "sum")).reset_index()
     out["bandwidth_gbps"] = out["bytes"] / out["time_ns"].clip(lower=1)
