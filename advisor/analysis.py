@@ -26,8 +26,9 @@ CATEGORY_PATTERNS = (
     ("attention", re.compile(r"flash|fmha|attention|_attn|mha_", re.I)),
     ("gemm", re.compile(r"gemm|cutlass|cublas|nvjet|xmma|wgmma|gemv|splitKreduce|matmul|sm\d+_xmma", re.I)),
     ("convolution", re.compile(r"conv|implicit_convolve|winograd|cudnn::.*(?:fprop|dgrad|wgrad)", re.I)),
-    ("normalization", re.compile(r"norm|bn_fw|bn_bw|batch_norm", re.I)),
-    ("optimizer", re.compile(r"adam|sgd|multi_tensor_apply|lamb|optimizer", re.I)),
+    ("normalization", re.compile(r"norm(?!al)|bn_fw|bn_bw|batch_norm", re.I)),
+    # Not "lamb": PyTorch kernel names are full of "{lambda(...)}".
+    ("optimizer", re.compile(r"adam|sgd|multi_tensor_apply|optimizer", re.I)),
     ("reduction", re.compile(r"reduce|softmax|cross_entropy|nll_loss|argmax|sum_kernel|max_kernel|cunn_", re.I)),
     (
         "elementwise",
@@ -219,7 +220,8 @@ def launch_stats(df: pd.DataFrame, tiny_ns: int = TINY_KERNEL_NS) -> pd.DataFram
     runtime = df[(df["kind"] == "runtime") & (df["correlation"] >= 0)]
     for rank, k in kernels.groupby("rank", observed=True, sort=True):
         rt = runtime[runtime["rank"] == rank].drop_duplicates("correlation").set_index("correlation")
-        joined = k.join(rt[["start_ns", "dur_ns"]], on="correlation", rsuffix="_rt", how="inner")
+        calls = rt[["start_ns", "dur_ns"]].rename(columns={"start_ns": "start_ns_rt", "dur_ns": "dur_ns_rt"})
+        joined = k.merge(calls, left_on="correlation", right_index=True, how="inner")
         delay = np.maximum(0, joined["start_ns"] - joined["start_ns_rt"] - joined["dur_ns_rt"]).to_numpy()
         dur = k["dur_ns"].to_numpy()
         tiny = dur < tiny_ns

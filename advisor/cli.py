@@ -146,6 +146,23 @@ def _cmd_dryrun(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from advisor.analyze import analyze, format_report, load_trace
+
+    path = Path(args.path)
+    report = analyze(load_trace(path, max_bytes=int(args.max_mb * 2**20)), run_id=path.name)
+    if args.save:
+        target = path / "analysis.json" if path.is_dir() else path.with_name(path.name + ".metrics.json")
+        report.metrics.save(target)
+    if args.json:
+        out = {"metrics": report.metrics.to_dict()}
+        out["tables"] = {k: json.loads(v.to_json(orient="records")) for k, v in report.tables.items()}
+        print(json.dumps(out, indent=2))
+    else:
+        print(format_report(report, path.name))
+    return 0
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
     runs, damaged = RunStore(args.traces).list_runs()
     if args.json:
@@ -201,6 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
     dry = sub.add_parser("dryrun", help="exact memory of the real step under fake tensors: any size, no allocation")
     add_setup_args(dry)
     dry.set_defaults(func=_cmd_dryrun)
+    an = sub.add_parser("analyze", help="analyze a trace: Kineto JSON (file, folder, zip) or Nsight Systems SQLite")
+    an.add_argument("path", help="trace file, folder of rank files, .zip, .sqlite, or a run directory")
+    an.add_argument("--json", action="store_true", help="StepMetrics and every table as JSON")
+    an.add_argument("--save", action="store_true", help="write the StepMetrics beside the trace")
+    an.add_argument("--max-mb", type=float, default=8192, help="refuse traces larger than this (MiB, decompressed)")
+    an.set_defaults(func=_cmd_analyze)
     runs = sub.add_parser("runs", help="list the runs in the run store")
     runs.add_argument("--traces", default=None)
     runs.add_argument("--json", action="store_true")

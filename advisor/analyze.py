@@ -1,0 +1,235 @@
+"""Analyze a trace end to end: load any supported file, run every analysis, summarise as StepMetrics.
+
+Supported inputs: a Kineto JSON file (``.json`` or ``.json.gz``), a folder of per-rank Kineto files,
+a ``.zip`` of them, an Nsight Systems SQLite export, or one of our run directories. The format is
+recognised from the file's first bytes, not trusted from its name.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from advisor import analysis as A
+from advisor.errors import TraceError
+from advisor.metrics import StepMetrics
+from advisor.trace_kineto import DEFAULT_MAX_BYTES, load_kineto
+from advisor.trace_nsys import load_nsys_sqlite
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+GZIP_MAGIC = b"\x1f\x8b"
+MAX_ZIP_MEMBERS = 1024
+FORMATS = "Kineto JSON (.json, .json.gz, a folder or .zip of rank files) or an Nsight Systems SQLite export"
+
+
+def load_trace(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> pd.DataFrame:
+    """The event table of any supported trace at ``path`` (see the module docstring)."""
+    p = Path(path)
+    if p.is_dir():
+        inner = p / "trace.json.gz"
+        return load_kineto(inner if inner.is_file() else p, max_bytes=max_bytes)
+    if not p.is_file():
+        raise TraceError(f"no file or folder {p.name}")
+    with open(p, "rb") as f:
+        head = f.read(16)
+    if head.startswith(SQLITE_MAGIC):
+        return load_nsys_sqlite(p, max_bytes=max_bytes)
+    if zipfile.is_zipfile(p):
+        return _load_zip(p, max_bytes)
+    if head.startswith(GZIP_MAGIC) or head.lstrip()[:1] in (b"{", b"["):
+        return load_kineto(p, max_bytes=max_bytes)
+    raise TraceError(f"{p.name} is not a trace this tool reads; expected {FORMATS}")
+
+
+def _load_zip(path: Path, max_bytes: int) -> pd.DataFrame:
+    """Rank files from a zip: only .json/.json.gz members, no paths kept, total size capped."""
+    with zipfile.ZipFile(path) as z:
+        members = [m for m in z.infolist() if not m.is_dir() and m.filename.endswith((".json", ".json.gz"))]
+        if not members:
+            raise TraceError(f"{path.name} holds no .json or .json.gz files")
+        if len(members) > MAX_ZIP_MEMBERS:
+            raise TraceError(f"{path.name} holds {len(members)} trace files; at most {MAX_ZIP_MEMBERS}")
+        total = sum(m.file_size for m in members)
+        if total > max_bytes:
+            raise TraceError(
+                f"{path.name} unpacks to {total / 2**20:.0f} MiB, over the {max_bytes / 2**20:.0f} MiB limit"
+            )
+        with tempfile.TemporaryDirectory(prefix="advisor-zip-") as tmp:
+            names: set[str] = set()
+            for m in members:
+                name = Path(m.filename).name  # never a path from the archive
+                if name in names:
+                    raise TraceError(f"{path.name} holds two files named {name}")
+                names.add(name)
+                with z.open(m) as src, open(Path(tmp) / name, "wb") as dst:
+                    copied = 0
+                    while chunk := src.read(2**20):
+                        copied += len(chunk)
+                        if copied > m.file_size:
+                            raise TraceError(f"{path.name}: member {name} is larger than its header says")
+                        dst.write(chunk)
+            df = load_kineto(tmp, max_bytes=max_bytes)
+    df.attrs["files"] = [path.name]
+    return df
+
+
+@dataclass(frozen=True)
+class TraceReport:
+    """Every analysis table of one trace, and the StepMetrics summary of them."""
+
+    metrics: StepMetrics
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+
+def analyze(df: pd.DataFrame, run_id: str = "trace") -> TraceReport:
+    """All analyses of an event table. Kineto traces are cut to their complete profiler steps (the
+    last ``ProfilerStep`` is dropped, as HTA does); nsys captures are used whole."""
+    if df.attrs.get("source") == "kineto":
+        df = A.drop_last_profiler_step(df)
+    categories, top = A.kernel_breakdown(df)
+    tables = {
+        "temporal_breakdown": A.temporal_breakdown(df),
+        "kernel_type_breakdown": A.kernel_type_breakdown(df),
+        "comm_comp_overlap": A.comm_comp_overlap(df),
+        "idle_time_breakdown": A.idle_time_breakdown(df),
+        "idle_split": A.idle_split(df) if not A.gpu_events(df).empty else pd.DataFrame(),
+        "kernel_categories": categories,
+        "top_kernels": top,
+        "launch_stats": A.launch_stats(df),
+        "memcpy": A.memcpy_summary(df),
+        "sync_calls": A.sync_calls(df),
+        "phases": A.phase_breakdown(df),
+        "memory_peak": A.memory_timeline(df)[1],
+        "rank_skew": A.rank_skew(df),
+        "top_ops": top_host_ops(df),
+    }
+    return TraceReport(_summary(df, tables, run_id), tables)
+
+
+def self_time_ns(ops: pd.DataFrame) -> pd.Series:
+    """Each op's self time: its duration minus that of the ops nested directly inside it (same thread)."""
+    self_ns = ops["dur_ns"].to_numpy().copy()
+    order = ops.sort_values(["tid", "start_ns", "dur_ns"], ascending=[True, True, False], kind="stable")
+    pos = {label: i for i, label in enumerate(ops.index)}
+    stack: list[tuple[int, int, int]] = []  # (end, position, tid)
+    for label, tid, start, dur in zip(order.index, order["tid"], order["start_ns"], order["dur_ns"], strict=True):
+        while stack and (stack[-1][2] != tid or stack[-1][0] <= start):
+            stack.pop()
+        if stack:
+            self_ns[stack[-1][1]] -= dur
+        stack.append((start + dur, pos[label], tid))
+    return pd.Series(self_ns.clip(min=0), index=ops.index)
+
+
+def top_host_ops(df: pd.DataFrame, n: int = 10) -> pd.DataFrame:
+    """Framework ops with the most self time (for CPU-only traces, where there are no kernels)."""
+    ops = df[df["kind"] == "cpu_op"]
+    ops = ops.assign(self_ns=self_time_ns(ops))
+    out = ops.groupby(ops["name"].astype(str))["self_ns"].agg(time_ns="sum", count="size")
+    out = out.sort_values("time_ns", ascending=False).head(n).reset_index()
+    return out.rename(columns={"index": "name"})
+
+
+def _mean(frame: pd.DataFrame, col: str) -> float | None:
+    if frame.empty or col not in frame:
+        return None
+    value = float(frame[col].mean())
+    return None if math.isnan(value) else value
+
+
+def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str) -> StepMetrics:
+    ranks = sorted(int(r) for r in df["rank"].unique())
+    gpu = not A.gpu_events(df).empty
+    phases = t["phases"].groupby("phase")["mean_ns"].mean() / 1e6 if not t["phases"].empty else pd.Series(dtype=float)
+    memcpy = t["memcpy"]
+    pageable = memcpy[memcpy["pageable"]] if not memcpy.empty else memcpy
+    skew = t["rank_skew"]
+    top = t["top_kernels"] if gpu else t["top_ops"]
+    total = float(top["time_ns"].sum()) or 1.0
+    if gpu and len(top):
+        base = t["top_kernels"]["time_ns"].sum() / t["top_kernels"]["time_pct"].sum() * 100
+    else:
+        ops = df[df["kind"] == "cpu_op"]
+        base = float(self_time_ns(ops).sum()) if len(ops) else total
+    devices = df.attrs.get("gpu_names") or {}
+    meta = df.attrs.get("meta") or [{}]
+    props = meta[0].get("deviceProperties") or []
+    device_name = next(iter(devices.values()), None) if isinstance(devices, dict) else None
+    device_name = device_name or (props[0].get("name") if props else None)
+    return StepMetrics(
+        run_id=run_id,
+        source="trace",
+        device_type="cuda" if gpu else "cpu",
+        device_name=device_name,
+        step_time_ms=float(phases["step"]) if "step" in phases else None,
+        data_ms=float(phases["data"]) if "data" in phases else None,
+        forward_ms=float(phases["forward"]) if "forward" in phases else None,
+        backward_ms=float(phases["backward"]) if "backward" in phases else None,
+        optimizer_ms=float(phases["optimizer"]) if "optimizer" in phases else None,
+        n_ranks=len(ranks),
+        gpu_idle_pct=_mean(t["temporal_breakdown"], "idle_pct"),
+        gpu_compute_pct=_mean(t["temporal_breakdown"], "compute_pct"),
+        gpu_non_compute_pct=_mean(t["temporal_breakdown"], "non_compute_pct"),
+        comm_overlap_pct=_mean(t["comm_comp_overlap"], "overlap_pct"),
+        idle_host_wait_pct=_mean(t["idle_split"], "host_wait_pct"),
+        idle_kernel_wait_pct=_mean(t["idle_split"], "kernel_wait_pct"),
+        idle_other_pct=_mean(t["idle_split"], "other_pct"),
+        kernel_category_pct={r.category: round(float(r.time_pct), 3) for r in t["kernel_categories"].itertuples()},
+        tiny_kernel_frac=_mean(t["launch_stats"], "tiny_kernel_frac"),
+        launch_delay_mean_us=_mean(t["launch_stats"], "launch_delay_mean_us"),
+        pageable_copies=int(pageable["count"].sum()) if len(pageable) else 0,
+        pageable_copy_bytes=int(pageable["bytes"].sum()) if len(pageable) else 0,
+        sync_calls=int(t["sync_calls"]["count"].sum()) if len(t["sync_calls"]) else 0,
+        sync_time_ms=float(t["sync_calls"]["time_ns"].sum()) / 1e6 if len(t["sync_calls"]) else 0.0,
+        step_skew_pct=float(skew["above_median_pct"].max()) if len(skew) > 1 else None,
+        stragglers=[int(r) for r in skew.loc[skew["straggler"], "rank"]] if len(skew) > 1 else [],
+        top_ops=[
+            {"name": str(r.name)[:160], "time_ms": float(r.time_ns) / 1e6, "share_pct": 100 * float(r.time_ns) / base}
+            for r in top.head(10).itertuples()
+        ],
+    )
+
+
+def format_report(report: TraceReport, name: str) -> str:
+    """The CLI's readable summary of a trace."""
+    m = report.metrics
+    out = [f"{name}: {m.n_ranks} rank(s), {m.device_type}" + (f", {m.device_name}" if m.device_name else "")]
+    tb = report.tables["temporal_breakdown"]
+    if not tb.empty:
+        out.append("GPU time per rank (idle / compute / non-compute %):")
+        for r in tb.itertuples():
+            out.append(
+                f"  rank {r.rank}: {r.idle_pct:5.1f} / {r.compute_pct:5.1f} / {r.non_compute_pct:5.1f}  over {r.kernel_span_ns / 1e6:.1f} ms"
+            )
+        if m.comm_overlap_pct is not None:
+            out.append(f"Communication overlapped by computation: {m.comm_overlap_pct:.1f} %")
+        if m.idle_host_wait_pct is not None:
+            out.append(
+                f"Idle split: host wait {m.idle_host_wait_pct:.1f} %, kernel wait {m.idle_kernel_wait_pct:.1f} %, other {m.idle_other_pct:.1f} %"
+            )
+        cats = ", ".join(f"{k} {v:.1f} %" for k, v in sorted(m.kernel_category_pct.items(), key=lambda kv: -kv[1]))
+        out.append(f"Kernel time by category: {cats}")
+        out.append(f"Tiny kernels (<10 us): {100 * (m.tiny_kernel_frac or 0):.0f} % of launches")
+    if m.step_time_ms is not None:
+        phases = ", ".join(
+            f"{k} {getattr(m, f'{k}_ms'):.1f} ms"
+            for k in ("data", "forward", "backward", "optimizer")
+            if getattr(m, f"{k}_ms") is not None
+        )
+        out.append(f"Step {m.step_time_ms:.1f} ms" + (f": {phases}" if phases else ""))
+    out.append(
+        f"Pageable host copies: {m.pageable_copies}; blocking sync calls: {m.sync_calls} ({m.sync_time_ms:.2f} ms)"
+    )
+    if m.step_skew_pct is not None:
+        out.append(
+            f"Step skew across ranks: {m.step_skew_pct:.1f} % above the median; stragglers: {m.stragglers or 'none'}"
+        )
+    out.append("Top " + ("kernels" if m.device_type == "cuda" else "ops") + ":")
+    for op in m.top_ops[:8]:
+        out.append(f"  {op['time_ms']:10.3f} ms {op['share_pct']:5.1f} %  {op['name'][:100]}")
+    return "\n".join(out)
