@@ -16,7 +16,16 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr
 import pandas as pd
 
-from advisor.charts import measured_memory_figure, memory_figure, nvml_figure, phase_figure, time_figure
+from advisor.analyze import analyze, format_report, load_trace
+from advisor.charts import (
+    category_figure,
+    measured_memory_figure,
+    memory_figure,
+    nvml_figure,
+    phase_figure,
+    temporal_figure,
+    time_figure,
+)
 from advisor.errors import AdvisorError
 from advisor.estimator import estimate
 from advisor.presets import HARDWARE, MODELS
@@ -430,6 +439,88 @@ def build_profile_tab() -> gr.Dropdown:
     return runs
 
 
+# --- Analyze tab ---------------------------------------------------------------------------------
+
+MAX_UPLOAD = "500mb"
+_TABLE_COLUMNS = ["name", "category", "time ms", "count", "share %"]
+
+
+def _no_analysis():
+    return None, None, pd.DataFrame(columns=_TABLE_COLUMNS), pd.DataFrame()
+
+
+def analyze_view(upload: str | None, run_id: str | None):
+    """Analyze tab: (summary, temporal figure, category figure, top table, details table) of an
+    uploaded trace, or else of a stored run's trace."""
+    try:
+        if upload:
+            path, label = upload, os.path.basename(upload)
+        elif run_id:
+            path, label = str(_store().path(run_id)), run_id
+        else:
+            return (
+                "Upload a trace (Kineto .json / .json.gz, a .zip of rank files, or an nsys .sqlite) or pick a run.",
+                *_no_analysis(),
+            )
+        report = analyze(load_trace(path), run_id=label)
+    except AdvisorError as err:
+        return (f"### Cannot analyze this trace\n{err}", *_no_analysis())
+    except Exception:
+        log.exception("analyze_view failed")
+        return ("### Internal error\nThe analysis failed unexpectedly; see the server log.", *_no_analysis())
+    t = report.tables
+    gpu = not t["temporal_breakdown"].empty
+    summary = "```\n" + format_report(report, label) + "\n```"
+    if gpu:
+        top = t["top_kernels"].assign(time_ms=lambda d: d["time_ns"] / 1e6)
+        top = top[["name", "category", "time_ms", "count", "time_pct"]]
+    else:
+        ops = t["top_ops"]
+        top = pd.DataFrame(
+            {
+                "name": ops["name"],
+                "category": "cpu op",
+                "time_ms": ops["time_ns"] / 1e6,
+                "count": ops["count"],
+                "time_pct": [op["share_pct"] for op in report.metrics.top_ops],
+            }
+        )
+    top.columns = _TABLE_COLUMNS
+    details = t["idle_time_breakdown"] if gpu else t["phases"]
+    return (
+        summary,
+        temporal_figure(t["temporal_breakdown"]) if gpu else None,
+        category_figure(t["kernel_categories"]) if gpu else None,
+        top.round(3),
+        details.round(3),
+    )
+
+
+def build_analyze_tab() -> gr.Dropdown:
+    with gr.Row():
+        with gr.Column(scale=1, min_width=300):
+            upload = gr.File(
+                label="Trace: Kineto .json/.json.gz, .zip of rank files, or nsys .sqlite",
+                file_types=[".json", ".gz", ".zip", ".sqlite"],
+                type="filepath",
+            )
+            runs = gr.Dropdown(choices=[], label="…or a stored run", interactive=True)
+            button = gr.Button("Analyze", variant="primary", elem_id="analyze-run")
+        with gr.Column(scale=2):
+            summary = gr.Markdown("Upload a trace or pick a run.", elem_id="analyze-summary")
+            with gr.Row():
+                temporal = gr.Plot(label="GPU time per rank")
+                categories = gr.Plot(label="Kernel categories")
+            top = gr.Dataframe(pd.DataFrame(columns=_TABLE_COLUMNS), label="Top kernels / ops", interactive=False)
+            details = gr.Dataframe(
+                pd.DataFrame(), label="Idle time by stream (GPU) / step phases (CPU)", interactive=False
+            )
+    outputs = [summary, temporal, categories, top, details]
+    button.click(analyze_view, [upload, runs], outputs, api_name="analyze")
+    upload.upload(analyze_view, [upload, runs], outputs, api_name=False)
+    return runs
+
+
 def build_app() -> gr.Blocks:
     """The whole app; tabs are added here as the product grows."""
     with gr.Blocks(title="LLM training advisor") as demo:
@@ -441,8 +532,11 @@ def build_app() -> gr.Blocks:
             inputs, outputs = build_size_tab()
         with gr.Tab("Profile"):
             runs = build_profile_tab()
+        with gr.Tab("Analyze"):
+            analyze_runs = build_analyze_tab()
         demo.load(size_view, inputs=inputs, outputs=outputs, api_name=False)
         demo.load(run_choices, None, runs, api_name=False)
+        demo.load(run_choices, None, analyze_runs, api_name=False)
     return demo
 
 
@@ -451,7 +545,7 @@ def main() -> None:
     host = os.environ.get("ADVISOR_HOST", "127.0.0.1")
     port = int(os.environ.get("ADVISOR_PORT", "7860"))
     build_app().queue(default_concurrency_limit=16).launch(
-        server_name=host, server_port=port, max_file_size="5mb", allowed_paths=[str(_store().root)]
+        server_name=host, server_port=port, max_file_size=MAX_UPLOAD, allowed_paths=[str(_store().root)]
     )
 
 

@@ -40,11 +40,12 @@ CATEGORY_PATTERNS = (
 def drop_last_profiler_step(df: pd.DataFrame) -> pd.DataFrame:
     """The events of the complete profiler steps: per rank, host events that start before the last
     ``ProfilerStep#N`` range and the GPU events their runtime calls launched (HTA's default window:
-    the last step is cut off by the end of the capture). A rank without ProfilerStep ranges is kept whole."""
+    the last step is cut off by the end of the capture). A rank with fewer than two ProfilerStep ranges
+    is kept whole."""
     kept = []
     for _, g in df.groupby("rank", observed=True, sort=True):
         steps = g[(g["kind"] == "annotation") & g["name"].astype(str).str.startswith("ProfilerStep#")]
-        if steps.empty:
+        if len(steps) < 2:
             kept.append(g)
             continue
         last = steps["start_ns"].max()

@@ -32,7 +32,11 @@ def load_trace(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> pd.Da
     p = Path(path)
     if p.is_dir():
         inner = p / "trace.json.gz"
-        return load_kineto(inner if inner.is_file() else p, max_bytes=max_bytes)
+        if inner.is_file() and (p / "run.json").is_file():  # one of our run directories
+            df = load_kineto(inner, max_bytes=max_bytes)
+            df.attrs["own_run"] = True
+            return df
+        return load_kineto(p, max_bytes=max_bytes)
     if not p.is_file():
         raise TraceError(f"no file or folder {p.name}")
     with open(p, "rb") as f:
@@ -86,10 +90,11 @@ class TraceReport:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
-def analyze(df: pd.DataFrame, run_id: str = "trace") -> TraceReport:
+def analyze(df: pd.DataFrame, run_id: str = "trace", *, trim_last_step: bool = True) -> TraceReport:
     """All analyses of an event table. Kineto traces are cut to their complete profiler steps (the
-    last ``ProfilerStep`` is dropped, as HTA does); nsys captures are used whole."""
-    if df.attrs.get("source") == "kineto":
+    last ``ProfilerStep`` is dropped, as HTA does, unless ``trim_last_step`` is off: our own runs stop
+    the profiler after their last step, so nothing is cut); nsys captures are used whole."""
+    if trim_last_step and df.attrs.get("source") == "kineto" and not df.attrs.get("own_run"):
         df = A.drop_last_profiler_step(df)
     categories, top = A.kernel_breakdown(df)
     tables = {

@@ -118,3 +118,36 @@ def nvml_figure(samples: list[dict]) -> go.Figure | None:
             fig.add_scatter(x=t, y=[s.get(key) for s in samples], name=label, mode="lines")
     fig.update_layout(title="NVML samples", xaxis_title="s", height=320, margin={"l": 50, "r": 20, "t": 50, "b": 40})
     return fig
+
+
+def temporal_figure(temporal) -> go.Figure:
+    """Per rank: idle, compute and non-compute shares of the GPU kernel span (stacked %)."""
+    fig = go.Figure()
+    ranks = [f"rank {r}" for r in temporal["rank"]]
+    for col, label, colour in (
+        ("compute_pct", "compute", "#4c78a8"),
+        ("non_compute_pct", "communication + memory", "#f58518"),
+        ("idle_pct", "idle", "#bab0ac"),
+    ):
+        fig.add_bar(name=label, x=ranks, y=temporal[col], marker_color=colour, hovertemplate="%{y:.1f} %")
+    fig.update_layout(barmode="stack", yaxis_title="% of kernel span", title="GPU time per rank", height=340)
+    fig.update_layout(margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.2})
+    return fig
+
+
+def category_figure(categories) -> go.Figure:
+    """Share of summed GPU-event time per kernel category."""
+    cats = categories.sort_values("time_pct")
+    fig = go.Figure(
+        go.Bar(
+            x=cats["time_pct"],
+            y=cats["category"],
+            orientation="h",
+            marker_color="#4c78a8",
+            text=[f"{v:.1f} %" for v in cats["time_pct"]],
+            textposition="auto",
+        )
+    )
+    fig.update_layout(title="Kernel time by category", xaxis_title="% of GPU time", height=340)
+    fig.update_layout(margin={"l": 110, "r": 20, "t": 50, "b": 40})
+    return fig

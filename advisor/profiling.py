@@ -230,8 +230,45 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
     metrics = _metrics(
         full, setup, options, trainer, step_ms, profiled_ms, peak_bytes, reserved, sampler, run_id, device
     )
+    metrics = with_trace_analysis(metrics, run_dir / "trace.json.gz")
     metrics.save(run_dir / "metrics.json")
     return metrics
+
+
+# The figures the trace analysis adds to a profiled run's metrics (step and phase times stay those of
+# the unprofiled timed steps).
+_ANALYSIS_FIELDS = (
+    "n_ranks",
+    "gpu_idle_pct",
+    "gpu_compute_pct",
+    "gpu_non_compute_pct",
+    "comm_overlap_pct",
+    "idle_host_wait_pct",
+    "idle_kernel_wait_pct",
+    "idle_other_pct",
+    "kernel_category_pct",
+    "tiny_kernel_frac",
+    "launch_delay_mean_us",
+    "pageable_copies",
+    "pageable_copy_bytes",
+    "sync_calls",
+    "sync_time_ms",
+    "step_skew_pct",
+    "stragglers",
+    "top_ops",
+)
+
+
+def with_trace_analysis(metrics: StepMetrics, trace: Path) -> StepMetrics:
+    """The metrics with the analysis of the run's own trace filled in (unchanged if it cannot be read)."""
+    from advisor.analyze import analyze, load_trace
+
+    try:
+        found = analyze(load_trace(trace), run_id=metrics.run_id, trim_last_step=False).metrics
+    except AdvisorError as err:
+        print(f"trace analysis skipped: {err}", flush=True)
+        return metrics
+    return replace(metrics, **{f: getattr(found, f) for f in _ANALYSIS_FIELDS})
 
 
 def _metrics(

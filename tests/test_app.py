@@ -151,3 +151,34 @@ def test_shipped_sample_runs_are_readable(run_id):
     summary, phases, memory, _, top, trace = app.run_view(RunStore().load(run_id))
     assert f"`{run_id}`: ok" in summary and phases is not None and memory is not None
     assert not top.empty and trace.endswith("trace.json.gz")
+
+
+# --- Analyze tab ---
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="real traces live in ../shared/traces (absent here)")
+def test_analyze_tab_on_an_uploaded_real_trace():
+    summary, temporal, categories, top, details = app.analyze_view(
+        str(TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite"), None
+    )
+    assert "2 rank(s), cuda" in summary
+    assert [bar.name for bar in temporal.data] == ["compute", "communication + memory", "idle"]
+    assert list(temporal.data[0].x) == ["rank 0", "rank 1"]
+    assert "attention" in set(categories.data[0].y)
+    assert top.iloc[0]["name"].startswith("void flash::flash_fwd_kernel") and top.iloc[0]["category"] == "attention"
+    assert set(details["idle_category"]) == {"host_wait", "kernel_wait", "other"}
+
+
+def test_analyze_tab_on_a_stored_cpu_run_and_on_bad_input(tmp_path):
+    summary, temporal, categories, top, details = app.analyze_view(None, SAMPLE_RUNS[0])
+    assert "1 rank(s), cpu" in summary and temporal is None and categories is None
+    assert top.iloc[0]["name"] == "aten::mm" and "forward" in set(details["phase"])
+    bogus = tmp_path / "bogus.json"
+    bogus.write_text('{"not": "a trace"}')
+    assert app.analyze_view(str(bogus), None)[0].startswith(
+        "### Cannot analyze this trace\nbogus.json is JSON without a traceEvents"
+    )
+    assert app.analyze_view(None, "../etc")[0].startswith("### Cannot analyze this trace\nrun id '../etc' is not valid")
+    assert app.analyze_view(None, None)[0].startswith("Upload a trace")

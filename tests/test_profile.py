@@ -53,6 +53,8 @@ def test_profiled_run_through_the_child_is_complete(tmp_path):
     assert m["estimate_peak_memory_bytes"] == pytest.approx(m["peak_memory_bytes"], rel=0.2)
     assert m["nvml"]["nvml_available"] is False and "CPU" in m["nvml"]["nvml_reason"]
     assert run.record["environment"]["torch"] == torch.__version__
+    # The run's own trace is analysed into the same metrics: top ops by self time, one rank.
+    assert m["n_ranks"] == 1 and m["top_ops"] and all(op["name"].startswith("aten::") for op in m["top_ops"][:3])
     assert "--capture-range=cudaProfilerApi" in run.record["nsys_command"]
     names = {e["name"] for e in _trace_events(run.path) if e.get("cat") == "user_annotation"}
     assert {"step", "data", "forward", "backward", "optimizer"} <= names
