@@ -486,6 +486,7 @@ def analyze_view(upload: str | None, run_id: str | None):
             }
         )
     top.columns = _TABLE_COLUMNS
+    top["name"] = top["name"].astype(str).str.slice(0, 90)  # C++ template names run to pages
     details = t["idle_time_breakdown"] if gpu else t["phases"]
     return (
         summary,
@@ -503,6 +504,7 @@ def build_analyze_tab() -> gr.Dropdown:
                 label="Trace: Kineto .json/.json.gz, .zip of rank files, or nsys .sqlite",
                 file_types=[".json", ".gz", ".zip", ".sqlite"],
                 type="filepath",
+                elem_id="analyze-upload",
             )
             runs = gr.Dropdown(choices=[], label="…or a stored run", interactive=True)
             button = gr.Button("Analyze", variant="primary", elem_id="analyze-run")
