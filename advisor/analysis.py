@@ -157,21 +157,24 @@ def idle_time_breakdown(df: pd.DataFrame, consecutive_delay_ns: int = CONSECUTIV
     """Per rank and stream: idle time between consecutive GPU events split into host wait (the next
     event was launched only after the previous one finished: the GPU waited for the CPU), kernel wait
     (a gap shorter than ``consecutive_delay_ns`` between back-to-back events: launch overhead) and
-    other, with each category's share of that stream's idle time."""
+    other, with each category's share of that stream's idle time.
+
+    HTA's exact rules, for comparable numbers: the gap is measured from the previous event's end, host
+    wait needs the launch to start strictly after it, and (rare) negative gaps from overlapping events
+    on one stream count in the sums."""
     launch = _launch_start(df)
     rows = []
     gpu = gpu_events(df).sort_values(["rank", "stream", "start_ns"])
     for (rank, stream), g in gpu.groupby(["rank", "stream"], observed=True, sort=False):
         starts = g["start_ns"].to_numpy()
-        ends = np.maximum.accumulate(starts + g["dur_ns"].to_numpy())
+        ends = starts + g["dur_ns"].to_numpy()
         gaps = starts[1:] - ends[:-1]
         keys = pd.MultiIndex.from_arrays([np.full(len(g) - 1, rank), g["correlation"].to_numpy()[1:]])
         launched = launch.reindex(keys).to_numpy(dtype=float)
-        idle = gaps > 0
-        host = idle & (launched >= ends[:-1])
-        kernel = idle & ~host & (gaps < consecutive_delay_ns)
-        other = idle & ~host & ~kernel
-        total = int(gaps[idle].sum())
+        host = launched > ends[:-1]
+        kernel = ~host & (gaps < consecutive_delay_ns)
+        other = ~host & ~kernel
+        total = int(gaps.sum())
         for cat, sel in (("host_wait", host), ("kernel_wait", kernel), ("other", other)):
             t = int(gaps[sel].sum())
             rows.append((int(rank), int(stream), cat, t, t / total if total else float("nan")))

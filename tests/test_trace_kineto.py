@@ -13,6 +13,7 @@ from advisor.analysis import (
     comm_comp_overlap,
     drop_last_profiler_step,
     idle_split,
+    idle_time_breakdown,
     kernel_breakdown,
     kernel_category,
     kernel_type_breakdown,
@@ -107,12 +108,38 @@ def test_kernel_type_shares_within_one_point(folder):
         assert ours[kind] == pytest.approx(pct, abs=1.0), kind
 
 
+def _idle_shares(table: pd.DataFrame, time_col: str) -> dict:
+    """{(rank, stream, category): share of that stream's idle time} from unrounded idle times."""
+    totals = table.groupby(["rank", "stream"])[time_col].transform("sum")
+    shares = (table[time_col] / totals).fillna(0.0)
+    return {
+        (int(r), int(s), c): v
+        for r, s, c, v in zip(table["rank"], table["stream"], table["idle_category"], shares, strict=True)
+    }
+
+
 @needs_traces
-def test_idle_split_within_two_points_on_the_host_bound_trace():
+@pytest.mark.parametrize("folder", ["trace_filter", "nccl_parser_config"])
+def test_idle_split_per_stream_within_two_points(folder):
+    ours = _idle_shares(idle_time_breakdown(_analysed(folder)), "idle_ns")
+    ref = _idle_shares(_ref(folder, "idle_time_breakdown"), "idle_time")
+    for key, share in ref.items():
+        assert ours.get(key, 0.0) == pytest.approx(share, abs=0.02), key
+
+
+@needs_traces
+@pytest.mark.xfail(strict=True, reason="same microsecond quantisation as above: host wait 19.3 vs HTA 16.9 %")
+def test_idle_split_sub_microsecond_trace_within_two_points():
+    ours = _idle_shares(idle_time_breakdown(_analysed("ns_resolution_trace")), "idle_ns")
+    ref = _idle_shares(_ref("ns_resolution_trace", "idle_time_breakdown"), "idle_time")
+    assert ours[(0, 7, "host_wait")] == pytest.approx(ref[(0, 7, "host_wait")], abs=0.02)
+
+
+@needs_traces
+def test_host_bound_trace_is_host_wait():
     # nccl_parser_config is host-bound: HTA puts 99 % of stream 7's idle time on host wait.
     ours = idle_split(_analysed("nccl_parser_config"))
     assert ours.loc[0, "host_wait_pct"] == pytest.approx(99.0, abs=2.0)
-    assert ours.loc[0, "kernel_wait_pct"] == pytest.approx(1.0, abs=2.0)
 
 
 @needs_traces
