@@ -44,7 +44,8 @@ def drop_last_profiler_step(df: pd.DataFrame) -> pd.DataFrame:
     is kept whole."""
     kept = []
     for _, g in df.groupby("rank", observed=True, sort=True):
-        steps = g[(g["kind"] == "annotation") & g["name"].astype(str).str.startswith("ProfilerStep#")]
+        ann = g[g["kind"] == "annotation"]
+        steps = ann[ann["name"].astype(str).str.startswith("ProfilerStep#")]
         if len(steps) < 2:
             kept.append(g)
             continue
@@ -59,10 +60,34 @@ def drop_last_profiler_step(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_index()
 
 
+def round_like_hta(df: pd.DataFrame) -> pd.DataFrame:
+    """The table with HTA 0.5's rounding of sub-microsecond traces applied: every event shrunk inward
+    to whole microseconds (start rounded up, end rounded down; hta/common/trace_parser.py
+    round_down_time_stamps, a workaround for pytorch/pytorch#122425). Only for comparing with HTA:
+    our analyses keep nanoseconds, and on traces full of ~1 us events the rounding adds idle time."""
+    if not (df["start_ns"] % 1000).any() and not (df["dur_ns"] % 1000).any():
+        return df  # whole-microsecond trace: HTA leaves it as it is
+    # HTA does this in float64 microseconds, where ts + dur itself rounds (to 0.25 us at epoch times):
+    # the same arithmetic here gives its boundaries exactly.
+    start_us = df["start_ns"].to_numpy() / 1000.0
+    end_us = start_us + df["dur_ns"].to_numpy() / 1000.0
+    first = np.ceil(start_us).astype(np.int64)
+    last = np.floor(end_us).astype(np.int64)
+    out = df.copy()
+    out["start_ns"] = first * 1000
+    out["dur_ns"] = np.maximum(last - first, 0) * 1000
+    return out
+
+
 def hta_type(gpu: pd.DataFrame) -> np.ndarray:
     """COMPUTATION / COMMUNICATION / MEMORY for each GPU event (as codes 0, 1, 2)."""
-    names = gpu["name"].astype(str)
-    comm = names.str.contains(COMM_RE).to_numpy()
+    names = gpu["name"]
+    if isinstance(names.dtype, pd.CategoricalDtype):  # match each distinct name once, not every row
+        per_name = np.array([bool(COMM_RE.search(str(c))) for c in names.cat.categories], dtype=bool)
+        codes = names.cat.codes.to_numpy()
+        comm = np.where(codes >= 0, per_name[codes], False)
+    else:
+        comm = names.astype(str).str.contains(COMM_RE).to_numpy()
     memory = gpu["kind"].isin(("memcpy", "memset")).to_numpy()
     return np.where(comm, 1, np.where(memory, 2, 0))
 
@@ -195,7 +220,9 @@ def kernel_breakdown(df: pd.DataFrame, top: int = 10) -> tuple[pd.DataFrame, pd.
     names = gpu["name"].astype(str).to_numpy()
     kinds = gpu["kind"].astype(str).to_numpy()
     cache: dict[tuple[str, str], str] = {}
-    cats = np.array([cache.setdefault((n, k), kernel_category(n, k)) for n, k in zip(names, kinds, strict=True)])
+    for key in set(zip(names, kinds, strict=True)):  # each distinct (name, kind) once
+        cache[key] = kernel_category(*key)
+    cats = np.array([cache[key] for key in zip(names, kinds, strict=True)])
     frame = pd.DataFrame({"name": names, "category": cats, "dur_ns": gpu["dur_ns"].to_numpy()})
     by_cat = frame.groupby("category")["dur_ns"].agg(time_ns="sum", count="size").reset_index()
     by_cat["time_pct"] = 100 * by_cat["time_ns"] / by_cat["time_ns"].sum()

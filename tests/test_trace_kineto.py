@@ -17,6 +17,7 @@ from advisor.analysis import (
     kernel_breakdown,
     kernel_category,
     kernel_type_breakdown,
+    round_like_hta,
     temporal_breakdown,
 )
 from advisor.errors import TraceError
@@ -71,41 +72,45 @@ def test_temporal_breakdown_trace_filter_matches_hta():
     ours = temporal_breakdown(_analysed("trace_filter"))
     ref = _ref("trace_filter", "temporal_breakdown")
     for col in ("idle", "compute", "non_compute"):
-        assert ours[f"{col}_pct"].tolist() == pytest.approx(ref[f"{col}_time_pctg"].tolist(), abs=0.5)
+        assert ours[f"{col}_pct"].tolist() == pytest.approx(ref[f"{col}_time_pctg"].tolist(), abs=0.05)
 
 
 @needs_traces
-@pytest.mark.xfail(
-    strict=True,
-    reason="we keep the traces' nanosecond timestamps; HTA 0.5 quantises every event to whole microseconds "
-    "(checked by running HTA 0.5.0 on ns_resolution_trace: a memcpy at ts ...161.288 us with dur 1.280 us "
-    "becomes ts ...162, dur 0), which shrinks ~1 us events and adds idle time (ours 1.68 vs HTA 2.63 %, "
-    "77.23 vs 77.78 %). Neither truncation nor rounding of ts/dur reproduces HTA's numbers exactly yet: "
-    "kept open in issue #4",
-)
 @pytest.mark.parametrize("folder", ["nccl_parser_config", "ns_resolution_trace"])
 def test_temporal_breakdown_sub_microsecond_traces_match_hta(folder):
-    ours = temporal_breakdown(_analysed(folder))
+    # These traces carry nanoseconds. HTA 0.5 shrinks every event inward to whole microseconds
+    # (round_like_hta); with that rounding our breakdown is HTA's to its printed precision (the issue
+    # asks for 0.5 points; measured within 0.01).
+    ours = temporal_breakdown(round_like_hta(_analysed(folder)))
     ref = _ref(folder, "temporal_breakdown")
-    assert ours["idle_pct"].tolist() == pytest.approx(ref["idle_time_pctg"].tolist(), abs=0.5)
+    for col in ("idle", "compute", "non_compute"):
+        assert ours[f"{col}_pct"].tolist() == pytest.approx(ref[f"{col}_time_pctg"].tolist(), abs=0.05)
+
+
+@needs_traces
+def test_we_keep_nanoseconds_on_purpose():
+    # Without HTA's rounding the ~1 us memcpys of this trace keep their length: less idle time.
+    exact = temporal_breakdown(_analysed("ns_resolution_trace")).loc[0]
+    rounded = temporal_breakdown(round_like_hta(_analysed("ns_resolution_trace"))).loc[0]
+    assert exact["idle_pct"] == pytest.approx(1.68, abs=0.01) and rounded["idle_pct"] == pytest.approx(2.64, abs=0.01)
 
 
 @needs_traces
 @pytest.mark.parametrize("folder", ["trace_filter", "nccl_parser_config"])
 def test_comm_compute_overlap_within_one_point(folder):
-    ours = comm_comp_overlap(_analysed(folder))
+    ours = comm_comp_overlap(round_like_hta(_analysed(folder)))
     ref = _ref(folder, "comm_comp_overlap")
-    assert ours["overlap_pct"].tolist() == pytest.approx(ref["comp_comm_overlap_pctg"].tolist(), abs=1.0)
+    assert ours["overlap_pct"].tolist() == pytest.approx(ref["comp_comm_overlap_pctg"].tolist(), abs=0.05)
 
 
 @needs_traces
 @pytest.mark.parametrize("folder", ["trace_filter", "nccl_parser_config", "ns_resolution_trace"])
 def test_kernel_type_shares_within_one_point(folder):
-    ours = kernel_type_breakdown(_analysed(folder)).set_index("kernel_type")["time_pct"]
+    ours = kernel_type_breakdown(round_like_hta(_analysed(folder))).set_index("kernel_type")["time_pct"]
     ref = _ref(folder, "kernel_type_breakdown").set_index("kernel_type")["percentage"]
     assert set(ref.index) == set(ours.index)
     for kind, pct in ref.items():
-        assert ours[kind] == pytest.approx(pct, abs=1.0), kind
+        assert ours[kind] == pytest.approx(pct, abs=0.1), kind  # HTA prints one decimal
 
 
 def _idle_shares(table: pd.DataFrame, time_col: str) -> dict:
@@ -121,18 +126,18 @@ def _idle_shares(table: pd.DataFrame, time_col: str) -> dict:
 @needs_traces
 @pytest.mark.parametrize("folder", ["trace_filter", "nccl_parser_config"])
 def test_idle_split_per_stream_within_two_points(folder):
-    ours = _idle_shares(idle_time_breakdown(_analysed(folder)), "idle_ns")
+    ours = _idle_shares(idle_time_breakdown(round_like_hta(_analysed(folder))), "idle_ns")
     ref = _idle_shares(_ref(folder, "idle_time_breakdown"), "idle_time")
     for key, share in ref.items():
-        assert ours.get(key, 0.0) == pytest.approx(share, abs=0.02), key
+        assert ours.get(key, 0.0) == pytest.approx(share, abs=0.01), key
 
 
 @needs_traces
-@pytest.mark.xfail(strict=True, reason="same microsecond quantisation as above: host wait 19.3 vs HTA 16.9 %")
 def test_idle_split_sub_microsecond_trace_within_two_points():
-    ours = _idle_shares(idle_time_breakdown(_analysed("ns_resolution_trace")), "idle_ns")
+    ours = _idle_shares(idle_time_breakdown(round_like_hta(_analysed("ns_resolution_trace"))), "idle_ns")
     ref = _idle_shares(_ref("ns_resolution_trace", "idle_time_breakdown"), "idle_time")
-    assert ours[(0, 7, "host_wait")] == pytest.approx(ref[(0, 7, "host_wait")], abs=0.02)
+    for key, share in ref.items():
+        assert ours.get(key, 0.0) == pytest.approx(share, abs=0.01), key
 
 
 @needs_traces
