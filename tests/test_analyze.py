@@ -108,3 +108,22 @@ def test_cli_analyze(tmp_path, capsys):
 def test_format_report_names_the_trace():
     text = format_report(analyze(load_trace(SAMPLE_RUN)), "sample")
     assert text.startswith("sample: 1 rank(s), cpu") and "Top ops:" in text
+
+
+@needs_traces
+@pytest.mark.parametrize(
+    "file", ["nsysai_mfu_2gpu_before.sqlite", "nsysai_mfu_2gpu_after.sqlite", "pipit_cloverleaf_cuda.sqlite"]
+)
+def test_nsys_kernel_busy_time_through_our_analysis_matches_the_reference(file):
+    from advisor.analysis import union_ns
+
+    ref = next(r for r in json.loads((TRACES / "nsys" / "reference.json").read_text()) if r["file"] == file)
+    df = load_trace(TRACES / "nsys" / file)
+    kernels = df[df["kind"] == "kernel"]
+    starts = kernels["start_ns"].to_numpy()
+    ends = starts + kernels["dur_ns"].to_numpy()
+    assert union_ns(starts, ends) == ref["busy_all_devices"]["busy_ns"]
+    assert int(ends.max() - starts.min()) == ref["busy_all_devices"]["span_ns"]
+    for device, expected in ref["busy_per_device"].items():
+        mine = kernels["device"].to_numpy() == int(device)
+        assert union_ns(starts[mine], ends[mine]) == expected["busy_ns"], device
