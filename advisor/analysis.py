@@ -24,7 +24,11 @@ CONSECUTIVE_KERNEL_DELAY_NS = 30_000  # HTA's default for the idle split
 CATEGORY_PATTERNS = (
     ("communication", re.compile(r"^nccl|ncclDevKernel|ncclKernel", re.I)),
     ("attention", re.compile(r"flash|fmha|attention|_attn|mha_", re.I)),
-    ("gemm", re.compile(r"gemm|cutlass|cublas|nvjet|xmma|wgmma|gemv|splitKreduce|matmul|sm\d+_xmma", re.I)),
+    # cuBLAS/cuBLASLt/CUTLASS/nvjet on NVIDIA; rocBLAS/hipBLASLt Tensile kernels (Cijk_...) on AMD.
+    (
+        "gemm",
+        re.compile(r"gemm|cutlass|cublas|nvjet|xmma|wgmma|gemv|splitKreduce|matmul|^Cijk_|rocblas|hipblaslt", re.I),
+    ),
     ("convolution", re.compile(r"conv|implicit_convolve|winograd|cudnn::.*(?:fprop|dgrad|wgrad)", re.I)),
     ("normalization", re.compile(r"norm(?!al)|bn_fw|bn_bw|batch_norm", re.I)),
     # Not "lamb": PyTorch kernel names are full of "{lambda(...)}".

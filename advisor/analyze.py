@@ -147,6 +147,18 @@ def _mean(frame: pd.DataFrame, col: str) -> float | None:
     return None if math.isnan(value) else value
 
 
+LAUNCH_BOUND_IDLE_PCT = 30.0
+LAUNCH_BOUND_HOST_WAIT_PCT = 50.0
+
+
+def _launch_bound(t: dict[str, pd.DataFrame]) -> bool | None:
+    """Idle GPU that mostly waits for the host (None without GPU events)."""
+    idle, host = _mean(t["temporal_breakdown"], "idle_pct"), _mean(t["idle_split"], "host_wait_pct")
+    if idle is None or host is None:
+        return None
+    return idle >= LAUNCH_BOUND_IDLE_PCT and host >= LAUNCH_BOUND_HOST_WAIT_PCT
+
+
 def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str) -> StepMetrics:
     ranks = sorted(int(r) for r in df["rank"].unique())
     gpu = not A.gpu_events(df).empty
@@ -186,6 +198,7 @@ def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str) -> StepM
         idle_other_pct=_mean(t["idle_split"], "other_pct"),
         kernel_category_pct={r.category: round(float(r.time_pct), 3) for r in t["kernel_categories"].itertuples()},
         tiny_kernel_frac=_mean(t["launch_stats"], "tiny_kernel_frac"),
+        launch_bound=_launch_bound(t),
         launch_delay_mean_us=_mean(t["launch_stats"], "launch_delay_mean_us"),
         pageable_copies=int(pageable["count"].sum()) if len(pageable) else 0,
         pageable_copy_bytes=int(pageable["bytes"].sum()) if len(pageable) else 0,
@@ -220,6 +233,8 @@ def format_report(report: TraceReport, name: str) -> str:
         cats = ", ".join(f"{k} {v:.1f} %" for k, v in sorted(m.kernel_category_pct.items(), key=lambda kv: -kv[1]))
         out.append(f"Kernel time by category: {cats}")
         out.append(f"Tiny kernels (<10 us): {100 * (m.tiny_kernel_frac or 0):.0f} % of launches")
+        if m.launch_bound:
+            out.append("Verdict: launch/host-bound: the GPU mostly waits for the host to launch work")
     if m.step_time_ms is not None:
         phases = ", ".join(
             f"{k} {getattr(m, f'{k}_ms'):.1f} ms"

@@ -92,6 +92,9 @@ class StepMetrics:
     normalization, optimizer, communication, memcpy, memset, convolution, other."""
     tiny_kernel_frac: float | None = None
     """Share of kernels shorter than 10 us."""
+    launch_bound: bool | None = None
+    """The GPU is idle at least 30 % of its span, mostly (over half of that) waiting for the host to
+    launch work: the host, not the GPU, sets the pace."""
     launch_delay_mean_us: float | None = None
     pageable_copies: int | None = None
     """Host<->device copies from or to pageable host memory."""

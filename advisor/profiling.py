@@ -248,6 +248,7 @@ _ANALYSIS_FIELDS = (
     "idle_other_pct",
     "kernel_category_pct",
     "tiny_kernel_frac",
+    "launch_bound",
     "launch_delay_mean_us",
     "pageable_copies",
     "pageable_copy_bytes",

@@ -127,3 +127,80 @@ def test_nsys_kernel_busy_time_through_our_analysis_matches_the_reference(file):
     for device, expected in ref["busy_per_device"].items():
         mine = kernels["device"].to_numpy() == int(device)
         assert union_ns(starts[mine], ends[mine]) == expected["busy_ns"], device
+
+
+@needs_traces
+def test_launch_bound_verdict_on_the_host_bound_and_the_gpu_bound_trace():
+    # README of ../shared/traces: nccl_parser_config is host-bound (99 % of idle is host wait),
+    # ns_resolution_trace GPU-bound (launch queue ~812 deep).
+    host_bound = analyze(load_trace(TRACES / "kineto" / "nccl_parser_config")).metrics
+    gpu_bound = analyze(load_trace(TRACES / "kineto" / "ns_resolution_trace")).metrics
+    assert host_bound.launch_bound is True and gpu_bound.launch_bound is False
+    assert "Verdict: launch/host-bound" in format_report(
+        analyze(load_trace(TRACES / "kineto" / "nccl_parser_config")), "x"
+    )
+
+
+def test_rocm_names_are_understood(tmp_path):
+    # A ROCm trace written by Kineto uses the same categories with HIP names: hipLaunchKernel, rocBLAS
+    # Tensile GEMMs (Cijk_...), RCCL (ncclDevKernel_...), hipMemcpyWithStream (blocking).
+    events = [
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "hipLaunchKernel",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0,
+            "dur": 5,
+            "args": {"correlation": 1},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "Cijk_Ailk_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1",
+            "pid": 0,
+            "tid": 3,
+            "ts": 10,
+            "dur": 100,
+            "args": {"device": 0, "stream": 3, "correlation": 1},
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "hipLaunchKernel",
+            "pid": 1,
+            "tid": 1,
+            "ts": 6,
+            "dur": 5,
+            "args": {"correlation": 2},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)",
+            "pid": 0,
+            "tid": 4,
+            "ts": 50,
+            "dur": 100,
+            "args": {"device": 0, "stream": 4, "correlation": 2},
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "hipMemcpyWithStream",
+            "pid": 1,
+            "tid": 1,
+            "ts": 200,
+            "dur": 30,
+            "args": {"correlation": 3},
+        },
+    ]
+    path = tmp_path / "rocm.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    report = analyze(load_trace(path))
+    cats = report.metrics.kernel_category_pct
+    assert cats == {"gemm": 50.0, "communication": 50.0}
+    # Overlap: the GEMM runs 10-110 us, the collective 50-150 us: 60 of its 100 us overlap.
+    assert report.metrics.comm_overlap_pct == pytest.approx(60.0)
+    assert report.metrics.sync_calls == 1 and report.metrics.sync_time_ms == pytest.approx(0.03)
