@@ -7,7 +7,7 @@ the value and what is allowed. :class:`Setup` holds one of each and runs the cro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 from advisor.errors import SpecError
 
@@ -525,15 +525,6 @@ class Setup:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.train.seq_len
-
-
-def with_gpus(parallel: ParallelSpec, gpus: int) -> ParallelSpec:
-    """The layout with dp chosen so that dp * tp * pp * cp == gpus."""
-    _check_int("gpus", gpus, 1)
-    per_replica = parallel.tp * parallel.pp * parallel.cp
-    if gpus % per_replica:
-        raise SpecError("gpus", gpus, f"must be a multiple of tp x pp x cp={per_replica}")
-    return replace(parallel, dp=gpus // per_replica)
 
 
 def spec_to_dict(spec: object) -> dict:
