@@ -212,7 +212,11 @@ def idle_time_breakdown(df: pd.DataFrame, consecutive_delay_ns: int = CONSECUTIV
 
 def idle_split(df: pd.DataFrame, consecutive_delay_ns: int = CONSECUTIVE_KERNEL_DELAY_NS) -> pd.DataFrame:
     """Per rank: idle time by category summed over streams, as shares in %."""
-    per_stream = idle_time_breakdown(df, consecutive_delay_ns)
+    return idle_split_of(idle_time_breakdown(df, consecutive_delay_ns))
+
+
+def idle_split_of(per_stream: pd.DataFrame) -> pd.DataFrame:
+    """idle_split from an idle_time_breakdown table already computed."""
     out = per_stream.pivot_table(index="rank", columns="idle_category", values="idle_ns", aggfunc="sum").fillna(0)
     total = out.sum(axis=1)
     return pd.DataFrame({f"{c}_pct": 100 * out[c] / total for c in ("host_wait", "kernel_wait", "other")}).reset_index()
@@ -327,13 +331,20 @@ def memory_timeline(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return timeline, peak.reset_index()
 
 
-def rank_skew(df: pd.DataFrame, straggler_frac: float = 0.05) -> pd.DataFrame:
+def rank_skew(
+    df: pd.DataFrame,
+    straggler_frac: float = 0.05,
+    *,
+    phases: pd.DataFrame | None = None,
+    temporal: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """Per rank: mean step time (ProfilerStep/step ranges, else the GPU kernel span) and how far it is
-    above the median rank; ranks more than ``straggler_frac`` above the median are stragglers."""
-    phases = phase_breakdown(df)
+    above the median rank; ranks more than ``straggler_frac`` above the median are stragglers.
+    ``phases`` and ``temporal`` take phase_breakdown / temporal_breakdown tables already computed."""
+    phases = phase_breakdown(df) if phases is None else phases
     steps = phases[phases["phase"] == "step"].set_index("rank")["mean_ns"]
     if steps.empty:
-        spans = temporal_breakdown(df)
+        spans = temporal_breakdown(df) if temporal is None else temporal
         steps = spans.set_index("rank")["kernel_span_ns"].astype(float)
     out = steps.rename("step_ns").reset_index()
     if out.empty:

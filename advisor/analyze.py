@@ -97,20 +97,21 @@ def analyze(df: pd.DataFrame, run_id: str = "trace", *, trim_last_step: bool = T
     if trim_last_step and df.attrs.get("source") == "kineto" and not df.attrs.get("own_run"):
         df = A.drop_last_profiler_step(df)
     categories, top = A.kernel_breakdown(df)
+    temporal, idle, phases = A.temporal_breakdown(df), A.idle_time_breakdown(df), A.phase_breakdown(df)
     tables = {
-        "temporal_breakdown": A.temporal_breakdown(df),
+        "temporal_breakdown": temporal,
         "kernel_type_breakdown": A.kernel_type_breakdown(df),
         "comm_comp_overlap": A.comm_comp_overlap(df),
-        "idle_time_breakdown": A.idle_time_breakdown(df),
-        "idle_split": A.idle_split(df) if not A.gpu_events(df).empty else pd.DataFrame(),
+        "idle_time_breakdown": idle,
+        "idle_split": A.idle_split_of(idle) if not idle.empty else pd.DataFrame(),
         "kernel_categories": categories,
         "top_kernels": top,
         "launch_stats": A.launch_stats(df),
         "memcpy": A.memcpy_summary(df),
         "sync_calls": A.sync_calls(df),
-        "phases": A.phase_breakdown(df),
+        "phases": phases,
         "memory_peak": A.memory_timeline(df)[1],
-        "rank_skew": A.rank_skew(df),
+        "rank_skew": A.rank_skew(df, phases=phases, temporal=temporal),
         "top_ops": top_host_ops(df),
     }
     return TraceReport(_summary(df, tables, run_id), tables)
