@@ -128,19 +128,22 @@ def union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
     return int(_sweep(starts, ends, np.zeros(starts.size, dtype=np.int64), 1)[1])
 
 
-def _per_rank(df: pd.DataFrame):
-    gpu = gpu_events(df)
-    for rank, g in gpu.groupby("rank", observed=True, sort=True):
+def type_sweeps(df: pd.DataFrame) -> dict[int, tuple[int, np.ndarray]]:
+    """Per rank: (kernel span in ns, time per combination of active GPU-event types in ns), the one
+    sweep that the temporal, kernel-type and overlap breakdowns all read."""
+    out = {}
+    for rank, g in gpu_events(df).groupby("rank", observed=True, sort=True):
         starts = g["start_ns"].to_numpy()
-        yield int(rank), g, starts, starts + g["dur_ns"].to_numpy()
+        ends = starts + g["dur_ns"].to_numpy()
+        out[int(rank)] = (int(ends.max() - starts.min()), _sweep(starts, ends, hta_type(g)))
+    return out
 
 
-def temporal_breakdown(df: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: kernel span split into idle, compute and non-compute (communication + memory) time."""
+def temporal_breakdown(df: pd.DataFrame, sweeps: dict | None = None) -> pd.DataFrame:
+    """Per rank: kernel span split into idle, compute and non-compute (communication + memory) time.
+    ``sweeps`` takes type_sweeps(df) already computed."""
     rows = []
-    for rank, g, starts, ends in _per_rank(df):
-        per_mask = _sweep(starts, ends, hta_type(g))
-        span = int(ends.max() - starts.min())
+    for rank, (span, per_mask) in (type_sweeps(df) if sweeps is None else sweeps).items():
         busy = int(per_mask[1:].sum())
         compute = int(per_mask[[m for m in range(8) if m & 1]].sum())
         rows.append((rank, span, span - busy, compute, busy - compute))
@@ -154,22 +157,21 @@ def _mask_label(mask: int) -> str:
     return " overlapping ".join(t for i, t in enumerate(TYPES) if mask & (1 << i))
 
 
-def kernel_type_breakdown(df: pd.DataFrame) -> pd.DataFrame:
+def kernel_type_breakdown(df: pd.DataFrame, sweeps: dict | None = None) -> pd.DataFrame:
     """Busy GPU time by type, overlaps as their own rows, summed over ranks (HTA's kernel_type_breakdown)."""
     total = np.zeros(8, dtype=np.int64)
-    for _, g, starts, ends in _per_rank(df):
-        total += _sweep(starts, ends, hta_type(g))
+    for _, per_mask in (type_sweeps(df) if sweeps is None else sweeps).values():
+        total += per_mask
     rows = [(_mask_label(m), int(total[m])) for m in range(1, 8) if total[m] > 0]
     out = pd.DataFrame(rows, columns=["kernel_type", "time_ns"]).sort_values("time_ns", ascending=False)
     out["time_pct"] = 100 * out["time_ns"] / out["time_ns"].sum()
     return out.reset_index(drop=True)
 
 
-def comm_comp_overlap(df: pd.DataFrame) -> pd.DataFrame:
+def comm_comp_overlap(df: pd.DataFrame, sweeps: dict | None = None) -> pd.DataFrame:
     """Per rank: share of communication time that overlaps computation (NaN without communication)."""
     rows = []
-    for rank, g, starts, ends in _per_rank(df):
-        per_mask = _sweep(starts, ends, hta_type(g))
+    for rank, (_, per_mask) in (type_sweeps(df) if sweeps is None else sweeps).items():
         comm = int(per_mask[[m for m in range(8) if m & 2]].sum())
         overlap = int(per_mask[[m for m in range(8) if m & 3 == 3]].sum())
         rows.append((rank, comm, overlap, 100 * overlap / comm if comm else float("nan")))
@@ -225,13 +227,13 @@ def idle_split_of(per_stream: pd.DataFrame) -> pd.DataFrame:
 def kernel_breakdown(df: pd.DataFrame, top: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(time per fine category with its share of summed GPU-event time, the top kernels by total time)."""
     gpu = gpu_events(df)
-    names = gpu["name"].astype(str).to_numpy()
-    kinds = gpu["kind"].astype(str).to_numpy()
-    cache: dict[tuple[str, str], str] = {}
-    for key in set(zip(names, kinds, strict=True)):  # each distinct (name, kind) once
-        cache[key] = kernel_category(*key)
-    cats = np.array([cache[key] for key in zip(names, kinds, strict=True)])
-    frame = pd.DataFrame({"name": names, "category": cats, "dur_ns": gpu["dur_ns"].to_numpy()})
+    # Classify each distinct name once (names are categorical); copies and sets by their kind.
+    names = gpu["name"].cat.remove_unused_categories()
+    per_name = np.array([kernel_category(str(c)) for c in names.cat.categories], dtype=object)
+    cats = per_name[names.cat.codes.to_numpy()] if len(per_name) else np.array([], dtype=object)
+    kinds = gpu["kind"].to_numpy()
+    cats = np.where(kinds == "memcpy", "memcpy", np.where(kinds == "memset", "memset", cats))
+    frame = pd.DataFrame({"name": names.astype(str).to_numpy(), "category": cats, "dur_ns": gpu["dur_ns"].to_numpy()})
     by_cat = frame.groupby("category")["dur_ns"].agg(time_ns="sum", count="size").reset_index()
     by_cat["time_pct"] = 100 * by_cat["time_ns"] / by_cat["time_ns"].sum()
     by_name = frame.groupby(["name", "category"])["dur_ns"].agg(time_ns="sum", count="size", mean_ns="mean")

@@ -97,11 +97,12 @@ def analyze(df: pd.DataFrame, run_id: str = "trace", *, trim_last_step: bool = T
     if trim_last_step and df.attrs.get("source") == "kineto" and not df.attrs.get("own_run"):
         df = A.drop_last_profiler_step(df)
     categories, top = A.kernel_breakdown(df)
-    temporal, idle, phases = A.temporal_breakdown(df), A.idle_time_breakdown(df), A.phase_breakdown(df)
+    sweeps = A.type_sweeps(df)
+    temporal, idle, phases = A.temporal_breakdown(df, sweeps), A.idle_time_breakdown(df), A.phase_breakdown(df)
     tables = {
         "temporal_breakdown": temporal,
-        "kernel_type_breakdown": A.kernel_type_breakdown(df),
-        "comm_comp_overlap": A.comm_comp_overlap(df),
+        "kernel_type_breakdown": A.kernel_type_breakdown(df, sweeps),
+        "comm_comp_overlap": A.comm_comp_overlap(df, sweeps),
         "idle_time_breakdown": idle,
         "idle_split": A.idle_split_of(idle) if not idle.empty else pd.DataFrame(),
         "kernel_categories": categories,
