@@ -87,6 +87,7 @@ def hta_type(gpu: pd.DataFrame) -> np.ndarray:
     """COMPUTATION / COMMUNICATION / MEMORY for each GPU event (as codes 0, 1, 2)."""
     names = gpu["name"]
     if isinstance(names.dtype, pd.CategoricalDtype):  # match each distinct name once, not every row
+        names = names.cat.remove_unused_categories()
         per_name = np.array([bool(COMM_RE.search(str(c))) for c in names.cat.categories], dtype=bool)
         codes = names.cat.codes.to_numpy()
         comm = np.where(codes >= 0, per_name[codes], False)

@@ -175,11 +175,9 @@ def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str) -> StepM
     else:
         ops = df[df["kind"] == "cpu_op"]
         base = float(self_time_ns(ops).sum()) if len(ops) else total
-    devices = df.attrs.get("gpu_names") or {}
-    meta = df.attrs.get("meta") or [{}]
-    props = meta[0].get("deviceProperties") or []
-    device_name = next(iter(devices.values()), None) if isinstance(devices, dict) else None
-    device_name = device_name or (props[0].get("name") if props else None)
+    devices = df.attrs.get("gpu_names") or []  # a list (Kineto) or {device id: name} (nsys)
+    names = list(devices.values()) if isinstance(devices, dict) else list(devices)
+    device_name = names[0] if names else None
     return StepMetrics(
         run_id=run_id,
         source="trace",

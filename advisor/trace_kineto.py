@@ -86,7 +86,9 @@ def load_kineto(
     if len(set(ranks)) != len(ranks):
         raise TraceError(f"several files claim the same rank ({sorted(ranks)}); give one file per rank")
     df = concat_tables(tables)
-    df.attrs.update(source="kineto", files=[f.name for f in files], ranks=sorted(ranks), meta=meta)
+    # Only small values in attrs: pandas deep-copies them on nearly every operation on the table.
+    names = sorted({str(d.get("name")) for m in meta for d in m.get("deviceProperties") or [] if d.get("name")})
+    df.attrs.update(source="kineto", files=[f.name for f in files], ranks=sorted(ranks), gpu_names=names)
     return df
 
 
