@@ -98,6 +98,7 @@ def analyze(df: pd.DataFrame, run_id: str = "trace", *, trim_last_step: bool = T
         df = A.drop_last_profiler_step(df)
     categories, top = A.kernel_breakdown(df)
     sweeps = A.type_sweeps(df)
+    host_ops = host_op_times(df)
     temporal, idle, phases = A.temporal_breakdown(df, sweeps), A.idle_time_breakdown(df), A.phase_breakdown(df)
     tables = {
         "temporal_breakdown": temporal,
@@ -113,9 +114,9 @@ def analyze(df: pd.DataFrame, run_id: str = "trace", *, trim_last_step: bool = T
         "phases": phases,
         "memory_peak": A.memory_timeline(df)[1],
         "rank_skew": A.rank_skew(df, phases=phases, temporal=temporal),
-        "top_ops": top_host_ops(df),
+        "top_ops": host_ops.head(10),
     }
-    return TraceReport(_summary(df, tables, run_id), tables)
+    return TraceReport(_summary(df, tables, run_id, host_self_ns=int(host_ops["time_ns"].sum())), tables)
 
 
 def self_time_ns(ops: pd.DataFrame) -> pd.Series:
@@ -133,13 +134,13 @@ def self_time_ns(ops: pd.DataFrame) -> pd.Series:
     return pd.Series(self_ns.clip(min=0), index=ops.index)
 
 
-def top_host_ops(df: pd.DataFrame, n: int = 10) -> pd.DataFrame:
-    """Framework ops with the most self time (for CPU-only traces, where there are no kernels)."""
+def host_op_times(df: pd.DataFrame) -> pd.DataFrame:
+    """Self time and call count of every framework op name, largest first (the top ops of CPU-only
+    traces, where there are no kernels)."""
     ops = df[df["kind"] == "cpu_op"]
     ops = ops.assign(self_ns=self_time_ns(ops))
     out = ops.groupby(ops["name"].astype(str))["self_ns"].agg(time_ns="sum", count="size")
-    out = out.sort_values("time_ns", ascending=False).head(n).reset_index()
-    return out.rename(columns={"index": "name"})
+    return out.sort_values("time_ns", ascending=False).reset_index().rename(columns={"index": "name"})
 
 
 def _mean(frame: pd.DataFrame, col: str) -> float | None:
@@ -161,7 +162,7 @@ def _launch_bound(t: dict[str, pd.DataFrame]) -> bool | None:
     return idle >= LAUNCH_BOUND_IDLE_PCT and host >= LAUNCH_BOUND_HOST_WAIT_PCT
 
 
-def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str) -> StepMetrics:
+def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_self_ns: int) -> StepMetrics:
     ranks = sorted(int(r) for r in df["rank"].unique())
     gpu = not A.gpu_events(df).empty
     phases = t["phases"].groupby("phase")["mean_ns"].mean() / 1e6 if not t["phases"].empty else pd.Series(dtype=float)
@@ -169,12 +170,8 @@ def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str) -> StepM
     pageable = memcpy[memcpy["pageable"]] if not memcpy.empty else memcpy
     skew = t["rank_skew"]
     top = t["top_kernels"] if gpu else t["top_ops"]
-    total = float(top["time_ns"].sum()) or 1.0
-    if gpu and len(top):
-        base = t["top_kernels"]["time_ns"].sum() / t["top_kernels"]["time_pct"].sum() * 100
-    else:
-        ops = df[df["kind"] == "cpu_op"]
-        base = float(self_time_ns(ops).sum()) if len(ops) else total
+    # Shares of all GPU-event time, or of all host-op self time.
+    base = float(t["kernel_categories"]["time_ns"].sum() if gpu else host_self_ns) or 1.0
     devices = df.attrs.get("gpu_names") or []  # a list (Kineto) or {device id: name} (nsys)
     names = list(devices.values()) if isinstance(devices, dict) else list(devices)
     device_name = names[0] if names else None

@@ -28,6 +28,7 @@ from advisor.presets import local_hardware
 from advisor.profiling import RunOptions, proxy_setup
 from advisor.runstore import RunInfo, RunStore, new_run_id, write_json_atomic
 from advisor.specs import Setup, setup_from_dict, spec_to_dict
+from advisor.step import resolve_device
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NSYS_HELP = (
@@ -40,13 +41,7 @@ ProgressFn = Callable[[int, int, str], None]
 
 def local_device_type(device: str) -> str:
     """'cuda' or 'cpu' for a RunOptions.device, without touching CUDA in this process beyond a query."""
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise AdvisorError("device='cuda': no CUDA device is visible here; use --device cpu")
-    return device
+    return resolve_device(device).type
 
 
 def on_this_machine(setup: Setup, device: str) -> Setup:
