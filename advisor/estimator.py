@@ -23,6 +23,7 @@ optimizer step is exposed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from advisor.specs import Setup
@@ -38,6 +39,10 @@ MEM_BW_EFFICIENCY_FRAC = 0.90
 FRAGMENTATION_FRAC = 0.05
 # PyTorch DDP default bucket_cap_mb=25, two buckets in flight.
 DDP_BUCKET_BYTES = 25 * 2**20
+# Fixed cost of one NCCL collective (launch, ring set-up, protocol hand-offs): small-message
+# all-reduce / all-gather times in nccl-tests on 8-GPU NVLink nodes are 10-30 us. Paid per bucket
+# (DDP, ZeRO-1/2) or per layer and pass (ZeRO-3 / FSDP units).
+COLLECTIVE_LATENCY_S = 20e-6
 # Fused attention reaches about half of the dense peak over forward and backward (FlashAttention-2/3
 # papers: ~70 % forward, ~40-50 % backward on H100); non-flash attention runs as batched GEMMs at the
 # matmul rate plus a memory-bound softmax over the s x s scores.
@@ -576,33 +581,53 @@ def estimate(setup: Setup) -> Estimate:
         p2p = tokens_mb * m.hidden * e / (t if p.sequence_parallel else 1)
         pp_s = mb * v * 2 * p2p / _group_bw(setup, t * cp * p.dp, pp)
 
-    # Data parallel.
+    # Data parallel. Communication hides behind two windows: the last micro-batch's backward (the
+    # gradient reduction of DDP and ZeRO-1, and the offloaded gradients' copy out) and the whole step's
+    # work (per-micro-batch collectives of ZeRO-2/3 and streamed offloaded weights). What shares a
+    # window competes for it: exposed = max(0, everything hidden there - the window).
     step_work_s = compute_s + recompute_s + memory_bound_s + tp_s
     bwd_last_mb_s = (2.0 / 3.0) * (compute_s + memory_bound_s) / mb
     dense_gpu = max(dense_first, dense_last)
     expert_gpu = max(expert_first, expert_last)
-    dp_s = 0.0
+    lat = COLLECTIVE_LATENCY_S
+    in_bwd_window = 0.0  # needs the last backward's window
+    in_step_window = 0.0  # needs the whole step's work as its window
+    dp_fixed_s = 0.0  # never overlapped
     if dense_shard > 1 or expert_shard > 1:
         bw_dense = _group_bw(setup, t, dense_shard)
         bw_exp = _group_bw(setup, t, expert_shard)
         gbytes_d, gbytes_e = dense_gpu * grad_e, expert_gpu * grad_e
         wbytes_d, wbytes_e = dense_gpu * 2.0, expert_gpu * 2.0
+        buckets = math.ceil((gbytes_d + gbytes_e) / DDP_BUCKET_BYTES)
         if p.zero == 0:
-            reduce_s = _ring_all_reduce_s(gbytes_d, dense_shard, bw_dense) + _ring_all_reduce_s(
-                gbytes_e, expert_shard, bw_exp
+            in_bwd_window = (
+                _ring_all_reduce_s(gbytes_d, dense_shard, bw_dense)
+                + _ring_all_reduce_s(gbytes_e, expert_shard, bw_exp)
+                + buckets * lat
             )
-            dp_s = max(0.0, reduce_s - bwd_last_mb_s)
         else:
             reduce_s = _ring_gather_s(gbytes_d, dense_shard, bw_dense) + _ring_gather_s(gbytes_e, expert_shard, bw_exp)
             gather_s = _ring_gather_s(wbytes_d, dense_shard, bw_dense) + _ring_gather_s(wbytes_e, expert_shard, bw_exp)
-            dp_s = max(0.0, reduce_s - bwd_last_mb_s)
-            if p.zero >= 3:
-                passes = 3 if tr.recompute == "full" else 2  # forward, backward (and recompute) gathers
-                dp_s += max(0.0, mb * passes * gather_s - step_work_s)
+            if p.zero == 1:
+                # Gradients accumulate unsharded; one reduce-scatter per step, then the updated shards
+                # are all-gathered after the optimizer step (exposed).
+                in_bwd_window = reduce_s + buckets * lat
+                dp_fixed_s = gather_s + buckets * lat
+            elif p.zero == 2:
+                # Gradients are sharded, so every micro-batch reduce-scatters its own (DeepSpeed ZeRO-2,
+                # FSDP SHARD_GRAD_OP without no_sync), hidden behind the backward passes.
+                in_step_window = mb * (reduce_s + buckets * lat)
+                dp_fixed_s = gather_s + buckets * lat
             else:
-                dp_s += gather_s
+                # ZeRO-3 / FSDP FULL_SHARD: per micro-batch, each layer is gathered before its forward
+                # and backward (and recompute) and its gradients reduce-scattered after; prefetch hides
+                # all but the first gather and the last reduce-scatter of the step.
+                passes = 3 if tr.recompute == "full" else 2
+                units = layers_stage + 1  # the blocks and the embedding/head unit
+                in_step_window = mb * (passes * gather_s + reduce_s + (passes + 1) * units * lat)
+                dp_fixed_s = (gather_s + reduce_s) / units + 2 * lat
 
-    # Pipeline bubble: (p-1)/(v*m) of the ideal per-stage time [Narayanan].
+    # Pipeline bubble: (p-1)/(v*m) of the ideal per-stage time [Narayanan].    # Pipeline bubble: (p-1)/(v*m) of the ideal per-stage time [Narayanan].
     bubble_s = (pp - 1) / (v * mb) * step_work_s if pp > 1 else 0.0
 
     # Optimizer step: memory-bound, ~28 bytes per parameter for AdamW (read grad, master, m, v; write
@@ -610,19 +635,26 @@ def estimate(setup: Setup) -> Estimate:
     opt_bytes_per_param = {"adamw": 28.0, "sgd": 20.0, "adafactor": 12.0}[tr.optimizer]
     opt_params = dense_gpu / (dense_shard if p.zero >= 1 else 1) + expert_gpu / (expert_shard if p.zero >= 1 else 1)
     optimizer_s = 0.0
-    offload_s = 0.0
+    offload_fixed_s = d2h_s = stream_s = 0.0
     if offload_opt:
         host_bw = hw.host_mem_bw_bytes_per_s / hw.gpus_per_node * MEM_BW_EFFICIENCY_FRAC
         link = hw.host_link_bw_bytes_per_s * COMM_EFFICIENCY_FRAC
         cpu_step_s = opt_params * opt_bytes_per_param / host_bw
         d2h_s = opt_params * grad_e / link  # gradient partitions out, overlapped with backward
         h2d_s = opt_params * 2.0 / link  # updated 16-bit weights back
-        offload_s = cpu_step_s + h2d_s + max(0.0, d2h_s - bwd_last_mb_s)
+        offload_fixed_s = cpu_step_s + h2d_s
         if offload_params:
             stream_s = mb * 2 * opt_params * 2.0 / link  # weight shards in, forward and backward
-            offload_s += max(0.0, stream_s - step_work_s)
     else:
         optimizer_s = opt_params * opt_bytes_per_param / mem_rate
+    # Each window's exposed time, split between DP communication and offload by their share of it.
+    dp_s, offload_s = dp_fixed_s, offload_fixed_s
+    for dp_need, off_need, window in ((in_bwd_window, d2h_s, bwd_last_mb_s), (in_step_window, stream_s, step_work_s)):
+        need = dp_need + off_need
+        if need > 0:
+            exposed = max(0.0, need - window)
+            dp_s += exposed * dp_need / need
+            offload_s += exposed * off_need / need
 
     time = TimeBreakdown(
         compute_ms=compute_s * 1e3,
