@@ -1,0 +1,334 @@
+"""The layout planner: known answers, ranking, cuts checked against an unpruned search, errors, CLI."""
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from advisor.cli import main
+from advisor.errors import AdvisorError, SpecError
+from advisor.estimator import estimate
+from advisor.planner import PlanRequest, _rank_key, _speed, layout_label, plan
+from advisor.presets import get_hardware, get_model
+from advisor.specs import OFFLOAD_MODES, RECOMPUTE_MODES, ParallelSpec, Setup, TrainSpec
+
+DATA = Path(__file__).parent / "data" / "hf"
+
+
+def request(model: str, gpu: str, gpus: int, seq: int, batch: int, **kw) -> PlanRequest:
+    return PlanRequest(get_model(model), get_hardware(gpu), gpus, seq, batch, **kw)
+
+
+# --- known answers ----------------------------------------------------------------------------------
+
+
+def test_small_model_on_one_node_is_pure_data_parallel():
+    # GPT-2 124M needs ~2 GB of model states and <1 GiB of activations per GPU: memory never binds, so
+    # the winner is the layout that adds least to the fixed compute. TP adds exposed all-reduces per
+    # layer, PP a bubble and sends, CP a ring that 512-token chunks cannot hide, recompute repeats work;
+    # plain DP8 adds only data-parallel traffic. Among ZeRO stages: ZeRO-0 steps all 124M parameters
+    # on every GPU (1.16 ms); ZeRO-1/2 shard the step but expose the post-step all-gather of the
+    # updated shards; ZeRO-3 gathers weights twice per micro-batch (0.6 ms each) behind the compute and
+    # needs no post-step gather. With 8 micro-batches that traffic (8 x 1.8 ms) outgrows the 14 ms of
+    # work; with micro-batch 2 (4 x 1.8 ms) it hides. Hence DP8, ZeRO-3, b2 x m4.
+    res = plan(request("gpt2-124m", "h100", 8, 1024, 64))
+    best = res.top[0].setup
+    assert best.parallel == ParallelSpec(dp=8, tp=1, pp=1, cp=1, zero=3)
+    assert (best.train.recompute, best.train.micro_batch, best.grad_accum) == ("none", 2, 4)
+    assert layout_label(best) == "DP8 TP1 PP1 CP1, ZeRO-3, b2 x m4, recompute none, bf16"
+    second = res.top[1].estimate
+    assert second.tokens_per_s < res.top[0].estimate.tokens_per_s
+    assert "tokens/s" in res.top[1].reason and "(vs " in res.top[1].reason
+
+
+def test_70b_on_one_h100_node_must_offload():
+    # Mixed-precision AdamW keeps 16 bytes per parameter (2 weight + 2 grad + 12 optimizer, ZeRO paper):
+    # 16 x 70.55e9 = 1.13 TB, more than the 8 x 85.5 GB = 684 GB the node's GPUs hold together. No
+    # sharding can fit that, so every layout that fits must move state to the host.
+    model, hw = get_model("llama-3.1-70b"), get_hardware("h100")
+    assert 16 * model.n_params > 8 * hw.memory_bytes
+    res = plan(request("llama-3.1-70b", "h100", 8, 4096, 16))
+    assert res.top and all(e.setup.parallel.offload != "none" for e in res.top)
+    # The best keeps whole layers per GPU (no TP collectives, no pipeline), shards weights with ZeRO-3
+    # and offloads the optimizer: streaming the weights too would add host-link traffic on every
+    # micro-batch's forward and backward. Its host memory fits the 2 TB node.
+    best = res.top[0]
+    assert best.setup.parallel.zero == 3 and best.setup.parallel.offload == "optimizer"
+    assert (best.setup.parallel.tp, best.setup.parallel.pp) == (1, 1)
+    assert best.estimate.host_fits and best.estimate.host_bytes_per_node <= hw.host_memory_bytes
+    assert any("Offloading the optimizer" in d and "no offload would need" in d for d in best.details)
+
+
+# --- ranking and result shape ---------------------------------------------------------------------------
+
+
+def test_405b_on_1024_h100s_returns_sorted_fitting_layouts_with_reasons():
+    res = plan(request("llama-3.1-405b", "h100", 1024, 8192, 2048))
+    assert len(res.top) == 10 and [e.rank for e in res.top] == list(range(1, 11))
+    assert all(e.estimate.fits for e in res.top)
+    speeds = [e.estimate.tokens_per_s for e in res.top]
+    assert speeds == sorted(speeds, reverse=True)
+    # Every entry is the estimate of its own setup.
+    for e in res.top:
+        assert e.estimate.setup == e.setup
+        assert estimate(e.setup).tokens_per_s == pytest.approx(e.estimate.tokens_per_s)
+    # The counts partition the grid.
+    assert res.considered == res.invalid + res.no_fit + res.bounded + res.fitting
+    assert res.estimated < (res.considered - res.invalid) / 5  # the cuts do most of the work
+    best = res.top[0]
+    # 126 layers allow only pp 1 or 2 on 1024 GPUs; 8 KV heads keep TP at 8 or below inside a node.
+    assert best.setup.parallel.tp == 8 and best.setup.parallel.pp == 2
+    assert any(d.startswith("TP=8 splits every layer over 8 GPUs inside one 8-GPU node") for d in best.details)
+    assert any("bubble at (p-1)/(v m)" in d for d in best.details)
+    assert best.reason == " ".join(best.details)
+
+    table = res.table()
+    assert list(table["rank"]) == list(range(1, 11))
+    assert table["tokens_per_s"].is_monotonic_decreasing
+    for col in ("step_time_ms", "mfu_pct", "memory_gib", "memory_pct", "dp", "tp", "pp", "zero", "recompute"):
+        assert col in table.columns
+    assert table["memory_pct"].max() <= 100
+    assert table["memory_gib"].iloc[0] == pytest.approx(best.estimate.memory.total_bytes / 2**30)
+    assert not any(c.endswith("_frac") for c in table.columns)
+
+    md = res.explain()
+    assert md.startswith("## Layout plan: llama-3.1-405b on 1024 x H100 SXM 80GB")
+    assert f"Searched {res.considered:,} combinations" in md and "### Alternatives" in md
+    assert md.count("\n| ") == 10  # header + 9 alternatives
+
+
+def test_fp8_is_tried_only_when_asked():
+    bf16 = plan(request("llama-3.1-8b", "h100", 16, 4096, 32, top=3))
+    both = plan(request("llama-3.1-8b", "h100", 16, 4096, 32, precisions=("bf16", "fp8"), top=3))
+    assert {e.setup.train.precision for e in bf16.top} == {"bf16"}
+    assert both.considered == 2 * bf16.considered
+    # fp8 doubles the tensor-core peak; with memory to spare it wins.
+    assert both.top[0].setup.train.precision == "fp8"
+    assert both.top[0].estimate.tokens_per_s > bf16.top[0].estimate.tokens_per_s
+
+
+# --- the cuts against an unpruned search ----------------------------------------------------------
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _brute_force(req: PlanRequest) -> tuple[list, int]:
+    """Every combination, no rules of thumb: any tp, cp and pp that multiply into the GPU count, every
+    vpp, sequence parallelism on and off, every ZeRO x offload x recompute x micro-batch. Returns the
+    estimates that fit, and how many valid setups lie on the planner's grid."""
+    m, hw, g = req.model, req.hardware, req.gpus
+    fits, on_grid = [], 0
+    offloads = OFFLOAD_MODES if req.allow_offload else ("none",)
+    for prec, tp, cp in itertools.product(req.precisions, _divisors(g), _divisors(g)):
+        if g % (tp * cp):
+            continue
+        for pp, vpp in itertools.product(_divisors(g // (tp * cp)), _divisors(m.n_layers)):
+            dp = g // (tp * cp * pp)
+            for ep, zero, offload, recompute, sp, b in itertools.product(
+                _divisors(m.n_experts) if m.is_moe else [1],
+                range(4),
+                offloads,
+                RECOMPUTE_MODES,
+                (False, True),
+                _divisors(req.global_batch),
+            ):
+                try:
+                    train = TrainSpec(req.seq_len, b, req.global_batch, prec, recompute=recompute)
+                    par = ParallelSpec(dp, tp, pp, vpp, cp, ep, zero, sp, offload)
+                    setup = Setup(m, train, par, hw)
+                except SpecError:
+                    continue
+                grid = tp <= hw.gpus_per_node and tp & (tp - 1) == 0 and cp & (cp - 1) == 0 and sp == (tp > 1)
+                on_grid += grid
+                est = estimate(setup)
+                if est.fits:
+                    fits.append(est)
+    return sorted(fits, key=_rank_key), on_grid
+
+
+def _listable(fits: list) -> list:
+    """The planner's listing rule, applied to a full list: within one layout, drop a setting that another
+    fitting one beats or ties on tokens/s and memory, and one with more recompute or offload than a
+    faster fitting variant at the same ZeRO stage and micro-batch."""
+    groups: dict = {}
+    for e in fits:
+        p, t = e.setup.parallel, e.setup.train
+        groups.setdefault((t.precision, p.tp, p.pp, p.vpp, p.cp, p.ep, p.sequence_parallel), []).append(e)
+    out = []
+    for group in groups.values():
+        by_knob = {
+            (e.setup.parallel.zero, e.setup.parallel.offload, e.setup.train.recompute, e.setup.train.micro_batch): e
+            for e in group
+        }
+        for e in group:
+            p, t = e.setup.parallel, e.setup.train
+            beaten = any(
+                x is not e
+                and _speed(x) >= _speed(e)
+                and x.memory.total_bytes <= e.memory.total_bytes
+                and (
+                    (_speed(x), x.memory.total_bytes) != (_speed(e), e.memory.total_bytes)
+                    or _rank_key(x) < _rank_key(e)
+                )
+                for x in group
+            )
+            o, r = OFFLOAD_MODES.index(p.offload), RECOMPUTE_MODES.index(t.recompute)
+            lighter = [
+                by_knob.get((p.zero, lo, lr, t.micro_batch))
+                for lo in OFFLOAD_MODES[: o + 1]
+                for lr in RECOMPUTE_MODES[: r + 1]
+                if (lo, lr) != (p.offload, t.recompute)
+            ]
+            if not beaten and not any(x is not None and _speed(x) > _speed(e) for x in lighter):
+                out.append(e)
+    return sorted(out, key=_rank_key)
+
+
+@pytest.mark.parametrize(
+    "req",
+    [
+        request("tiny-moe", "h100", 8, 1024, 16, top=6),  # EP, every setting fits
+        request("llama-3.1-8b", "l40s", 4, 8192, 8, top=6),  # tight: full recompute, PP and CP needed
+        request("llama-3.1-8b", "a100-40gb", 16, 4096, 32, top=6),  # two nodes: brute force tries TP=16
+        request("llama-3.1-70b", "h100", 8, 4096, 16, top=6),  # only offload fits
+    ],
+    ids=lambda r: f"{r.model.name}-{r.gpus}x{r.hardware.name.split()[0]}",
+)
+def test_cuts_keep_the_optimum_of_an_unpruned_search(req):
+    fits, on_grid = _brute_force(req)
+    res = plan(req)
+    assert res.considered - res.invalid == on_grid
+    # The best of everything, rules of thumb included (TP across nodes, SP off), is the planner's best.
+    assert _rank_key(res.top[0].estimate) == _rank_key(fits[0])
+    # The whole top equals the brute-force list restricted to the grid and filtered by the listing rule.
+    grid = [
+        e
+        for e in fits
+        if e.setup.parallel.tp <= req.hardware.gpus_per_node
+        and e.setup.parallel.tp & (e.setup.parallel.tp - 1) == 0
+        and e.setup.parallel.cp & (e.setup.parallel.cp - 1) == 0
+        and e.setup.parallel.sequence_parallel == (e.setup.parallel.tp > 1)
+    ]
+    expected = [_rank_key(e) for e in _listable(grid)[: req.top]]
+    assert [_rank_key(e.estimate) for e in res.top] == expected
+
+
+def test_memory_never_shrinks_with_a_larger_micro_batch():
+    # Cut 1 stops at the first micro-batch that does not fit; checked here on the estimator itself.
+    req = request("llama-3.1-8b", "h100", 8, 8192, 64)
+    m, hw = req.model, req.hardware
+    for tp, pp, vpp, cp, zero, offload, recompute in itertools.product(
+        (1, 2), (1, 2, 4), (1, 2), (1, 2), range(4), OFFLOAD_MODES, RECOMPUTE_MODES
+    ):
+        if vpp > pp or (offload == "optimizer" and zero < 1) or (offload == "optimizer+params" and zero < 3):
+            continue
+        dp = 8 // (tp * pp * cp)
+        if dp < 1 or tp * pp * cp * dp != 8:
+            continue
+        par = ParallelSpec(dp, tp, pp, vpp, cp, 1, zero, tp > 1, offload)
+        mems = []
+        for b in _divisors(64 // dp):
+            if vpp > 1 and (64 // dp // b) % pp:
+                continue
+            mems.append(estimate(Setup(m, TrainSpec(8192, b, 64, recompute=recompute), par, hw)).memory.total_bytes)
+        assert mems == sorted(mems), par
+
+
+# --- bad input and nothing fits -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"gpus": 0}, "gpus=0: must be an integer >= 1"),
+        ({"global_batch": 0}, "global_batch=0: must be an integer >= 1"),
+        ({"top": 0}, "top=0: must be an integer >= 1"),
+        ({"precisions": ("fp9",)}, "precisions='fp9': unknown precision; choose from fp32, bf16, fp16, fp8"),
+        ({"precisions": ()}, "precisions=(): must name at least one of"),
+        ({"hardware": get_hardware("a100"), "precisions": ("bf16", "fp8")}, "A100 SXM 80GB has no fp8 tensor cores"),
+        # 32 layers cannot be split in 3 stages, so every layout of 24 GPUs has a dp that 3 divides.
+        (
+            {"gpus": 24, "global_batch": 512},
+            "global_batch=512: must be a multiple of the data-parallel size of some layout",
+        ),
+        (
+            {"model": get_model("gpt2-124m"), "seq_len": 2048},
+            "seq_len=2048: gpt2-124m has learned positions up to 1024",
+        ),
+    ],
+)
+def test_bad_requests_name_the_field_and_what_is_allowed(kwargs, message):
+    base = {"model": get_model("llama-3.1-8b"), "hardware": get_hardware("h100"), "gpus": 8, "seq_len": 4096}
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        PlanRequest(**{**base, "global_batch": 64, **kwargs})
+
+
+def test_global_batch_error_lists_the_allowed_data_parallel_sizes():
+    with pytest.raises(SpecError) as err:
+        request("llama-3.1-8b", "h100", 24, 4096, 512)
+    assert "on 24 GPUs llama-3.1-8b allows dp = 3, 6, 12, 24" in str(err.value)
+
+
+def test_a_model_that_is_not_a_spec_is_refused():
+    with pytest.raises(AdvisorError, match="model='llama': must be a ModelSpec"):
+        PlanRequest("llama", get_hardware("h100"), 8, 4096, 64)
+
+
+def test_nothing_fits_says_what_came_closest():
+    # Without offload, 70B needs 16 bytes/param on the GPUs: even split 8 ways by TP that is 141 GB of
+    # model states per GPU against 85.5 GB.
+    res = plan(request("llama-3.1-70b", "h100", 8, 4096, 16, allow_offload=False))
+    assert res.top == [] and res.fitting == 0 and res.no_fit > 0
+    closest = res.closest
+    assert closest is not None and not closest.fits
+    assert closest.memory.total_bytes > 16 * get_model("llama-3.1-70b").n_params / 8
+    assert closest.setup.train.recompute == "full"  # the least activation memory
+    md = res.explain()
+    need = closest.memory.total_bytes / 2**30
+    assert "**Nothing fits.** Closest: " in md and f"needs {need:.1f} GiB per GPU" in md
+    assert f"{need - 79.6:.1f} GiB" in md and "more than the 79.6 GiB of one H100 SXM 80GB" in md
+    assert "CPU offload was not allowed" in md
+    assert res.table().empty and "tokens_per_s" in res.table().columns
+
+
+# --- CLI ----------------------------------------------------------------------------------------------
+
+
+def test_cli_plan_prints_a_table_and_the_reasons(capsys):
+    argv = ["plan", "--model", "gpt2-124m", "--gpus", "8", "--seq", "1024", "--global-batch", "64", "--top", "3"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("gpt2-124m on 8 x H100 SXM 80GB, sequence 1,024, global batch 64")
+    assert "  1 " in out and "DP8 TP1 PP1 CP1, ZeRO-3, b2 x m4, recompute none, bf16" in out
+    assert "Why #1:" in out and "Against #1:" in out and "  #3: " in out
+
+
+def test_cli_plan_json_and_precision_lists(capsys):
+    argv = ["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--global-batch", "32", "--top", "2", "--json"]
+    assert main([*argv, "--precision", "bf16,fp8"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["request"]["precisions"] == ["bf16", "fp8"]
+    assert len(data["top"]) == 2 and data["top"][0]["rank"] == 1
+    assert data["top"][0]["estimate"]["fits"] is True
+    assert data["top"][0]["estimate"]["tokens_per_s"] >= data["top"][1]["estimate"]["tokens_per_s"]
+    assert data["considered"] == data["invalid"] + data["no_fit"] + data["bounded"] + data["fitting"]
+    assert main([*argv, "--precision", "bf16", "--precision", "fp8"]) == 0
+    assert json.loads(capsys.readouterr().out)["request"]["precisions"] == ["bf16", "fp8"]
+
+
+def test_cli_plan_hf_config_no_offload_and_errors(capsys):
+    hf = ["plan", "--hf-config", str(DATA / "qwen2-0.5b.json"), "--gpu", "l40s", "--gpus", "4"]
+    assert main([*hf, "--seq", "2048", "--global-batch", "8", "--no-offload", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["request"]["model"] == "qwen2-0.5b" and data["request"]["allow_offload"] is False
+    assert all(e["estimate"]["setup"]["parallel"]["offload"] == "none" for e in data["top"])
+    # Nothing fits: exit 1 with the closest layout; bad input: exit 2 with the reason.
+    assert main(["plan", "--model", "llama-3.1-70b", "--gpus", "8", "--global-batch", "16", "--no-offload"]) == 1
+    assert "Nothing fits. Closest: " in capsys.readouterr().out
+    assert main(["plan", "--gpus", "8", "--global-batch", "64", "--precision", "fp9"]) == 2
+    assert "error: precisions='fp9': unknown precision" in capsys.readouterr().err
+    assert main(["plan", "--gpus", "0", "--global-batch", "64"]) == 2
+    assert "error: gpus=0: must be an integer >= 1" in capsys.readouterr().err
