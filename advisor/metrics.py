@@ -33,6 +33,9 @@ class StepMetrics:
     precision: str | None = None
     recompute: str | None = None
     optimizer: str | None = None
+    fp16_skipped_steps: int | None = None
+    """Optimizer steps the fp16 GradScaler skipped for inf/NaN gradients, over all steps run (None
+    unless fp16)."""
     tokens_per_step: int | None = None
     steps_measured: int | None = None
     step_time_ms: float | None = None

@@ -40,9 +40,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, selective_recompute: bool = False) -> None:
+    def __init__(self, spec: ModelSpec, selective_recompute: bool = False, flash: bool = True) -> None:
         super().__init__()
         h, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
+        self.flash = flash
         self.n_heads, self.n_kv, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
         self.q_proj = nn.Linear(h, q, bias=spec.qkv_bias)
         self.k_proj = nn.Linear(h, kv, bias=spec.qkv_bias)
@@ -54,7 +55,17 @@ class Attention(nn.Module):
         self.selective_recompute = selective_recompute
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
+        if self.flash:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
+        # Unfused ("math") attention as models without SDPA write it: the s x s scores and
+        # probabilities of every head are materialised and saved for backward.
+        if self.n_kv != self.n_heads:
+            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+        s = q.shape[-2]
+        scores = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5
+        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        return scores.masked_fill(mask, float("-inf")).softmax(dim=-1) @ v
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         b, s, _ = x.shape
@@ -122,10 +133,10 @@ class MoE(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec, moe: bool, selective_recompute: bool) -> None:
+    def __init__(self, spec: ModelSpec, moe: bool, selective_recompute: bool, flash: bool = True) -> None:
         super().__init__()
         self.norm1 = _norm(spec, spec.hidden)
-        self.attn = Attention(spec, selective_recompute)
+        self.attn = Attention(spec, selective_recompute, flash)
         self.norm2 = _norm(spec, spec.hidden)
         self.mlp: nn.Module = MoE(spec) if moe else MLP(spec, spec.ffn_hidden)
 
@@ -140,7 +151,7 @@ class Transformer(nn.Module):
 
     MOE_AUX_WEIGHT = 0.01  # Switch Transformer's alpha
 
-    def __init__(self, spec: ModelSpec, recompute: str = "none") -> None:
+    def __init__(self, spec: ModelSpec, recompute: str = "none", flash: bool = True) -> None:
         super().__init__()
         if recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute={recompute!r}: must be one of {', '.join(RECOMPUTE_MODES)}")
@@ -149,7 +160,7 @@ class Transformer(nn.Module):
         self.pos = nn.Embedding(spec.max_positions, spec.hidden) if spec.position == "learned" else None
         # Llama-4 style interleaving: block i is MoE when (i + 1) % moe_layer_step == 0.
         self.blocks = nn.ModuleList(
-            Block(spec, spec.is_moe and (i + 1) % spec.moe_layer_step == 0, recompute == "selective")
+            Block(spec, spec.is_moe and (i + 1) % spec.moe_layer_step == 0, recompute == "selective", flash)
             for i in range(spec.n_layers)
         )
         self.norm = _norm(spec, spec.hidden)
@@ -196,12 +207,15 @@ class Transformer(nn.Module):
         return loss
 
 
-def build_model(spec: ModelSpec, recompute: str = "none", device: str | torch.device | None = None) -> Transformer:
-    """The model for ``spec``; on ``device="meta"`` nothing is allocated (for counting and dry runs)."""
+def build_model(
+    spec: ModelSpec, recompute: str = "none", device: str | torch.device | None = None, flash: bool = True
+) -> Transformer:
+    """The model for ``spec``; on ``device="meta"`` nothing is allocated (for counting and dry runs).
+    ``flash=False`` materialises the attention scores (unfused attention)."""
     if device is None:
-        return Transformer(spec, recompute)
+        return Transformer(spec, recompute, flash)
     with torch.device(device):
-        return Transformer(spec, recompute)
+        return Transformer(spec, recompute, flash)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -342,12 +342,27 @@ def l40s() -> HardwareSpec:
     )
 
 
+def _cpu_flags() -> set[str]:
+    """The CPU feature flags of /proc/cpuinfo (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def cpu_host() -> HardwareSpec:
     """This machine's CPU as the training device (the profiled step's fallback without a GPU).
 
     Memory is read from the OS. FLOP/s assume AVX2 with two FMA units: 2 x 8 fp32 lanes x 2 FLOP per
-    cycle at ~3 GHz = 96 GFLOP/s per core, no faster bf16 path; DRAM ~10 GB/s per core. These are
-    rough: ``python -m advisor ceilings`` measures the real ones.
+    cycle at ~3 GHz = 96 GFLOP/s per core. A CPU with AVX512_BF16 (VDPBF16PS: two bf16 products per
+    32-bit lane, Intel SDM vol. 2) has twice that for bf16, one with AMX-BF16 sixteen times (1024
+    FLOP per cycle per core against 64, Intel's AMX overview); fp16 gets a fast path only with
+    AVX512_FP16 or AMX-FP16. DRAM ~10 GB/s per core. These are rough: the calibration
+    (``python -m advisor calibrate``) learns this machine's real rates.
     """
     cores = os.cpu_count() or 1
     try:
@@ -355,13 +370,16 @@ def cpu_host() -> HardwareSpec:
     except (ValueError, OSError, AttributeError):
         memory = 16 * GiB
     peak = 96e9 * cores
+    flags = _cpu_flags()
+    bf16 = 16 if "amx_bf16" in flags else 2 if "avx512_bf16" in flags else 1
+    fp16 = 16 if "amx_fp16" in flags else 2 if "avx512_fp16" in flags else 1
     return HardwareSpec(
         name=f"CPU host ({cores} cores)",
         memory_bytes=int(memory),
         peak_fp32_flops=peak,
         peak_tf32_flops=0.0,
-        peak_bf16_flops=peak,
-        peak_fp16_flops=peak,
+        peak_bf16_flops=peak * bf16,
+        peak_fp16_flops=peak * fp16,
         peak_fp8_flops=0.0,
         mem_bw_bytes_per_s=10 * GB * cores,
         gpus_per_node=1,

@@ -51,6 +51,12 @@ class RunOptions:
     num_workers: int = 0
     """DataLoader worker processes."""
     pin_memory: bool = False
+    data_delay_ms: float = 0.0
+    """Simulated loading latency per sample, in ms (reading and decoding that a real input pipeline
+    pays; the synthetic tokens cost nothing). A scenario knob for the input-pipeline advice."""
+    memory_budget_gib: float = 0.0
+    """Treat the device as having this much memory (what-if for a smaller device: the capacity the
+    estimate, the preflight and memory_frac use); 0 means the device's own."""
     compile: bool = False
     """torch.compile the model."""
     layers: int = 0
@@ -72,6 +78,8 @@ class RunOptions:
             (isinstance(self.steps, int) and 1 <= self.steps <= 100, "steps", "an integer from 1 to 100"),
             (isinstance(self.warmup, int) and 0 <= self.warmup <= 20, "warmup", "an integer from 0 to 20"),
             (isinstance(self.num_workers, int) and 0 <= self.num_workers <= 32, "num_workers", "0 to 32"),
+            (0 <= self.data_delay_ms <= 10_000, "data_delay_ms", "0 to 10000 ms per sample"),
+            (0 <= self.memory_budget_gib <= 100_000, "memory_budget_gib", "0 (the device's own) to 100000 GiB"),
             (isinstance(self.layers, int) and self.layers >= 0, "layers", "an integer >= 0 (0 = all layers)"),
             (0 < self.timeout_s <= 24 * 3600, "timeout_s", "a number of seconds in (0, 86400]"),
             (self.inject in ("", *INJECTIONS), "inject", "one of " + ", ".join(INJECTIONS)),
@@ -169,7 +177,14 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
     )
     timed = 1 + options.steps  # the first unprofiled step warms up and is not timed
     total_steps = timed + options.warmup + options.steps
-    loader = make_loader(setup, total_steps * trainer.grad_accum, options.num_workers, options.pin_memory, options.seed)
+    loader = make_loader(
+        setup,
+        total_steps * trainer.grad_accum,
+        options.num_workers,
+        options.pin_memory,
+        options.seed,
+        delay_ms=options.data_delay_ms,
+    )
     batches = iter(loader)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     trace_path = run_dir / "trace.json"
@@ -320,6 +335,7 @@ def _metrics(
         precision=t.precision,
         recompute=t.recompute,
         optimizer=f"{t.optimizer} ({t.optimizer_impl})",
+        fp16_skipped_steps=trainer.skipped_steps if t.precision == "fp16" else None,
         tokens_per_step=tokens,
         steps_measured=len(step_ms),
         step_time_ms=step,

@@ -133,6 +133,10 @@ def profile_cli_args(setup: Setup, options: RunOptions) -> list[str]:
         args += ["--optimizer-impl", t.optimizer_impl]
     if options.num_workers:
         args += ["--num-workers", str(options.num_workers)]
+    if options.data_delay_ms:
+        args += ["--data-delay-ms", f"{options.data_delay_ms:g}"]
+    if options.memory_budget_gib:
+        args += ["--memory-budget-gib", f"{options.memory_budget_gib:g}"]
     args += [flag for flag, on in (("--pin-memory", options.pin_memory), ("--compile", options.compile)) if on]
     return args
 
@@ -153,6 +157,13 @@ def profile_run(
     if options.nsys and shutil.which("nsys") is None:
         raise AdvisorError(NSYS_HELP)
     setup = on_this_machine(setup, options.device)
+    if options.memory_budget_gib:
+        hw = setup.hardware
+        budget = int(options.memory_budget_gib * 2**30)
+        setup = replace(
+            setup,
+            hardware=replace(hw, memory_bytes=budget, name=f"{hw.name}, {options.memory_budget_gib:g} GiB budget"),
+        )
     preflight(setup, options)
     run_id = new_run_id(setup.model.name)
     run_dir = store.staging_dir(run_id)

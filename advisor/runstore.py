@@ -25,6 +25,8 @@ RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[a-z0-9][a-z0-9._-]{0,39}-[0-9a-f]{6
 STATUSES = ("running", "ok", "oom", "timeout", "crashed", "failed", "cancelled")
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "traces"
 STAGING = ".staging"
+RESERVED_DIRS = ("calibration", "verifications")
+"""Folders beside the runs that are not runs: fitted calibrations and verification pairs."""
 
 
 def default_root() -> Path:
@@ -115,7 +117,7 @@ class RunStore:
         if not self.root.is_dir():
             return runs, damaged
         for d in sorted(self.root.iterdir(), reverse=True):
-            if d.name.startswith(".") or not d.is_dir():
+            if d.name.startswith(".") or not d.is_dir() or d.name in RESERVED_DIRS:
                 continue
             if not RUN_ID_RE.match(d.name):
                 damaged.append((d.name, "name is not a run id"))

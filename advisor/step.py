@@ -50,21 +50,27 @@ def phase(name: str) -> Iterator[None]:
 class SyntheticTokens(Dataset):
     """Random token sequences of length seq_len + 1 (inputs and shifted targets), reproducible by index."""
 
-    def __init__(self, vocab: int, seq_len: int, length: int, seed: int = 0) -> None:
+    def __init__(self, vocab: int, seq_len: int, length: int, seed: int = 0, delay_ms: float = 0.0) -> None:
         self.vocab, self.seq_len, self.length, self.seed = vocab, seq_len, length, seed
+        self.delay_s = delay_ms / 1e3
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, i: int) -> torch.Tensor:
+        if self.delay_s:
+            time.sleep(self.delay_s)  # stands in for I/O latency: workers overlap it, as they would a read
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
         return torch.randint(0, self.vocab, (self.seq_len + 1,), generator=g)
 
 
-def make_loader(setup: Setup, n_micro_batches: int, num_workers: int, pin_memory: bool, seed: int) -> DataLoader:
-    """A real DataLoader over synthetic tokens: ``n_micro_batches`` batches of micro_batch sequences."""
+def make_loader(
+    setup: Setup, n_micro_batches: int, num_workers: int, pin_memory: bool, seed: int, delay_ms: float = 0.0
+) -> DataLoader:
+    """A real DataLoader over synthetic tokens: ``n_micro_batches`` batches of micro_batch sequences,
+    each sample taking ``delay_ms`` to "read"."""
     t = setup.train
-    data = SyntheticTokens(setup.model.vocab, t.seq_len, n_micro_batches * t.micro_batch, seed)
+    data = SyntheticTokens(setup.model.vocab, t.seq_len, n_micro_batches * t.micro_batch, seed, delay_ms)
     return DataLoader(data, batch_size=t.micro_batch, shuffle=False, num_workers=num_workers, pin_memory=pin_memory)
 
 
@@ -132,6 +138,8 @@ class Trainer:
     autocast_dtype: torch.dtype | None
     grad_accum: int
     phase_ms: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    skipped_steps: int = 0
+    """Optimizer steps the fp16 GradScaler skipped for inf/NaN gradients (it lowers the scale each time)."""
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -161,8 +169,10 @@ class Trainer:
             with phase("optimizer"):
                 t4 = clock.mark()
                 if self.scaler:
+                    scale = self.scaler.get_scale()
                     self.scaler.step(self.optimizer)
                     self.scaler.update()
+                    self.skipped_steps += self.scaler.get_scale() < scale
                 else:
                     self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -243,7 +253,7 @@ def build_trainer(
     if setup.gpus > 1:
         raise AdvisorError(f"this is the single-process step; the layout asks for {setup.gpus} GPUs (use --nproc)")
     torch.manual_seed(seed)
-    model: torch.nn.Module = build_model(setup.model, t.recompute, device=device)
+    model: torch.nn.Module = build_model(setup.model, t.recompute, device=device, flash=t.flash_attention)
     model.train()
     params = list(model.parameters())
     if offload_optimizer:

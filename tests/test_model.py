@@ -63,3 +63,15 @@ def test_checkpointing_gives_the_same_gradients():
     for mode in ("selective", "full"):
         for a, b in zip(grads["none"], grads[mode], strict=True):
             torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("name", ["tiny", "gpt2-124m"])
+def test_unfused_attention_computes_what_sdpa_does(name):
+    spec = get_model(name)
+    torch.manual_seed(0)
+    fused = build_model(spec)
+    unfused = build_model(spec, flash=False)
+    unfused.load_state_dict(fused.state_dict())
+    tokens = torch.randint(0, spec.vocab, (2, 32))
+    with torch.no_grad():
+        assert torch.allclose(fused(tokens), unfused(tokens), atol=1e-4)

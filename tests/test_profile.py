@@ -187,3 +187,48 @@ def test_nsys_wraps_the_child_and_its_files_stay_in_the_run(tmp_path, monkeypatc
     run = profile_run(_setup(), opts, RunStore(tmp_path / "runs"))
     assert run.status == "ok", run.record["message"]
     assert {"nsys.nsys-rep", "nsys.sqlite", "metrics.json"} <= set(run.record["files"])
+
+
+def test_unfused_attention_stores_the_scores():
+    # seq 512, 8 heads, micro-batch 2: autograd keeps the fp32 softmax output of every layer (the
+    # input of probs @ v and of softmax's backward, one tensor): 4 layers x 2 x 8 x 512^2 x 4 bytes =
+    # 64 MiB that fused attention never stores (measured: 64.9 MiB more).
+    peaks = {}
+    for flash in (True, False):
+        setup = on_this_machine(_setup(seq=512, micro_batch=2, precision="fp32", flash_attention=flash), "cpu")
+        trainer = build_trainer(setup, CPU)
+        peaks[flash] = measure_step_peak_bytes(trainer, iter(make_loader(setup, 3, 0, False, 0)))
+    assert 60 * 2**20 < peaks[False] - peaks[True] < 72 * 2**20
+
+
+def test_memory_budget_is_the_capacity_the_run_is_judged_against(tmp_path):
+    store = RunStore(tmp_path)
+    run = profile_run(_setup(), RunOptions(device="cpu", steps=1, warmup=0, memory_budget_gib=0.25), store)
+    m = run.metrics()
+    assert m["memory_capacity_bytes"] == 2**28
+    assert m["memory_frac"] == pytest.approx(m["peak_memory_bytes"] / 2**28)
+    assert run.record["setup"]["hardware"]["name"].endswith(", 0.25 GiB budget")
+    assert "--memory-budget-gib 0.25" in run.record["command"]
+    # A budget below the estimate is refused before any run exists, like a device that is too small.
+    with pytest.raises(AdvisorError, match=r"needs about .* GiB on CPU host .*0.01 GiB budget"):
+        profile_run(_setup(), RunOptions(device="cpu", memory_budget_gib=0.01), store)
+    with pytest.raises(AdvisorError, match="memory_budget_gib=-1: must be 0"):
+        RunOptions(memory_budget_gib=-1)
+    with pytest.raises(AdvisorError, match="data_delay_ms=-5: must be 0 to 10000"):
+        RunOptions(data_delay_ms=-5)
+
+
+def test_fp16_skipped_steps_are_counted(tmp_path):
+    setup = on_this_machine(_setup(precision="fp16"), "cpu")
+    m = run_profile(setup, RunOptions(device="cpu", steps=1, warmup=0), tmp_path, "20260101-000000-tiny-abcdef")
+    # The GradScaler starts at 2**16 and halves on every overflow; the count is what it skipped.
+    assert m.fp16_skipped_steps is not None and 0 <= m.fp16_skipped_steps <= 3
+    assert (
+        run_profile(
+            on_this_machine(_setup(), "cpu"),
+            RunOptions(device="cpu", steps=1, warmup=0),
+            tmp_path,
+            "20260101-000000-tiny-abcdee",
+        ).fp16_skipped_steps
+        is None
+    )
