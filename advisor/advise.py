@@ -1,0 +1,306 @@
+"""Advice: run the rules over one input (a profiled run, a trace, or a setup alone), price each fired
+rule's action, rank them, and write the report (Markdown and JSON)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from advisor import rules as R
+from advisor.errors import AdvisorError, SpecError
+from advisor.estimator import estimate
+from advisor.gains import GAINS, Gain, GainInput
+from advisor.metrics import StepMetrics
+from advisor.specs import Setup, setup_from_dict, spec_to_dict
+
+_SEVERITY_RANK = {s: i for i, s in enumerate(R.SEVERITIES)}
+TARGET_LABELS = {"step_time_ms": "step time", "peak_memory_bytes": "peak memory", "tokens_per_s": "tokens/s"}
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A fired rule, its message with the numbers filled in, and what its action would gain."""
+
+    rule: R.Rule
+    message: str
+    gain: Gain | None
+    after: Setup | None = None
+    """The setup with the action applied (None: advice only, or the action cannot apply)."""
+    options_after: dict[str, Any] | None = None
+    action_note: str = ""
+    """Why the action could not be applied to the setup, where it could not."""
+
+    changes: dict[str, Any] = field(default_factory=dict)
+    """The spec and option values the action sets, as 'section.field': value."""
+    also: tuple[str, ...] = ()
+    """Lower-ranked rules that fired with the same change (merged into this one)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        g = self.gain
+        return {
+            "id": self.rule.id,
+            "group": self.rule.group,
+            "severity": self.rule.severity,
+            "title": self.rule.title,
+            "message": self.message,
+            "why": self.rule.why,
+            "action": self.rule.action["describe"],
+            "changes": self.changes,
+            "action_note": self.action_note,
+            "target": self.rule.target,
+            "gain": None
+            if g is None
+            else {
+                "target": g.target,
+                "before": g.before,
+                "after": g.after,
+                "gain_pct": g.gain_pct,
+                "basis": g.basis,
+                "analytic_after": g.analytic_after,
+                "calibrated_after": g.calibrated_after,
+                "upper_bound": g.upper_bound,
+            },
+            "references": list(self.rule.references),
+            "also_fired": list(self.also),
+        }
+
+
+@dataclass(frozen=True)
+class Advice:
+    """Ranked recommendations for one input, and the rules that did not apply to it."""
+
+    source: str
+    recommendations: list[Recommendation]
+    not_applicable: list[R.Evaluation]
+    n_rules: int
+    context: dict[str, Any]
+    setup: Setup | None = None
+    calibrated: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "n_rules": self.n_rules,
+            "calibrated": self.calibrated,
+            "setup": spec_to_dict(self.setup) if self.setup else None,
+            "recommendations": [r.as_dict() for r in self.recommendations],
+            "not_applicable": [{"id": e.rule.id, "missing": list(e.missing)} for e in self.not_applicable],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2, default=str)
+
+
+def _action_values(rule: R.Rule, ctx: dict[str, Any]) -> dict[str, Any]:
+    values = dict(rule.action.get("set") or {})
+    for key, expr in (rule.action.get("compute") or {}).items():
+        values[key] = R.evaluate_expression(str(expr), ctx)
+    return values
+
+
+def _merge_same_change(recs: list[Recommendation]) -> list[Recommendation]:
+    """One recommendation per distinct change: rules that fire with the same action are listed under
+    the most severe of them (then the lowest id), not repeated."""
+    order = sorted(recs, key=lambda r: (_SEVERITY_RANK[r.rule.severity], r.rule.id))
+    kept: dict[str, Recommendation] = {}
+    out: list[Recommendation] = []
+    for r in order:
+        key = json.dumps(r.changes, sort_keys=True, default=str) if r.changes else ""
+        if key and key in kept:
+            first = kept[key]
+            merged = replace(first, also=(*first.also, r.rule.id))
+            out[out.index(first)] = merged
+            kept[key] = merged
+            continue
+        if key:
+            kept[key] = r
+        out.append(r)
+    return out
+
+
+def apply_action(
+    rule: R.Rule, ctx: dict[str, Any], setup: Setup | None, options: dict[str, Any] | None
+) -> tuple[Setup | None, dict[str, Any] | None, dict[str, Any], str]:
+    """The setup and run options with ``rule``'s action applied, the values set, and a note where the
+    action cannot apply (SpecError text, or no setup to change)."""
+    values = _action_values(rule, ctx)
+    if not values:
+        return None, None, values, ""
+    spec_changes: dict[str, dict[str, Any]] = {}
+    opts = dict(options or {})
+    for key, value in values.items():
+        section, _, name = key.partition(".")
+        if section == "options":
+            opts[name] = value
+        else:
+            spec_changes.setdefault(section, {})[name] = value
+    if not spec_changes:
+        return setup, opts, values, ""
+    if setup is None:
+        return None, opts, values, "no setup to change: the input is a trace without a spec"
+    try:
+        after = replace(
+            setup,
+            model=replace(setup.model, **spec_changes.get("model", {})),
+            train=replace(setup.train, **spec_changes.get("train", {})),
+            parallel=replace(setup.parallel, **spec_changes.get("parallel", {})),
+        )
+    except SpecError as err:
+        return None, opts, values, f"cannot apply: {err}"
+    return after, opts, values, ""
+
+
+def advise(
+    metrics: StepMetrics | None = None,
+    setup: Setup | None = None,
+    options: dict[str, Any] | None = None,
+    *,
+    rules: list[R.Rule] | None = None,
+    calibration: Any = None,
+    source: str = "",
+) -> Advice:
+    """Fire every rule on this input and rank the recommendations: critical before warning before info,
+    then by predicted gain (largest first; rules without a figure last)."""
+    if metrics is None and setup is None:
+        raise AdvisorError("advice needs a profiled run, a trace's metrics or a setup")
+    rules = rules if rules is not None else R.load_rules()
+    est = estimate(setup) if setup is not None else None
+    ctx = R.build_context(metrics, setup, est, options)
+    recs: list[Recommendation] = []
+    not_applicable: list[R.Evaluation] = []
+    for rule in rules:
+        ev = R.evaluate(rule, ctx)
+        if ev.missing:
+            not_applicable.append(ev)
+            continue
+        if not ev.fired:
+            continue
+        after, opts_after, values, note = apply_action(rule, ctx, setup, options)
+        gain = None
+        if not note:
+            gain = GAINS[rule.gain](rule.target, GainInput(ctx, metrics, setup, after, opts_after, calibration))
+        recs.append(Recommendation(rule, ev.message, gain, after, opts_after, note, values))
+    recs = _merge_same_change(recs)
+    recs.sort(
+        key=lambda r: (
+            _SEVERITY_RANK[r.rule.severity],
+            -(r.gain.gain_pct if r.gain is not None else float("-inf")),
+            r.rule.id,
+        )
+    )
+    return Advice(
+        source=source or (metrics.run_id if metrics else "setup"),
+        recommendations=recs,
+        not_applicable=not_applicable,
+        n_rules=len(rules),
+        context=ctx,
+        setup=setup,
+        calibrated=calibration is not None,
+    )
+
+
+def advise_run(run_id: str, store: Any = None, *, calibration: Any = None) -> Advice:
+    """Advice for a stored profiled run: its metrics, its setup and its run options."""
+    from advisor.runstore import RunStore
+
+    store = store or RunStore()
+    info = store.load(run_id)
+    m = info.metrics()
+    if info.status != "ok" or m is None:
+        raise AdvisorError(f"run {run_id} has status {info.status!r} and no metrics to advise on; profile it again")
+    record = info.record
+    setup = setup_from_dict(record["setup"]) if "setup" in record else None
+    if calibration is None and setup is not None:
+        calibration = _calibration_for(store, setup)
+    return advise(
+        StepMetrics.from_dict(m),
+        setup,
+        record.get("options") or {},
+        calibration=calibration,
+        source=run_id,
+    )
+
+
+def advise_trace(path: str | Path) -> Advice:
+    """Advice for a trace file or folder (no spec: rules that need one are listed as not applicable)."""
+    from advisor.analyze import analyze, load_trace
+
+    report = analyze(load_trace(path), run_id=Path(path).name)
+    return advise(report.metrics, source=str(path))
+
+
+def _calibration_for(store: Any, setup: Setup) -> Any:
+    try:
+        from advisor.calibrate import device_key_for, load_calibration
+    except ImportError:
+        return None
+    try:
+        return load_calibration(store, device_key_for(setup))
+    except AdvisorError:
+        return None
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+def fmt_value(target: str, value: float | None) -> str:
+    """A target figure for people: GiB, tok/s or ms."""
+    if value is None:
+        return "-"
+    if target == "peak_memory_bytes":
+        return f"{value / 2**30:.3f} GiB"
+    if target == "tokens_per_s":
+        return f"{value:,.0f} tok/s"
+    return f"{value:,.1f} ms"
+
+
+def advice_markdown(advice: Advice) -> str:
+    """The report users download: ranked recommendations with numbers, then what did not apply."""
+    lines = [f"# Advice for {advice.source}", ""]
+    lines.append(
+        f"{len(advice.recommendations)} of {advice.n_rules} rules fired; "
+        f"{len(advice.not_applicable)} did not apply (their input is missing). "
+        + ("Gains use this machine's calibrated regression." if advice.calibrated else "Gains use the estimator.")
+    )
+    lines.append("")
+    if not advice.recommendations:
+        lines.append("Nothing to recommend: no rule fired on this input.")
+    for i, r in enumerate(advice.recommendations, 1):
+        lines.append(f"## {i}. [{r.rule.severity}] {r.rule.title} (`{r.rule.id}`)")
+        lines.append("")
+        lines.append(r.message)
+        lines.append("")
+        lines.append(f"- **Action:** {r.rule.action['describe']}")
+        if r.changes:
+            lines.append("- **Changes:** " + ", ".join(f"`{k}` = {v!r}" for k, v in r.changes.items()))
+        g = r.gain
+        if g is not None:
+            bound = " (upper bound)" if g.upper_bound else ""
+            label = TARGET_LABELS[g.target]
+            lines.append(
+                f"- **Predicted gain:** {g.gain_pct:+.1f} % {label}{bound}: {fmt_value(g.target, g.before)} -> "
+                f"{fmt_value(g.target, g.after)}; {g.basis}"
+            )
+            if g.calibrated_after is not None and g.analytic_after is not None:
+                lines.append(
+                    f"- **Analytic vs calibrated:** {fmt_value(g.target, g.analytic_after)} vs "
+                    f"{fmt_value(g.target, g.calibrated_after)}"
+                )
+        elif r.action_note:
+            lines.append(f"- **Gain:** not computed ({r.action_note})")
+        else:
+            lines.append("- **Gain:** not predicted for this input")
+        lines.append(f"- **Why:** {r.rule.why}")
+        if r.also:
+            lines.append("- **Also fired with the same change:** " + ", ".join(f"`{a}`" for a in r.also))
+        if r.rule.references:
+            lines.append("- **References:** " + "; ".join(r.rule.references))
+        lines.append("")
+    if advice.not_applicable:
+        lines.append("## Rules that did not apply")
+        lines.append("")
+        for e in advice.not_applicable:
+            lines.append(f"- `{e.rule.id}`: needs {', '.join(e.missing)}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,310 @@
+"""Gain arithmetic for the rules, registered by name: how much a rule's action would help.
+
+Each function returns a ``Gain`` on the rule's target figure (step time, peak memory or tokens/s), or
+None when it cannot say (the input lacks the figures it needs). Local gains are weighted by the share
+of the step they touch (Nsight Compute's rule style): a 2x faster optimizer step that takes 5 % of
+the step is worth 2.5 %, not 50 %. Where the action changes the spec, the gain is the estimator's
+what-if of the change and, where this machine has a calibration (``advisor.calibrate``), also the
+calibrated what-if, which is the one used to rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from advisor.estimator import estimate
+from advisor.metrics import StepMetrics
+from advisor.specs import Setup
+
+
+@dataclass(frozen=True)
+class Gain:
+    """A predicted change of one figure. ``gain_pct`` is the improvement in percent (less step time,
+    less memory, more tokens/s are positive)."""
+
+    target: str
+    before: float
+    after: float
+    gain_pct: float
+    basis: str
+    """How the figure was computed, in words."""
+    analytic_after: float | None = None
+    """The estimator's what-if (None where the gain is not an estimator what-if)."""
+    calibrated_after: float | None = None
+    """The calibrated regression's what-if (None without a calibration for this device)."""
+    upper_bound: bool = False
+    """The gain assumes the cause is removed entirely (e.g. all exposed communication hidden)."""
+
+
+@dataclass(frozen=True)
+class GainInput:
+    """What a gain function may read."""
+
+    ctx: dict[str, Any]
+    metrics: StepMetrics | None
+    setup: Setup | None
+    after: Setup | None
+    """The setup with the rule's action applied (None if the action has no spec change or cannot apply)."""
+    options_after: dict[str, Any] | None
+    calibration: Any = None
+    """An advisor.calibrate.Calibration for this device, or None."""
+
+
+GainFn = Callable[[str, GainInput], "Gain | None"]
+GAINS: dict[str, GainFn] = {}
+
+
+def register(name: str) -> Callable[[GainFn], GainFn]:
+    def wrap(fn: GainFn) -> GainFn:
+        GAINS[name] = fn
+        return fn
+
+    return wrap
+
+
+def improvement_pct(target: str, before: float, after: float) -> float:
+    """Relative improvement: fewer ms or bytes, more tokens/s, in percent of ``before``."""
+    if before <= 0:
+        return 0.0
+    if target == "tokens_per_s":
+        return 100.0 * (after - before) / before
+    return 100.0 * (before - after) / before
+
+
+def _make(target: str, before: float, after: float, basis: str, **kw: Any) -> Gain:
+    return Gain(target, before, after, improvement_pct(target, before, after), basis, **kw)
+
+
+def _measured_step_share(m: StepMetrics) -> float:
+    """Share of the measured step the estimator models (forward, backward, optimizer): data loading and
+    unattributed host time do not change with a spec change."""
+    if m.step_time_ms and m.forward_ms is not None and m.backward_ms is not None and m.optimizer_ms is not None:
+        return min(1.0, (m.forward_ms + m.backward_ms + m.optimizer_ms) / m.step_time_ms)
+    return 1.0
+
+
+@register("whatif")
+def whatif(target: str, g: GainInput) -> Gain | None:
+    """The estimator's (and the calibration's) prediction for the changed setup, applied to the measured
+    figure: a time ratio on the share of the step the estimator models, a memory difference on the
+    measured peak, tokens/s from the new step time and tokens per step."""
+    if g.setup is None or g.after is None:
+        return None
+    e0, e1 = estimate(g.setup), estimate(g.after)
+    m = g.metrics
+    c0 = c1 = None
+    if g.calibration is not None:
+        c0, c1 = g.calibration.predict(g.setup), g.calibration.predict(g.after)
+    tok0, tok1 = g.setup.tokens_per_step, g.after.tokens_per_step
+    if target == "peak_memory_bytes":
+        before = float(m.peak_memory_bytes) if m and m.peak_memory_bytes else e0.memory.total_bytes
+        analytic = max(0.0, before - (e0.memory.total_bytes - e1.memory.total_bytes))
+        calibrated = None if c0 is None else max(0.0, before - (c0.peak_memory_bytes - c1.peak_memory_bytes))
+        basis = (
+            "measured peak minus the estimator's memory difference"
+            if m and m.peak_memory_bytes
+            else "the estimator's peak for the changed setup"
+        )
+    else:
+        step0 = m.step_time_ms if m and m.step_time_ms else e0.step_time_ms
+        share = _measured_step_share(m) if m and m.step_time_ms else 1.0
+        ratio = e1.step_time_ms / e0.step_time_ms
+        t_analytic = step0 * (1 - share + share * ratio)
+        t_cal = None if c0 is None else step0 * c1.step_time_ms / c0.step_time_ms
+        basis = (
+            f"estimator's step-time ratio x{ratio:.2f} on the {100 * share:.0f} % of the step it models"
+            if share < 1
+            else f"estimator's step-time ratio x{ratio:.2f}"
+        )
+        if target == "tokens_per_s":
+            before = m.tokens_per_s if m and m.tokens_per_s else e0.tokens_per_s
+            # Tokens/s scale with tokens per step over step time.
+            analytic = before * (tok1 / tok0) * step0 / t_analytic
+            calibrated = None if t_cal is None else before * (tok1 / tok0) * step0 / t_cal
+        else:
+            before, analytic, calibrated = step0, t_analytic, t_cal
+    if calibrated is not None:
+        basis = f"calibrated regression on this machine's runs (the estimator alone: {analytic:,.4g})"
+    after = calibrated if calibrated is not None else analytic
+    return _make(target, before, after, basis, analytic_after=analytic, calibrated_after=calibrated)
+
+
+@register("data_overlap")
+def data_overlap(target: str, g: GainInput) -> Gain | None:
+    """DataLoader workers load the next batches while the step computes: the data phase hides behind
+    compute as long as loading one step's batches with w workers takes no longer than the compute."""
+    m = g.metrics
+    if m is None or not m.step_time_ms or m.data_ms is None or not g.options_after:
+        return None
+    workers = max(1, int(g.options_after.get("num_workers") or 0))
+    compute = m.step_time_ms - m.data_ms
+    after = compute + max(0.0, m.data_ms / workers - compute)
+    return _make(
+        "step_time_ms",
+        m.step_time_ms,
+        after,
+        f"data loading ({m.data_ms:.1f} ms of {m.step_time_ms:.1f} ms) overlapped by {workers} workers",
+    )
+
+
+def _share_gain(target: str, g: GainInput, share_pct: float | None, basis: str) -> Gain | None:
+    """Step time less ``share_pct`` of it (an upper bound: the cause removed entirely)."""
+    m = g.metrics
+    if m is None or not m.step_time_ms or share_pct is None:
+        return None
+    share = min(max(share_pct, 0.0), 100.0) / 100.0
+    return _make("step_time_ms", m.step_time_ms, m.step_time_ms * (1 - share), basis, upper_bound=True)
+
+
+@register("exposed_communication")
+def exposed_communication(target: str, g: GainInput) -> Gain | None:
+    """Communication not overlapped by computation, hidden: the non-compute share of the GPU span that is
+    communication (the rest is copies)."""
+    c = g.ctx
+    if c.get("gpu_non_compute_pct") is None:
+        return None
+    comm, copies = c.get("communication_pct") or 0.0, c.get("memcpy_pct") or 0.0
+    frac = comm / (comm + copies) if comm + copies > 0 else 1.0
+    share = c["gpu_non_compute_pct"] * frac
+    return _share_gain(target, g, share, f"{share:.1f} % of the GPU span is communication with no compute beside it")
+
+
+@register("host_idle")
+def host_idle(target: str, g: GainInput) -> Gain | None:
+    """GPU idle time spent waiting for the host to launch work, removed (CUDA graphs, torch.compile)."""
+    c = g.ctx
+    if c.get("gpu_idle_pct") is None or c.get("idle_host_wait_pct") is None:
+        return None
+    share = c["gpu_idle_pct"] * c["idle_host_wait_pct"] / 100.0
+    return _share_gain(target, g, share, f"{share:.1f} % of the GPU span idles waiting for kernel launches")
+
+
+@register("sync_time")
+def sync_time(target: str, g: GainInput) -> Gain | None:
+    """Time the host spends blocked in synchronising calls, per step."""
+    m = g.metrics
+    if m is None or m.sync_time_ms is None or not m.steps_measured or not m.step_time_ms:
+        return None
+    share = 100.0 * m.sync_time_ms / m.steps_measured / m.step_time_ms
+    return _share_gain(target, g, share, f"{share:.1f} % of the step is the host blocked in synchronising calls")
+
+
+@register("straggler")
+def straggler(target: str, g: GainInput) -> Gain | None:
+    """Every rank waits for the slowest: bringing it to the median removes the skew."""
+    skew = g.ctx.get("step_skew_pct")
+    if skew is None:
+        return None
+    share = 100.0 * skew / (100.0 + skew)
+    return _share_gain(target, g, share, f"the slowest rank's step is {skew:.1f} % above the median rank's")
+
+
+@register("clock_throttle")
+def clock_throttle(target: str, g: GainInput) -> Gain | None:
+    """Clocks held below their maximum: compute-bound time scales with the clock."""
+    m = g.metrics
+    nv = (m.nvml if m else None) or {}
+    mean, peak = nv.get("sm_clock_mhz_mean"), nv.get("sm_clock_mhz_max")
+    if not mean or not peak:
+        return None
+    share = 100.0 * (1 - mean / peak)
+    return _share_gain(target, g, share, f"SM clock averaged {mean:.0f} MHz against {peak:.0f} MHz seen")
+
+
+@register("pageable_copies")
+def pageable_copies(target: str, g: GainInput) -> Gain | None:
+    """Pinned memory roughly doubles host-to-device copy bandwidth and lets copies overlap compute: the
+    memcpy share of GPU time is the bound."""
+    share = g.ctx.get("memcpy_pct")
+    if share is None:
+        return None
+    idle = (g.ctx.get("gpu_idle_pct") or 0.0) / 100.0
+    busy_share = share * (1 - idle)
+    return _share_gain(target, g, busy_share / 2, f"half of the {busy_share:.1f} % copy share (pinned ~2x faster)")
+
+
+@register("fragmentation")
+def fragmentation(target: str, g: GainInput) -> Gain | None:
+    """Reserved memory down to the peak allocation plus the 5 % fragmentation the estimator allows
+    (estimator.FRAGMENTATION_FRAC)."""
+    from advisor.estimator import FRAGMENTATION_FRAC
+
+    m = g.metrics
+    if m is None or not m.reserved_memory_bytes or not m.peak_memory_bytes:
+        return None
+    after = min(m.reserved_memory_bytes, m.peak_memory_bytes * (1 + FRAGMENTATION_FRAC))
+    return _make(
+        "peak_memory_bytes", float(m.reserved_memory_bytes), after, "reservation down to the peak allocation + 5 %"
+    )
+
+
+# Fused AdamW's time over the for-loop and foreach implementations, measured side by side on this
+# project's CPU machines (tiny and gpt2-124m, median of 7 steps each, /tmp-free script in
+# bench/advice_scenarios.py's notes): 0.18-0.34 of for-loop, 0.28-0.30 of foreach. On GPUs the
+# for-loop's per-tensor launches make the ratio smaller still; 0.3 is the conservative figure.
+FUSED_OVER_UNFUSED_TIME = {"for-loop": 0.3, "foreach": 0.3, "fused": 1.0}
+
+
+@register("optimizer_impl")
+def optimizer_impl(target: str, g: GainInput) -> Gain | None:
+    """The measured optimizer phase at the fused kernel's speed (the calibrated what-if where this
+    machine has one, since it has seen every implementation run here)."""
+    if g.calibration is not None and g.setup is not None and g.after is not None:
+        return whatif(target, g)
+    m, impl = g.metrics, g.ctx.get("optimizer_impl")
+    if m is None or m.optimizer_ms is None or not m.step_time_ms or impl not in FUSED_OVER_UNFUSED_TIME:
+        return None
+    saved = m.optimizer_ms * (1 - FUSED_OVER_UNFUSED_TIME[impl])
+    return _make(
+        "step_time_ms",
+        m.step_time_ms,
+        m.step_time_ms - saved,
+        f"optimizer phase {m.optimizer_ms:.1f} ms at {FUSED_OVER_UNFUSED_TIME[impl]:.1f}x its time when fused",
+    )
+
+
+# nanoGPT's vocabulary padding (50257 -> 50304) sped GPT-2 124M training up by about 25 % on A100s
+# (A. Karpathy, 2023); the LM head is 31 % of that model's matmul FLOPs. The gain below scales that
+# measured effect by the share of matmul FLOPs with the misaligned dimension.
+_ALIGNMENT_GAIN_PER_SHARE = 0.25 / 0.31
+
+
+@register("alignment")
+def alignment(target: str, g: GainInput) -> Gain | None:
+    """Matmuls with a misaligned dimension, at the speed nanoGPT measured after padding: the gain is
+    proportional to their share of the matmul FLOPs (the LM head for the vocabulary, all for hidden)."""
+    s, m = g.setup, g.metrics
+    if s is None:
+        return None
+    md = s.model
+    share = md.vocab * md.hidden / md.matmul_params_per_token if md.vocab % 64 else 1.0
+    before = m.step_time_ms if m and m.step_time_ms else estimate(s).step_time_ms
+    cut = min(0.25, _ALIGNMENT_GAIN_PER_SHARE * share)  # never more than nanoGPT's whole-model figure
+    return _make(
+        "step_time_ms",
+        before,
+        before * (1 - cut),
+        f"misaligned GEMMs are {100 * share:.0f} % of matmul FLOPs; nanoGPT's padding gain scaled to that share",
+        upper_bound=True,
+    )
+
+
+@register("skipped_steps")
+def skipped_steps(target: str, g: GainInput) -> Gain | None:
+    """Each skipped fp16 step is a whole step's work thrown away: the time per step that updated the
+    weights, before and after."""
+    m = g.metrics
+    if m is None or not m.fp16_skipped_steps or not m.steps_measured or not m.step_time_ms:
+        return None
+    total = max(m.steps_measured, m.fp16_skipped_steps + 1)
+    useful = total - m.fp16_skipped_steps
+    before = m.step_time_ms * total / useful  # time per step that updated the weights
+    return _make(
+        "step_time_ms",
+        before,
+        m.step_time_ms,
+        f"{m.fp16_skipped_steps} of {total} steps skipped: time per useful step back to the step time",
+        upper_bound=True,
+    )

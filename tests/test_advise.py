@@ -1,0 +1,145 @@
+"""Advice end to end: which rules fire on real GPU traces, on setups, on our own runs; ranking, merged
+duplicates, actions that cannot apply, the report, the CLI."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from advisor import rules as R
+from advisor.advise import advice_markdown, advise, advise_run, advise_trace, apply_action
+from advisor.cli import main
+from advisor.errors import AdvisorError
+from advisor.metrics import StepMetrics
+from advisor.runstore import RunStore
+from advisor.sizing import make_setup
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = REPO.parent / "shared" / "traces"
+needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces (real GPU traces) is not here")
+SAMPLE_RUN = "20261130-165248-tiny-6bcb2f"
+
+
+def fired(advice) -> list[str]:
+    return [r.rule.id for r in advice.recommendations]
+
+
+@needs_traces
+def test_host_bound_and_gpu_bound_traces_get_different_advice():
+    # nccl_parser_config: A100, 78 % idle, 99.8 % of it host wait (HTA reference): launch-bound.
+    host = advise_trace(TRACES / "kineto" / "nccl_parser_config")
+    assert fired(host)[0] == "launch-bound"
+    g = host.recommendations[0].gain
+    assert g.upper_bound and g.gain_pct == pytest.approx(77.1, abs=0.5)  # idle 77.2 % x host-wait 99.8 %
+    # ns_resolution_trace: V100, GPU-bound (idle 1.7 %, launch queue ~812): nothing launch-related fires.
+    gpu = advise_trace(TRACES / "kineto" / "ns_resolution_trace")
+    assert not {"launch-bound", "launch-tiny-kernels", "comm-exposed"} & set(fired(gpu))
+
+
+@needs_traces
+def test_communication_heavy_trace_gets_communication_advice():
+    # trace_filter: 2 ranks of a 128-rank NCCL job; 60 % of GPU time communication, 16 % overlapped.
+    advice = advise_trace(TRACES / "kineto" / "trace_filter")
+    assert fired(advice) == ["launch-bound", "comm-exposed", "comm-low-overlap"]
+    comm = advice.recommendations[1]
+    assert comm.gain.gain_pct == pytest.approx(25.5, abs=0.5)  # non-compute 25.7 % x comm/(comm+memcpy)
+    assert "spec" not in comm.message
+
+
+@needs_traces
+def test_nsys_exports_flag_pageable_copies():
+    # The nsys-ai fixtures: 34 pageable copies (before); CloverLeaf: 279 pageable copies, 74 % tiny kernels.
+    assert "input-pageable-copies" in fired(advise_trace(TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite"))
+    clover = fired(advise_trace(TRACES / "nsys" / "pipit_cloverleaf_cuda.sqlite"))
+    assert {"input-pageable-copies", "launch-tiny-kernels"} <= set(clover)
+
+
+def test_a_trace_without_a_spec_lists_spec_rules_as_not_applicable():
+    m = StepMetrics(run_id="t", source="trace", gpu_idle_pct=80.0, idle_host_wait_pct=90.0, launch_bound=True)
+    advice = advise(m)
+    skipped = {e.rule.id: e.missing for e in advice.not_applicable}
+    assert "train_precision" in skipped["prec-fp32-to-bf16"]
+    assert fired(advice)[0] == "launch-bound"
+
+
+def test_seventy_b_on_eight_h100_without_zero_is_critical():
+    setup = make_setup(model="llama-3.1-70b", gpu="h100", gpus=8, seq=4096)
+    advice = advise(setup=setup)
+    top = advice.recommendations[0]
+    assert top.rule.id == "mem-oom-model-state" and top.rule.severity == "critical"
+    assert top.changes == {"parallel.zero": 1}
+    # ZeRO-1 over 8 ranks: 12 bytes/param of optimizer state become 1.5; the estimator's difference.
+    assert top.gain.before / 2**30 == pytest.approx(1217.6, abs=0.5)
+    assert top.gain.after / 2**30 == pytest.approx(493.2, abs=0.5)
+    # par-zero1-shard-optimizer fires with the same change: merged, not repeated.
+    assert top.also == ("par-zero1-shard-optimizer",)
+    assert "par-zero1-shard-optimizer" not in fired(advice)
+
+
+def test_severity_ranks_before_gain():
+    setup = make_setup(model="llama-3.1-70b", gpu="h100", gpus=16, tp=16, seq=4096, zero=1)
+    advice = advise(setup=setup)
+    sev = [R.SEVERITIES.index(r.rule.severity) for r in advice.recommendations]
+    assert sev == sorted(sev)
+    assert "par-tp-across-nodes" in fired(advice)
+    tp = next(r for r in advice.recommendations if r.rule.id == "par-tp-across-nodes")
+    assert tp.changes == {"parallel.tp": 8, "parallel.pp": 2}
+    assert tp.gain.gain_pct > 0  # NVLink instead of the NIC for TP traffic
+
+
+def test_gh200_offload_is_advised_over_c2c_and_not_over_pcie():
+    kw = dict(model="llama-3.1-8b", gpus=1, seq=8192, micro_batch=1, precision="bf16")
+    gh = fired(advise(setup=make_setup(gpu="gh200", **kw)))
+    h100 = fired(advise(setup=make_setup(gpu="h100", **kw)))
+    assert "mem-offload-c2c" in gh and "mem-offload-c2c" not in h100
+
+
+def test_an_action_that_breaks_the_spec_says_why():
+    setup = make_setup(model="tiny", gpu="cpu", seq=128, micro_batch=2, global_batch=6)  # accum 3
+    rule = next(r for r in R.load_rules() if r.id == "mem-headroom-raise-microbatch")
+    ctx = R.build_context(None, setup, None, None)
+    after, _, values, note = apply_action(rule, ctx, setup, None)
+    assert after is None and values == {"train.micro_batch": 4}
+    assert "train.global_batch" in note and "multiple of micro_batch x dp=4" in note
+
+
+def test_our_sample_run_advice_and_report():
+    advice = advise_run(SAMPLE_RUN, RunStore(REPO / "traces"))
+    # 256 tokens per step (micro-batch 2 x seq 128) on a CPU: the tiny-batch rule fires.
+    assert "launch-small-batch" in fired(advice)
+    rec = next(r for r in advice.recommendations if r.rule.id == "launch-small-batch")
+    assert rec.changes == {"train.micro_batch": 8}
+    assert rec.gain.target == "tokens_per_s" and rec.gain.before == pytest.approx(3934.2, abs=0.1)
+    md = advice_markdown(advice)
+    assert "launch-small-batch" in md and "Predicted gain" in md
+    data = json.loads(advice.to_json())
+    assert data["recommendations"][0]["id"] == fired(advice)[0]
+
+
+def test_advise_needs_some_input():
+    with pytest.raises(AdvisorError, match="needs a profiled run"):
+        advise()
+
+
+def test_cli_advise_setup_trace_and_bad_target(tmp_path, capsys):
+    assert main(["advise", "--model", "llama-3.1-70b", "--gpu", "h100", "--gpus", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["recommendations"][0]["id"] == "mem-oom-model-state"
+    md = tmp_path / "advice.md"
+    assert main(["advise", SAMPLE_RUN, "--traces", str(REPO / "traces"), "--markdown", str(md)]) == 0
+    assert "# Advice for 20261130-165248-tiny-6bcb2f" in md.read_text()
+    assert main(["advise", "no-such-thing"]) == 2
+    assert "not a run in" in capsys.readouterr().err
+
+
+def test_fp16_overflow_rule_fires_from_metrics():
+    setup = make_setup(model="tiny", gpu="h100", seq=128, micro_batch=2, precision="fp16")
+    m = StepMetrics(run_id="r", source="profile", steps_measured=10, step_time_ms=100.0, fp16_skipped_steps=2)
+    advice = advise(m, setup)
+    rec = next(r for r in advice.recommendations if r.rule.id == "prec-fp16-overflow")
+    # 2 of 10 steps skipped: 125 ms per useful step, back to 100 ms.
+    assert rec.gain.before == pytest.approx(125.0) and rec.gain.after == pytest.approx(100.0)
+    assert "prec-fp16-overflow" not in fired(advise(replace(m, fp16_skipped_steps=0), setup))
