@@ -20,6 +20,7 @@ from advisor.errors import TraceError
 from advisor.metrics import StepMetrics
 from advisor.trace_kineto import DEFAULT_MAX_BYTES, load_kineto
 from advisor.trace_nsys import load_nsys_sqlite
+from advisor.trace_table import GPU_KINDS, kind_mask
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -97,9 +98,10 @@ def analyze(df: pd.DataFrame, run_id: str = "trace", *, trim_last_step: bool = T
     if trim_last_step and df.attrs.get("source") == "kineto" and not df.attrs.get("own_run"):
         df = A.drop_last_profiler_step(df)
     categories, top = A.kernel_breakdown(df)
-    sweeps = A.type_sweeps(df)
-    host_ops = host_op_times(df)
-    temporal, idle, phases = A.temporal_breakdown(df, sweeps), A.idle_time_breakdown(df), A.phase_breakdown(df)
+    sweeps, launches = A.type_sweeps(df), A.launch_calls(df)
+    host_ops = A.host_op_times(df)
+    temporal, phases = A.temporal_breakdown(df, sweeps), A.phase_breakdown(df)
+    idle = A.idle_time_breakdown(df, launches=launches)
     tables = {
         "temporal_breakdown": temporal,
         "kernel_type_breakdown": A.kernel_type_breakdown(df, sweeps),
@@ -108,7 +110,7 @@ def analyze(df: pd.DataFrame, run_id: str = "trace", *, trim_last_step: bool = T
         "idle_split": A.idle_split_of(idle) if not idle.empty else pd.DataFrame(),
         "kernel_categories": categories,
         "top_kernels": top,
-        "launch_stats": A.launch_stats(df),
+        "launch_stats": A.launch_stats(df, launches=launches),
         "memcpy": A.memcpy_summary(df),
         "sync_calls": A.sync_calls(df),
         "phases": phases,
@@ -117,30 +119,6 @@ def analyze(df: pd.DataFrame, run_id: str = "trace", *, trim_last_step: bool = T
         "top_ops": host_ops.head(10),
     }
     return TraceReport(_summary(df, tables, run_id, host_self_ns=int(host_ops["time_ns"].sum())), tables)
-
-
-def self_time_ns(ops: pd.DataFrame) -> pd.Series:
-    """Each op's self time: its duration minus that of the ops nested directly inside it (same thread)."""
-    self_ns = ops["dur_ns"].to_numpy().copy()
-    order = ops.sort_values(["tid", "start_ns", "dur_ns"], ascending=[True, True, False], kind="stable")
-    pos = {label: i for i, label in enumerate(ops.index)}
-    stack: list[tuple[int, int, int]] = []  # (end, position, tid)
-    for label, tid, start, dur in zip(order.index, order["tid"], order["start_ns"], order["dur_ns"], strict=True):
-        while stack and (stack[-1][2] != tid or stack[-1][0] <= start):
-            stack.pop()
-        if stack:
-            self_ns[stack[-1][1]] -= dur
-        stack.append((start + dur, pos[label], tid))
-    return pd.Series(self_ns.clip(min=0), index=ops.index)
-
-
-def host_op_times(df: pd.DataFrame) -> pd.DataFrame:
-    """Self time and call count of every framework op name, largest first (the top ops of CPU-only
-    traces, where there are no kernels)."""
-    ops = df[df["kind"] == "cpu_op"]
-    ops = ops.assign(self_ns=self_time_ns(ops))
-    out = ops.groupby(ops["name"].astype(str))["self_ns"].agg(time_ns="sum", count="size")
-    return out.sort_values("time_ns", ascending=False).reset_index().rename(columns={"index": "name"})
 
 
 def _mean(frame: pd.DataFrame, col: str) -> float | None:
@@ -164,7 +142,7 @@ def _launch_bound(t: dict[str, pd.DataFrame]) -> bool | None:
 
 def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_self_ns: int) -> StepMetrics:
     ranks = sorted(int(r) for r in df["rank"].unique())
-    gpu = not A.gpu_events(df).empty
+    gpu = bool(kind_mask(df, *GPU_KINDS).any())
     phases = t["phases"].groupby("phase")["mean_ns"].mean() / 1e6 if not t["phases"].empty else pd.Series(dtype=float)
     memcpy = t["memcpy"]
     pageable = memcpy[memcpy["pageable"]] if not memcpy.empty else memcpy

@@ -155,25 +155,21 @@ def _load_file(path: Path, max_bytes: int, block_bytes: int, default_rank: int) 
         else:
             carry += block
         if state == "events":
-            cut, end = _last_event_end(carry)
-            if cut:
-                part = _events_to_columns(carry[:cut], names, path)
-                if part:
-                    parts.append(part)
-            if end is not None:
-                tail += carry[end + 1 :]
-                carry = b""
+            carry, after = _take_events(carry, names, path, parts, last=False)
+            if after is not None:
+                tail += after
                 state = "tail"
-            else:
-                carry = carry[cut:]
         elif state == "tail":
             tail += carry
             carry = b""
     if state == "head":
         _check_json(bytes(head), path)
         raise TraceError(f"{path.name} is JSON without a traceEvents array: not a Kineto (PyTorch profiler) trace")
-    if state == "events":
-        raise TraceError(f"{path.name} ends inside its traceEvents array: the file is truncated")
+    if state == "events":  # the array's end is in what is left, or the file is cut short
+        carry, after = _take_events(carry, names, path, parts, last=True)
+        if after is None:
+            raise TraceError(f"{path.name} ends inside its traceEvents array: the file is truncated")
+        tail += after
     meta = _metadata(bytes(head) + bytes(tail), path)
     rank = _rank(meta, path, default_rank)
     if not parts:
@@ -197,6 +193,46 @@ def _load_file(path: Path, max_bytes: int, block_bytes: int, default_rank: int) 
         "rank": rank,
         **{k: meta[k] for k in ("distributedInfo", "deviceProperties") if k in meta},
     }
+
+
+def _take_events(
+    carry: bytes, names: dict[str, int], path: Path, parts: list[dict[str, np.ndarray]], *, last: bool
+) -> tuple[bytes, bytes | None]:
+    """Turn the whole events at the start of ``carry`` into columns, appended to ``parts``; return
+    (the rest of ``carry``, the bytes after the traceEvents array's end or None while inside it).
+    ``last``: no more bytes follow, so the array's end must be in ``carry``.
+
+    Kineto closes each event with "}," and a prefix of ``carry`` that ends at one and parses as a JSON
+    array ends at an event boundary: a cut inside a string leaves the string unterminated, one inside
+    an event leaves an object open. So a block is cut at its last "}," and parsed at once; only when
+    that fails (the array's end is near, or an odd event) is the cut found by bracket bookkeeping,
+    which took a fifth of the load time when every block went through it."""
+    if not last:
+        cut = carry.rfind(b"},") + 1
+        if cut:
+            try:
+                events = orjson.loads(b"[" + carry[:cut].strip().strip(b",") + b"]")
+            except orjson.JSONDecodeError:
+                pass
+            else:
+                if part := _events_to_columns(events, names, path):
+                    parts.append(part)
+                return carry[cut:], None
+    cut, end = _last_event_end(carry)
+    if cut and (part := _events_to_columns(_parse_events(carry[:cut], path), names, path)):
+        parts.append(part)
+    return (b"", carry[end + 1 :]) if end is not None else (carry[cut:], None)
+
+
+def _parse_events(chunk: bytes, path: Path) -> list:
+    """The events of ``chunk``: whole events of traceEvents, comma separated."""
+    text = chunk.strip().strip(b",")
+    if not text:
+        return []
+    try:
+        return orjson.loads(b"[" + text + b"]")
+    except orjson.JSONDecodeError as err:
+        raise TraceError(f"{path.name} is not valid JSON inside traceEvents ({err})") from None
 
 
 def _last_event_end(buf: bytes) -> tuple[int, int | None]:
@@ -236,18 +272,10 @@ def _last_event_end(buf: bytes) -> tuple[int, int | None]:
     return (int(done[-1]) + 1 if done.size else 0), array_end
 
 
-def _events_to_columns(chunk: bytes, names: dict[str, int], path: Path) -> dict[str, np.ndarray] | None:
-    """The columns of the kept events in ``chunk`` (whole events of traceEvents, comma separated);
-    new names get the next code in ``names``. The per-event Python work is one pass to pick the kept
-    events, then one comprehension per field; the rest is numpy over the block."""
-    text = chunk.strip().strip(b",")
-    if not text:
-        return None
-    try:
-        events = orjson.loads(b"[" + text + b"]")
-    except orjson.JSONDecodeError as err:
-        raise TraceError(f"{path.name} is not valid JSON inside traceEvents ({err})") from None
-    del text
+def _events_to_columns(events: list, names: dict[str, int], path: Path) -> dict[str, np.ndarray] | None:
+    """The columns of the kept ones of ``events`` (parsed from traceEvents); new names get the next
+    code in ``names``. The per-event Python work is one pass to pick the kept events, then one
+    comprehension per field; the rest is numpy over the block."""
     kept, codes, durs = [], [], []
     keep, code_of, dur_of = kept.append, codes.append, durs.append
     cat_code = _CAT_CODE.get

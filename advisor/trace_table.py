@@ -32,6 +32,7 @@ import pandas as pd
 KINDS = ("kernel", "memcpy", "memset", "runtime", "cpu_op", "annotation", "memory", "sync", "other")
 COPY_KINDS = ("", "HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
 HOST_MEM = ("", "pageable", "pinned", "managed")
+GPU_KINDS = ("kernel", "memcpy", "memset")  # what runs on a GPU stream
 COLUMNS: dict[str, str] = {
     "rank": "int32",
     "kind": "category",
@@ -82,7 +83,7 @@ def concat_tables(tables: list[pd.DataFrame]) -> pd.DataFrame:
     """Stack tables (e.g. one per rank) keeping the schema's dtypes and categories."""
     if not tables:
         return empty_table()
-    out = pd.concat(tables, ignore_index=True)
+    out = pd.concat(_shared_categories(tables), ignore_index=True)
     for col, dtype in COLUMNS.items():
         if dtype == "category" and out[col].dtype != "category":
             out[col] = out[col].astype("category")
@@ -90,6 +91,38 @@ def concat_tables(tables: list[pd.DataFrame]) -> pd.DataFrame:
     return out
 
 
+def _shared_categories(tables: list[pd.DataFrame]) -> list[pd.DataFrame]:
+    """The tables with each categorical column that differs between them recoded to one category
+    list: the sorted values in use, which is what ``astype("category")`` makes of the object column
+    that concat would build from them (with no per-row strings: a few milliseconds less per trace)."""
+    for col, dtype in COLUMNS.items():
+        columns = [t[col] for t in tables]
+        if dtype != "category" or not all(isinstance(c.dtype, pd.CategoricalDtype) for c in columns):
+            continue
+        if all(c.dtype == columns[0].dtype for c in columns):
+            continue  # concat keeps a shared dtype as it is
+        codes = [c.cat.codes.to_numpy() for c in columns]
+        used = {v for c, k in zip(columns, codes, strict=True) for v in c.cat.categories[np.unique(k[k >= 0])].tolist()}
+        categories = pd.Index(sorted(used))
+        tables = [t.assign(**{col: c.cat.set_categories(categories)}) for t, c in zip(tables, columns, strict=True)]
+    return tables
+
+
+def kind_mask(df: pd.DataFrame, *kinds: str) -> np.ndarray:
+    """Boolean mask of the rows whose kind is one of ``kinds``. It compares category codes: on the
+    tables of real traces (10-50 thousand rows) that is several times cheaper than ``isin``, whose
+    fixed cost dominates there."""
+    kind = df["kind"]
+    if not isinstance(kind.dtype, pd.CategoricalDtype):
+        return kind.isin(kinds).to_numpy()
+    categories, codes = kind.cat.categories, kind.cat.codes.to_numpy()
+    mask = np.zeros(len(codes), dtype=bool)
+    for k in kinds:
+        if k in categories:
+            mask |= codes == categories.get_loc(k)
+    return mask
+
+
 def gpu_events(df: pd.DataFrame) -> pd.DataFrame:
     """Kernels, copies and sets: what runs on a GPU stream."""
-    return df[df["kind"].isin(("kernel", "memcpy", "memset"))]
+    return df[kind_mask(df, *GPU_KINDS)]

@@ -15,7 +15,7 @@ result is one longer run of many steps. The copies are written compact (one even
 than Kineto's own indented layout: more events per byte, the harder case for time and memory per byte.
 
 Each measurement runs in a fresh child process; time is ``time.perf_counter`` around load + analysis
-only (imports excluded). Peak RSS is the larger of the child's ``ru_maxrss`` and the peak of the RSS
+only (imports excluded). On the real traces our child and HTA's take turns, best of ``--repeats`` each. Peak RSS is the larger of the child's ``ru_maxrss`` and the peak of the RSS
 summed over its process tree, sampled every 20 ms (HTA forks one parser per rank file). The baseline
 row is a child that only imports each tool, so memory can be read net of the interpreter and pandas.
 Children run under an address-space cap (``--mem-cap-gib``) and a timeout, and are stopped when the
@@ -179,17 +179,24 @@ def run_child(python: str, code: str, path: Path | None, timeout_s: float, cap_b
     return Run(result["load_s"], result["analysis_s"], peak, wall_s, result["events"])
 
 
-def best_of(python: str, code: str, path: Path, repeats: int, timeout_s: float, cap_bytes: int) -> Run:
-    """The fastest of ``repeats`` runs, with the largest peak RSS seen; the first failure ends it."""
-    runs = []
+def best_of(children: list[tuple[str, str]], path: Path, repeats: int, timeout_s: float, cap_bytes: int) -> list[Run]:
+    """For each (python, code) child, the fastest of ``repeats`` runs with the largest peak RSS seen;
+    a child's first failure ends its runs. The children take turns, so that a busy spell on a shared
+    machine slows all of them alike instead of one tool's whole series."""
+    runs: list[list[Run]] = [[] for _ in children]
     for _ in range(repeats):
-        run = run_child(python, code, path, timeout_s, cap_bytes)
-        if run.error:
-            return run
-        runs.append(run)
-    fastest = min(runs, key=lambda r: r.total_s or 0.0)
-    peak = max(r.peak_rss_bytes for r in runs)
-    return Run(fastest.load_s, fastest.analysis_s, peak, fastest.wall_s, fastest.events)
+        for (python, code), done in zip(children, runs, strict=True):
+            if not (done and done[-1].error):
+                done.append(run_child(python, code, path, timeout_s, cap_bytes))
+    out = []
+    for done in runs:
+        if done[-1].error:
+            out.append(done[-1])
+            continue
+        fastest = min(done, key=lambda r: r.total_s or 0.0)
+        peak = max(r.peak_rss_bytes for r in done)
+        out.append(Run(fastest.load_s, fastest.analysis_s, peak, fastest.wall_s, fastest.events))
+    return out
 
 
 def decompressed_bytes(path: Path) -> int:
@@ -325,7 +332,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-gb", type=float, default=1.0, help="synthetic trace size in GiB (0 skips it)")
     parser.add_argument("--hta-python", default="/tmp/hta/bin/python", help="a python with HTA installed")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per tool on each real trace (best time kept)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per tool on each real trace (best time kept)")
     parser.add_argument("--timeout-min", type=float, default=20.0, help="per child run")
     parser.add_argument("--mem-cap-gib", type=float, default=16.0, help="address-space cap of each child")
     parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
@@ -350,7 +357,8 @@ def main() -> None:
     lines = [
         "Command: `" + " ".join([".venv/bin/python bench/analyze_speed.py", *sys.argv[1:]]) + "`",
         f"Machine: {machine()}; HTA: {hta_version} (own environment, its default json parser).",
-        f"Times: best of {args.repeats} fresh child processes on the real traces, one on the synthetic one.",
+        f"Times: best of {args.repeats} fresh child processes on the real traces (ours and HTA taking turns),"
+        " one on the synthetic one.",
         f"Baseline RSS of a child that only imports the tool: ours {base_ours.peak_rss_bytes / MIB:,.0f} MiB"
         + (f", HTA {base_hta.peak_rss_bytes / MIB:,.0f} MiB." if base_hta else "."),
         "",
@@ -360,8 +368,10 @@ def main() -> None:
     inputs = [(f"kineto/{d.name}", d, True) for d in sorted((TRACES / "kineto").iterdir()) if d.is_dir()]
     inputs += [(f"nsys/{f.name}", f, False) for f in sorted((TRACES / "nsys").glob("*.sqlite"))]
     for name, path, hta_reads in inputs:
-        ours = best_of(sys.executable, OURS_CHILD, path, args.repeats, timeout_s, cap)
-        hta = best_of(hta_python, HTA_CHILD, path, args.repeats, timeout_s, cap) if hta_python and hta_reads else None
+        with_hta = bool(hta_python and hta_reads)
+        children = [(sys.executable, OURS_CHILD), *([(hta_python, HTA_CHILD)] if with_hta else [])]
+        runs = best_of(children, path, args.repeats, timeout_s, cap)
+        ours, hta = runs[0], (runs[1] if with_hta else None)
         lines.append(table_row(name, decompressed_bytes(path), ours, hta, base_ours))
         print(lines[-1], flush=True)
 
