@@ -335,6 +335,46 @@ def idle_split_of(per_stream: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({"rank": ranks, **{f"{c}_pct": 100 * s / total for c, s in sums.items()}})
 
 
+# GEMM math modes from cuBLAS/CUTLASS kernel names: plain FP32 on the SIMT cores ("volta_sgemm_*",
+# "ampere_sgemm_*"); TF32 tensor cores ("*_s1688gemm_*" is Ampere's 16x8x8 TF32 MMA, or "tf32" in
+# the name); everything else (h884/h16816/bf16/fp8/nvjet/wgmma...) runs 16- or 8-bit tensor cores.
+GEMM_PRECISIONS = ("fp32", "tf32", "tensor_core_16bit_or_other")
+_TF32_RE = _case_insensitive(r"tf32|s1688gemm")
+_SGEMM_RE = _case_insensitive(r"sgemm|gemmsn_|gemv2[tn]_kernel_val<float")
+_TENSOR_CORE_RE = _case_insensitive(r"tensorop|xmma|wgmma|hmma|16816|884|nvjet")
+
+
+def gemm_math(name: str) -> str:
+    """'fp32', 'tf32' or 'tensor_core_16bit_or_other' for one GEMM kernel name."""
+    if _search(_TF32_RE, name):
+        return "tf32"
+    if _search(_SGEMM_RE, name) and not _search(_TENSOR_CORE_RE, name):
+        return "fp32"
+    return "tensor_core_16bit_or_other"
+
+
+def gemm_precision(df: pd.DataFrame) -> pd.DataFrame:
+    """GEMM time by math mode (fp32 on SIMT cores, tf32, 16-bit/8-bit tensor cores), with each one's
+    share of summed GPU-event time: fp32 GEMMs on a tensor-core GPU are the AMP opportunity."""
+    gpu = kind_mask(df, *GPU_KINDS)
+    dur = df["dur_ns"].to_numpy()[gpu]
+    names = df["name"]
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        names = names.astype("category")
+    mode = _per_name(
+        names,
+        gpu,
+        lambda n: GEMM_PRECISIONS.index(gemm_math(n)) if kernel_category(n) == "gemm" else -1,
+        np.int64,
+    )
+    total = dur.sum()
+    rows = []
+    for i, label in enumerate(GEMM_PRECISIONS):
+        t = int(dur[mode == i].sum())
+        rows.append((label, t, 100.0 * t / total if total else 0.0))
+    return pd.DataFrame(rows, columns=["math", "time_ns", "time_pct"])
+
+
 def kernel_breakdown(df: pd.DataFrame, top: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(time per fine category with its share of summed GPU-event time, the top kernels by total time)."""
     gpu = kind_mask(df, *GPU_KINDS)

@@ -117,6 +117,7 @@ def analyze(df: pd.DataFrame, run_id: str = "trace", *, trim_last_step: bool = T
         "memory_peak": A.memory_timeline(df)[1],
         "rank_skew": A.rank_skew(df, phases=phases, temporal=temporal),
         "top_ops": host_ops.head(10),
+        "gemm_precision": A.gemm_precision(df),
     }
     return TraceReport(_summary(df, tables, run_id, host_self_ns=int(host_ops["time_ns"].sum())), tables)
 
@@ -138,6 +139,10 @@ def _launch_bound(t: dict[str, pd.DataFrame]) -> bool | None:
     if idle is None or host is None:
         return None
     return idle >= LAUNCH_BOUND_IDLE_PCT and host >= LAUNCH_BOUND_HOST_WAIT_PCT
+
+
+def _gemm_pct(table: pd.DataFrame, math: str) -> float:
+    return round(float(table.loc[table["math"] == math, "time_pct"].sum()), 3)
 
 
 def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_self_ns: int) -> StepMetrics:
@@ -173,6 +178,8 @@ def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_sel
         idle_other_pct=_mean(t["idle_split"], "other_pct"),
         kernel_category_pct={r.category: round(float(r.time_pct), 3) for r in t["kernel_categories"].itertuples()},
         tiny_kernel_frac=_mean(t["launch_stats"], "tiny_kernel_frac"),
+        fp32_gemm_pct=_gemm_pct(t["gemm_precision"], "fp32") if gpu else None,
+        tf32_gemm_pct=_gemm_pct(t["gemm_precision"], "tf32") if gpu else None,
         launch_bound=_launch_bound(t),
         launch_delay_mean_us=_mean(t["launch_stats"], "launch_delay_mean_us"),
         pageable_copies=int(pageable["count"].sum()) if len(pageable) else 0,

@@ -181,6 +181,37 @@ def host_idle(target: str, g: GainInput) -> Gain | None:
     return _share_gain(target, g, share, f"{share:.1f} % of the GPU span idles waiting for kernel launches")
 
 
+# GEMM speed-ups taken for the trace rules, deliberately below the datasheet ratios because real GEMMs
+# reach a smaller share of the tensor-core peak than of the FP32 peak: FP32 SIMT -> 16-bit tensor
+# cores at 4x (datasheets: 8x on V100, 16x on A100), TF32 -> bf16 at 1.6x (datasheet 2x).
+FP32_TO_16BIT_GEMM_SPEEDUP = 4.0
+TF32_TO_16BIT_GEMM_SPEEDUP = 1.6
+
+
+def _gemm_gain(g: GainInput, field: str, speedup: float, what: str) -> Gain | None:
+    share = g.ctx.get(field)
+    busy = 100.0 - (g.ctx.get("gpu_idle_pct") or 0.0)
+    if share is None:
+        return None
+    # The share is of summed GPU time; on the step it is that share of the busy part of the span.
+    cut = share * busy / 100.0 * (1 - 1 / speedup)
+    return _share_gain(
+        "step_time_ms", g, cut, f"{what} GEMMs ({share:.1f} % of GPU time) {speedup:g}x faster in 16-bit"
+    )
+
+
+@register("fp32_gemm")
+def fp32_gemm(target: str, g: GainInput) -> Gain | None:
+    """FP32 (SIMT) GEMM time at a conservative tensor-core speed-up."""
+    return _gemm_gain(g, "fp32_gemm_pct", FP32_TO_16BIT_GEMM_SPEEDUP, "FP32")
+
+
+@register("tf32_gemm")
+def tf32_gemm(target: str, g: GainInput) -> Gain | None:
+    """TF32 GEMM time at bf16's (conservative) speed-up."""
+    return _gemm_gain(g, "tf32_gemm_pct", TF32_TO_16BIT_GEMM_SPEEDUP, "TF32")
+
+
 @register("sync_time")
 def sync_time(target: str, g: GainInput) -> Gain | None:
     """Time the host spends blocked in synchronising calls, per step."""

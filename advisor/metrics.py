@@ -93,6 +93,10 @@ class StepMetrics:
     kernel_category_pct: dict = field(default_factory=dict)
     """Share of summed GPU-event time per category: gemm, attention, elementwise, reduction,
     normalization, optimizer, communication, memcpy, memset, convolution, other."""
+    fp32_gemm_pct: float | None = None
+    """GEMMs on plain FP32 (SIMT) cores, % of summed GPU-event time (no tensor cores used)."""
+    tf32_gemm_pct: float | None = None
+    """GEMMs on TF32 tensor cores, % of summed GPU-event time (16-bit runs them 2x faster)."""
     tiny_kernel_frac: float | None = None
     """Share of kernels shorter than 10 us."""
     launch_bound: bool | None = None

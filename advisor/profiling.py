@@ -263,6 +263,8 @@ _ANALYSIS_FIELDS = (
     "idle_other_pct",
     "kernel_category_pct",
     "tiny_kernel_frac",
+    "fp32_gemm_pct",
+    "tf32_gemm_pct",
     "launch_bound",
     "launch_delay_mean_us",
     "pageable_copies",

@@ -141,6 +141,34 @@ def test_launch_bound_verdict_on_the_host_bound_and_the_gpu_bound_trace():
     )
 
 
+@needs_traces
+def test_gemm_math_modes_on_real_traces():
+    # ns_resolution_trace (V100, fp32): its GEMMs are volta_sgemm_* kernels, all of its 24.845 % GEMM
+    # share; nccl_parser_config (A100, fp32 with TF32 allowed): cutlass_80_tensorop_s1688gemm_* and
+    # sm80_xmma_*_tf32f32_* kernels, 22.7 of its 25.1 %, the rest ampere_sgemm/simt_sgemm and
+    # split-K reductions; the nsys H100 capture: nvjet (16-bit tensor-core) GEMMs only.
+    fp32 = analyze(load_trace(TRACES / "kineto" / "ns_resolution_trace")).metrics
+    assert (fp32.fp32_gemm_pct, fp32.tf32_gemm_pct) == (24.836, 0.0)
+    tf32 = analyze(load_trace(TRACES / "kineto" / "nccl_parser_config")).metrics
+    assert (tf32.fp32_gemm_pct, tf32.tf32_gemm_pct) == (0.108, 22.729)
+    h100 = analyze(load_trace(TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite")).metrics
+    assert (h100.fp32_gemm_pct, h100.tf32_gemm_pct) == (0.0, 0.0)
+
+
+def test_gemm_math_of_kernel_names():
+    from advisor.analysis import gemm_math
+
+    assert gemm_math("volta_sgemm_128x64_nn") == "fp32"
+    assert gemm_math("void cutlass::Kernel<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>") == "fp32"
+    assert gemm_math("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_nn_align4>") == "tf32"
+    assert gemm_math("sm80_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x16") == "tf32"
+    assert gemm_math("volta_h884gemm_64x64_ldg8_nn") == "tensor_core_16bit_or_other"
+    assert gemm_math("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1") == (
+        "tensor_core_16bit_or_other"
+    )
+    assert gemm_math("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN") == "tensor_core_16bit_or_other"
+
+
 def test_rocm_names_are_understood(tmp_path):
     # A ROCm trace written by Kineto uses the same categories with HIP names: hipLaunchKernel, rocBLAS
     # Tensile GEMMs (Cijk_...), RCCL (ncclDevKernel_...), hipMemcpyWithStream (blocking).
