@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import queue
+import tempfile
 import threading
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -92,30 +93,10 @@ def size_view(
 ):
     """Size tab: (verdict markdown, memory figure, time figure, memory table, time table)."""
     try:
-        setup = make_setup(
-            model=model,
-            hf_config=config_file or None,
-            gpu=gpu,
-            gpus=_as_int(gpus),
-            seq=_as_int(seq),
-            micro_batch=_as_int(micro_batch),
-            global_batch=_as_int(global_batch),
-            precision=precision,
-            optimizer=optimizer,
-            optimizer_impl=optimizer_impl,
-            framework=framework,
-            recompute=recompute,
-            flash_attention=bool(flash_attention),
-            fp32_grads=bool(fp32_grads),
-            tp=int(tp),
-            pp=int(pp),
-            vpp=int(vpp),
-            cp=int(cp),
-            ep=int(ep),
-            zero=int(zero),
-            sequence_parallel=bool(sequence_parallel),
-            offload=offload,
-        )
+        setup = _setup_from_size_inputs(
+            model, config_file, gpu, gpus, seq, micro_batch, global_batch, precision, optimizer, optimizer_impl,
+            framework, recompute, flash_attention, fp32_grads, tp, pp, vpp, cp, ep, zero, sequence_parallel, offload,
+        )  # fmt: skip
         est = estimate(setup)
     except AdvisorError as err:
         return f"### Invalid setup\n{err}", None, None, _EMPTY_MEMORY, _EMPTY_TIME
@@ -523,6 +504,267 @@ def build_analyze_tab() -> gr.Dropdown:
     return runs
 
 
+# --- Advice tab ----------------------------------------------------------------------------------
+
+_ADVICE_COLUMNS = [
+    "#",
+    "severity",
+    "rule",
+    "recommendation",
+    "predicted gain %",
+    "on",
+    "before",
+    "after",
+    "estimator says",
+    "calibrated says",
+    "basis",
+]
+_VERIFY_COLUMNS = ["rule", "on", "before", "predicted", "measured", "predicted gain %", "measured gain %", "re-run"]
+
+
+def _no_advice():
+    return pd.DataFrame(columns=_ADVICE_COLUMNS), "", None
+
+
+def _advice_rows(advice) -> pd.DataFrame:
+    from advisor.advise import TARGET_LABELS, fmt_value
+
+    rows = []
+    for i, r in enumerate(advice.recommendations, 1):
+        g = r.gain
+        rows.append(
+            [
+                i,
+                r.rule.severity,
+                r.rule.id,
+                r.rule.title,
+                None if g is None else round(g.gain_pct, 1),
+                TARGET_LABELS[r.rule.target],
+                "" if g is None else fmt_value(g.target, g.before),
+                "" if g is None else fmt_value(g.target, g.after),
+                "" if g is None or g.analytic_after is None else fmt_value(g.target, g.analytic_after),
+                "" if g is None or g.calibrated_after is None else fmt_value(g.target, g.calibrated_after),
+                r.action_note if g is None else g.basis + (" (upper bound)" if g.upper_bound else ""),
+            ]
+        )
+    return pd.DataFrame(rows, columns=_ADVICE_COLUMNS)
+
+
+def advice_view(source: str, run_id: str | None, upload: str | None, *size_inputs):
+    """Advice tab: (summary, ranked table, full report markdown, report files) for a stored run, an
+    uploaded trace, or the setup on the Size tab."""
+    from advisor.advise import advice_markdown, advise, advise_run, advise_trace
+
+    try:
+        if source == "stored run":
+            if not run_id:
+                return ("Pick a stored run (profile one on the Profile tab).", *_no_advice())
+            advice = advise_run(run_id, _store())
+        elif source == "uploaded trace":
+            if not upload:
+                return ("Upload a trace (Kineto JSON / gzip / zip of ranks, or nsys SQLite).", *_no_advice())
+            advice = advise_trace(upload)
+        else:
+            advice = advise(setup=_setup_from_size_inputs(*size_inputs), source="the Size tab's setup")
+    except AdvisorError as err:
+        return (f"### Cannot advise\n{err}", *_no_advice())
+    except Exception:
+        log.exception("advice_view failed")
+        return ("### Internal error\nThe advice failed unexpectedly; see the server log.", *_no_advice())
+    md = advice_markdown(advice)
+    out_dir = tempfile.mkdtemp(prefix="advice-")
+    md_path = os.path.join(out_dir, "advice.md")
+    json_path = os.path.join(out_dir, "advice.json")
+    with open(md_path, "w", encoding="utf-8") as f:
+        f.write(md)
+    with open(json_path, "w", encoding="utf-8") as f:
+        f.write(advice.to_json())
+    n = len(advice.recommendations)
+    if n:
+        top = advice.recommendations[0]
+        g = top.gain
+        gain = f" (predicted {g.gain_pct:+.1f} % {top.rule.target.replace('_', ' ')})" if g else ""
+        summary = f"### {n} recommendation{'s' * (n > 1)} for {advice.source}\nTop: **{top.rule.title}**{gain}."
+    else:
+        summary = f"### Nothing to recommend for {advice.source}\nNo rule fired on this input."
+    summary += f"\n\n<small>{advice.n_rules} rules; {len(advice.not_applicable)} lacked their input.</small>"
+    return summary, _advice_rows(advice), md, [md_path, json_path]
+
+
+def verify_view(run_id: str | None, rule_id: str | None, progress=gr.Progress()):  # noqa: B008 (Gradio injects it)
+    """Re-run a stored run with a recommendation applied: (message, predicted vs measured table)."""
+    from advisor.advise import fmt_value
+    from advisor.verify import verify
+
+    empty = pd.DataFrame(columns=_VERIFY_COLUMNS)
+    if not run_id:
+        return "Verification re-runs a stored run: pick one first.", empty
+    try:
+        v = verify(run_id, rule_id or None, _store(), on_progress=lambda d, t, m: progress((d, t), desc=m))
+    except AdvisorError as err:
+        return f"### Cannot verify\n{err}", empty
+    except Exception:
+        log.exception("verify_view failed")
+        return "### Internal error\nThe re-run failed unexpectedly; see the server log.", empty
+    row = [
+        v.rule_id,
+        v.target.replace("_", " "),
+        fmt_value(v.target, v.before),
+        fmt_value(v.target, v.predicted_after),
+        fmt_value(v.target, v.measured_after),
+        round(v.predicted_gain_pct, 1),
+        round(v.measured_gain_pct, 1),
+        v.new_run_id,
+    ]
+    verdict_ = "improved" if v.measured_gain_pct > 0 else "did NOT improve"
+    msg = f"### Re-ran with {v.changes}: measured {verdict_} ({v.measured_gain_pct:+.1f} %)"
+    return msg, pd.DataFrame([row], columns=_VERIFY_COLUMNS)
+
+
+def _setup_from_size_inputs(*values):
+    """The Setup of the Size tab's widgets, in their order (DEFAULTS' keys with the config file second)."""
+    names = list(DEFAULTS)
+    kw = dict(zip(["model", "config_file", *names[1:]], values, strict=True))
+    return make_setup(
+        model=kw["model"],
+        hf_config=kw.pop("config_file") or None,
+        gpu=kw["gpu"],
+        gpus=_as_int(kw["gpus"]),
+        seq=_as_int(kw["seq"]),
+        micro_batch=_as_int(kw["micro_batch"]),
+        global_batch=_as_int(kw["global_batch"]),
+        precision=kw["precision"],
+        optimizer=kw["optimizer"],
+        optimizer_impl=kw["optimizer_impl"],
+        framework=kw["framework"],
+        recompute=kw["recompute"],
+        flash_attention=bool(kw["flash_attention"]),
+        fp32_grads=bool(kw["fp32_grads"]),
+        tp=int(kw["tp"]),
+        pp=int(kw["pp"]),
+        vpp=int(kw["vpp"]),
+        cp=int(kw["cp"]),
+        ep=int(kw["ep"]),
+        zero=int(kw["zero"]),
+        sequence_parallel=bool(kw["sequence_parallel"]),
+        offload=kw["offload"],
+    )
+
+
+def build_advice_tab(size_inputs: list) -> gr.Dropdown:
+    with gr.Row():
+        with gr.Column(scale=1, min_width=300):
+            source = gr.Radio(
+                ["stored run", "uploaded trace", "Size tab setup"],
+                value="Size tab setup",
+                label="Advise on",
+                elem_id="advice-source",
+            )
+            runs = gr.Dropdown(choices=[], label="Stored run", interactive=True, elem_id="advice-run-choice")
+            upload = gr.File(
+                label="Trace: Kineto .json/.json.gz, .zip of rank files, or nsys .sqlite",
+                file_types=[".json", ".gz", ".zip", ".sqlite"],
+                type="filepath",
+            )
+            button = gr.Button("Advise", variant="primary", elem_id="advice-run")
+            gr.Markdown("#### Verify by re-running (stored runs)")
+            rule = gr.Textbox(label="Rule id (empty: the top one that can re-run here)", max_lines=1)
+            verify_btn = gr.Button("Re-run with the recommendation applied", elem_id="advice-verify")
+        with gr.Column(scale=2):
+            summary = gr.Markdown("Pick what to advise on and press Advise.", elem_id="advice-summary")
+            table = gr.Dataframe(pd.DataFrame(columns=_ADVICE_COLUMNS), label="Recommendations", interactive=False)
+            files = gr.File(label="Report (Markdown, JSON)", file_count="multiple", interactive=False)
+            verify_msg = gr.Markdown(elem_id="advice-verify-result")
+            verify_table = gr.Dataframe(
+                pd.DataFrame(columns=_VERIFY_COLUMNS), label="Predicted vs measured", interactive=False
+            )
+            with gr.Accordion("Full report", open=False):
+                report = gr.Markdown()
+    button.click(advice_view, [source, runs, upload, *size_inputs], [summary, table, report, files], api_name="advise")
+    verify_btn.click(
+        verify_view,
+        [runs, rule],
+        [verify_msg, verify_table],
+        api_name="verify",
+        concurrency_limit=1,
+        concurrency_id="device",
+    )
+    return runs
+
+
+# --- Plan tab ------------------------------------------------------------------------------------
+
+_PLAN_COLUMNS = ["rank", "layout", "tokens/s", "step ms", "MFU %", "memory GiB", "memory %"]
+
+
+def plan_view(model: str, gpu: str, gpus: float, seq: float, global_batch: float, precisions: list, offload: bool):
+    """Plan tab: (summary, ranked layouts, explanation) for a model on N devices."""
+    from advisor.planner import PlanRequest, layout_label, plan
+
+    empty = pd.DataFrame(columns=_PLAN_COLUMNS)
+    try:
+        from advisor.presets import get_hardware, get_model
+
+        req = PlanRequest(
+            model=get_model(model),
+            hardware=get_hardware(gpu),
+            gpus=_as_int(gpus),
+            seq_len=_as_int(seq),
+            global_batch=_as_int(global_batch),
+            precisions=tuple(precisions or ()),
+            allow_offload=bool(offload),
+        )
+        result = plan(req)
+    except AdvisorError as err:
+        return f"### Cannot plan\n{err}", empty, ""
+    except Exception:
+        log.exception("plan_view failed")
+        return "### Internal error\nThe planner failed unexpectedly; see the server log.", empty, ""
+    rows = [
+        [
+            e.rank,
+            layout_label(e.setup),
+            round(e.estimate.tokens_per_s),
+            round(e.estimate.step_time_ms, 1),
+            round(100 * e.estimate.mfu_frac, 1),
+            round(e.estimate.memory.total_bytes / 2**30, 1),
+            round(100 * e.estimate.memory_frac, 1),
+        ]
+        for e in result.top
+    ]
+    summary = (
+        f"### {len(result.top)} layouts of {result.fitting:,} that fit\n"
+        f"{result.considered:,} combinations considered ({result.invalid:,} invalid, {result.no_fit:,} do not fit), "
+        f"{result.estimated:,} estimated, in {result.elapsed_s:.2f} s."
+    )
+    return summary, pd.DataFrame(rows, columns=_PLAN_COLUMNS), result.explain()
+
+
+def build_plan_tab() -> None:
+    with gr.Row():
+        with gr.Column(scale=1, min_width=300):
+            model = gr.Dropdown(list(MODELS), value="llama-3.1-70b", label="Model preset")
+            with gr.Row():
+                gpu = gr.Dropdown(list(HARDWARE), value="h100", label="Device")
+                gpus = gr.Number(value=64, precision=0, minimum=1, label="GPUs")
+            with gr.Row():
+                seq = gr.Number(value=8192, precision=0, minimum=1, label="Sequence length")
+                global_batch = gr.Number(value=512, precision=0, minimum=1, label="Global batch (sequences)")
+            precisions = gr.CheckboxGroup(list(PRECISIONS), value=["bf16"], label="Precisions to try")
+            offload = gr.Checkbox(value=True, label="Try CPU offload")
+            button = gr.Button("Plan", variant="primary", elem_id="plan-run")
+        with gr.Column(scale=2):
+            summary = gr.Markdown("Pick a model, a device and a GPU count, then press Plan.", elem_id="plan-summary")
+            table = gr.Dataframe(pd.DataFrame(columns=_PLAN_COLUMNS), label="Best layouts", interactive=False)
+            explain = gr.Markdown()
+    button.click(
+        plan_view,
+        [model, gpu, gpus, seq, global_batch, precisions, offload],
+        [summary, table, explain],
+        api_name="plan",
+    )
+
+
 def build_app() -> gr.Blocks:
     """The whole app; tabs are added here as the product grows."""
     with gr.Blocks(title="LLM training advisor") as demo:
@@ -536,9 +778,14 @@ def build_app() -> gr.Blocks:
             runs = build_profile_tab()
         with gr.Tab("Analyze"):
             analyze_runs = build_analyze_tab()
+        with gr.Tab("Advice"):
+            advice_runs = build_advice_tab(inputs)
+        with gr.Tab("Plan"):
+            build_plan_tab()
         demo.load(size_view, inputs=inputs, outputs=outputs, api_name=False)
         demo.load(run_choices, None, runs, api_name=False)
         demo.load(run_choices, None, analyze_runs, api_name=False)
+        demo.load(run_choices, None, advice_runs, api_name=False)
     return demo
 
 

@@ -106,6 +106,8 @@ def _options_from_args(args: argparse.Namespace) -> RunOptions:
         warmup=args.warmup,
         num_workers=args.num_workers,
         pin_memory=args.pin_memory,
+        data_delay_ms=args.data_delay_ms,
+        memory_budget_gib=args.memory_budget_gib,
         compile=args.compile,
         layers=args.layers,
         timeout_s=args.timeout,
@@ -194,6 +196,166 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from advisor.hf_config import load_hf_config
+    from advisor.planner import PlanRequest, format_plan, plan
+    from advisor.presets import get_hardware, get_model
+
+    model = load_hf_config(args.hf_config) if args.hf_config else get_model(args.model)
+    precisions = tuple(p.strip() for item in args.precision or ["bf16"] for p in item.split(",") if p.strip())
+    request = PlanRequest(
+        model=model,
+        hardware=get_hardware(args.gpu),
+        gpus=args.gpus,
+        seq_len=args.seq,
+        global_batch=args.global_batch,
+        precisions=precisions,
+        allow_offload=not args.no_offload,
+        top=args.top,
+    )
+    result = plan(request)
+    print(json.dumps(result.as_dict(), indent=2) if args.json else format_plan(result))
+    return 0 if result.top else 1
+
+
+def add_plan_parser(sub: argparse._SubParsersAction) -> None:
+    """``plan``: search parallel layouts for a GPU count and rank those that fit by tokens/s (exit 1: none fits)."""
+    plan = sub.add_parser(
+        "plan", help="search DP/TP/PP/CP/EP, ZeRO, recompute and micro-batch; rank what fits (exit 1 if nothing does)"
+    )
+    src = plan.add_mutually_exclusive_group()
+    src.add_argument("--model", default="llama-3.1-8b", help=f"preset: {', '.join(MODELS)} (default: %(default)s)")
+    src.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json file to import instead")
+    plan.add_argument("--gpu", default="h100", help=f"device: {', '.join(HARDWARE)} (default: %(default)s)")
+    plan.add_argument("--gpus", type=int, required=True, help="GPUs in the job; every layout uses all of them")
+    plan.add_argument("--seq", type=int, default=4096, help="sequence length in tokens (default: %(default)s)")
+    plan.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    plan.add_argument(
+        "--precision",
+        action="append",
+        metavar="P[,P]",
+        help=f"precision(s) to try, repeatable or comma-separated: {', '.join(PRECISIONS)} (default: bf16)",
+    )
+    plan.add_argument("--no-offload", action="store_true", help="do not try CPU offload")
+    plan.add_argument("--top", type=int, default=10, help="layouts to list (default: %(default)s)")
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
+    plan.set_defaults(func=_cmd_plan)
+
+
+def _cmd_advise(args: argparse.Namespace) -> int:
+    from advisor.advise import advice_markdown, advise, advise_run, advise_trace
+    from advisor.runstore import RUN_ID_RE
+
+    store = RunStore(args.traces)
+    if args.target is None:
+        advice = advise(setup=setup_from_args(args), source="setup")
+    elif RUN_ID_RE.match(args.target) and (store.root / args.target).is_dir():
+        advice = advise_run(args.target, store)
+    elif Path(args.target).exists():
+        advice = advise_trace(args.target)
+    else:
+        raise AdvisorError(
+            f"advise {args.target!r}: not a run in {store.root} nor a trace file or folder "
+            "(give a run id from `python -m advisor runs`, a trace path, or no argument and setup flags)"
+        )
+    md = advice_markdown(advice)
+    if args.markdown:
+        Path(args.markdown).write_text(md, encoding="utf-8")
+    print(advice.to_json() if args.json else md, end="" if not args.json else "\n")
+    return 0
+
+
+def _cmd_rules(args: argparse.Namespace) -> int:
+    from advisor.rules import FIELDS, load_rules
+
+    if args.fields:
+        for name, doc in FIELDS.items():
+            print(f"{name:28s} {doc}")
+        return 0
+    rules = load_rules(args.dir)
+    if args.json:
+        rows = [
+            {"id": r.id, "group": r.group, "severity": r.severity, "title": r.title, "when": r.when, "gain": r.gain}
+            for r in rules
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rules:
+        print(f"{r.id:30s} {r.group:14s} {r.severity:9s} {r.title}")
+    print(f"{len(rules)} rules")
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from advisor.verify import verify
+
+    def progress(done: int, total: int, message: str) -> None:
+        if not args.json:
+            print(f"  {message}", file=sys.stderr, flush=True)
+
+    v = verify(args.run_id, args.rule, RunStore(args.traces), on_progress=progress)
+    if args.json:
+        print(json.dumps(v.as_dict(), indent=2))
+        return 0
+    bound = " (predicted as an upper bound)" if v.upper_bound else ""
+    print(f"{v.rule_id} on {v.run_id}: re-ran as {v.new_run_id} with {v.changes}")
+    print(f"  {v.target}: before {v.before:,.4g}, predicted {v.predicted_after:,.4g}, measured {v.measured_after:,.4g}")
+    print(f"  gain: predicted {v.predicted_gain_pct:+.1f} %, measured {v.measured_gain_pct:+.1f} %{bound}")
+    print(f"  basis: {v.basis}")
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from advisor.calibrate import (
+        calibration_path,
+        device_key_for,
+        fit_calibration,
+        format_calibration,
+        run_sweep,
+        sweep_setups,
+        training_records,
+    )
+    from advisor.presets import local_hardware
+    from advisor.runner import local_device_type
+
+    store = RunStore(args.traces)
+    key = device_key_for(local_hardware(local_device_type(args.device)))
+    sweep = []
+    if args.sweep:
+
+        def progress(done: int, total: int, message: str) -> None:
+            if not args.json:
+                print(f"  [{done}/{total}] {message}", file=sys.stderr, flush=True)
+
+        sweep = run_sweep(store, sweep_setups(args.sweep_runs), device=args.device, on_progress=progress)
+    cal = fit_calibration(training_records(store, key))
+    path = cal.save(calibration_path(store, key))
+    if args.json:
+        out = {"device_key": cal.device_key, "n_runs": cal.n_runs, "cv": cal.cv, "cv_method": cal.cv_method}
+        out["models"] = {"step_time": cal.step_time.kind, "peak_memory": cal.peak_memory.kind}
+        out["path"] = str(path)
+        out["sweep"] = [
+            {"run_id": s.run.run_id, "status": s.run.status, "other_cpu_frac": s.other_cpu_frac} for s in sweep
+        ]
+        print(json.dumps(out, indent=2))
+    else:
+        print(format_calibration(cal, path))
+    return 0
+
+
+def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
+    """``calibrate``: fit the estimator's correction for this machine's device on the stored runs."""
+    cal = sub.add_parser(
+        "calibrate", help="fit a regression on this device's measured runs that corrects the estimator; CV error"
+    )
+    cal.add_argument("--sweep", action="store_true", help="first profile the calibration sweep (a few minutes)")
+    cal.add_argument("--sweep-runs", type=int, default=36, help="runs in the sweep (default: %(default)s)")
+    cal.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="device to calibrate")
+    cal.add_argument("--runs-dir", "--traces", dest="traces", default=None, help="run store (default: traces/)")
+    cal.add_argument("--json", action="store_true", help="machine-readable output")
+    cal.set_defaults(func=_cmd_calibrate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m advisor", description="LLM training optimization advisor")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -209,6 +371,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps, discarded (default: %(default)s)")
     r.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
     r.add_argument("--pin-memory", action="store_true")
+    r.add_argument(
+        "--data-delay-ms", type=float, default=0.0, help="simulated loading latency per sample (input-pipeline what-if)"
+    )
+    r.add_argument(
+        "--memory-budget-gib", type=float, default=0.0, help="treat the device as having this much memory (0: its own)"
+    )
     r.add_argument("--compile", action="store_true", help="torch.compile the model")
     r.add_argument("--layers", type=int, default=0, help="proxy mode: run N layers, extrapolate to the full depth")
     r.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is stopped")
@@ -233,6 +401,27 @@ def build_parser() -> argparse.ArgumentParser:
     presets = sub.add_parser("presets", help="list the model and device presets")
     presets.add_argument("--json", action="store_true")
     presets.set_defaults(func=_cmd_presets)
+    add_plan_parser(sub)
+    add_calibrate_parser(sub)
+    adv = sub.add_parser(
+        "advise", help="ranked recommendations with predicted gains for a run, a trace, or a setup (flags)"
+    )
+    adv.add_argument("target", nargs="?", help="a run id, a trace file or folder; omit to advise on the setup flags")
+    add_setup_args(adv)
+    adv.add_argument("--traces", default=None, help="run store directory (default: traces/)")
+    adv.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown to FILE")
+    adv.set_defaults(func=_cmd_advise)
+    rl = sub.add_parser("rules", help="list the advice rules (checked on load), or the fields a condition may use")
+    rl.add_argument("--fields", action="store_true", help="the names conditions and messages may use")
+    rl.add_argument("--dir", default=None, help="a folder of rule files to check (default: rules/)")
+    rl.add_argument("--json", action="store_true")
+    rl.set_defaults(func=_cmd_rules)
+    ver = sub.add_parser("verify", help="re-run a profiled run with a recommendation applied; predicted vs measured")
+    ver.add_argument("run_id")
+    ver.add_argument("--rule", help="rule id (default: the top recommendation that can be re-run here)")
+    ver.add_argument("--traces", default=None)
+    ver.add_argument("--json", action="store_true")
+    ver.set_defaults(func=_cmd_verify)
     return parser
 
 

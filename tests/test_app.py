@@ -182,3 +182,58 @@ def test_analyze_tab_on_a_stored_cpu_run_and_on_bad_input(tmp_path):
     )
     assert app.analyze_view(None, "../etc")[0].startswith("### Cannot analyze this trace\nrun id '../etc' is not valid")
     assert app.analyze_view(None, None)[0].startswith("Upload a trace")
+
+
+# --- Advice and Plan tabs ---
+
+
+def _size_values(**changes):
+    values = {**app.DEFAULTS, **changes}
+    return [values["model"], None, *[values[k] for k in list(app.DEFAULTS)[1:]]]
+
+
+def test_advice_tab_on_the_size_setup_gives_a_ranked_table_and_files():
+    summary, table, report, files = app.advice_view(
+        "Size tab setup", None, None, *_size_values(model="llama-3.1-70b", gpus=8, zero=0, global_batch=8)
+    )
+    assert summary.startswith("### ") and "Out of memory, model states dominate" in summary
+    assert table.iloc[0]["rule"] == "mem-oom-model-state" and table.iloc[0]["severity"] == "critical"
+    assert table.iloc[0]["predicted gain %"] > 0
+    assert "# Advice for the Size tab's setup" in report
+    md, js = files
+    assert Path(md).read_text().startswith("# Advice") and '"recommendations"' in Path(js).read_text()
+
+
+def test_advice_tab_on_a_stored_run_and_bad_input(tmp_path, monkeypatch):
+    from advisor.runstore import RunStore
+
+    monkeypatch.setattr(app, "_store", lambda: RunStore(Path(__file__).resolve().parents[1] / "traces"))
+    _, table, _, _ = app.advice_view("stored run", "20261130-165248-tiny-6bcb2f", None, *_size_values())
+    assert "launch-small-batch" in set(table["rule"])
+    assert app.advice_view("stored run", None, None, *_size_values())[0].startswith("Pick a stored run")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert app.advice_view("uploaded trace", None, str(bad), *_size_values())[0].startswith("### Cannot advise")
+    assert app.advice_view("Size tab setup", None, None, *_size_values(tp=3))[0].startswith("### Cannot advise")
+
+
+def test_verify_view_without_a_run_or_with_an_unknown_rule(store):
+    assert app.verify_view(None, None)[0].startswith("Verification re-runs a stored run")
+    msg, table = app.verify_view("20261130-165248-tiny-6bcb2f", "no-such-rule")
+    assert msg.startswith("### Cannot") and table.empty
+
+
+def test_plan_tab_ranks_layouts_and_rejects_bad_input():
+    summary, table, explain = app.plan_view("llama-3.1-8b", "h100", 8, 4096, 64, ["bf16"], True)
+    assert summary.startswith("### ") and len(table) > 0
+    assert list(table["tokens/s"]) == sorted(table["tokens/s"], reverse=True)
+    assert explain
+    bad = app.plan_view("llama-3.1-8b", "h100", 0, 4096, 64, ["bf16"], True)
+    assert bad[0].startswith("### Cannot plan") and "gpus" in bad[0]
+    none = app.plan_view("llama-3.1-8b", "h100", 8, 4096, 64, [], True)
+    assert none[0].startswith("### Cannot plan") and "precisions" in none[0]
+
+
+def test_app_has_advice_and_plan_endpoints():
+    names = {dep.get("api_name") for dep in app.build_app().config["dependencies"]}
+    assert {"size", "profile", "analyze", "advise", "verify", "plan"} <= names
