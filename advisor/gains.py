@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from advisor.errors import AdvisorError
 from advisor.estimator import estimate
 from advisor.metrics import StepMetrics
 from advisor.specs import Setup
@@ -50,6 +51,10 @@ class GainInput:
     options_after: dict[str, Any] | None
     calibration: Any = None
     """An advisor.calibrate.Calibration for this device, or None."""
+
+    def ctx_options(self) -> dict[str, Any]:
+        """The run options of the input, as the context holds them."""
+        return {k: self.ctx.get(k) for k in ("num_workers", "pin_memory", "compile") if self.ctx.get(k) is not None}
 
 
 GainFn = Callable[[str, GainInput], "Gain | None"]
@@ -96,7 +101,10 @@ def whatif(target: str, g: GainInput) -> Gain | None:
     m = g.metrics
     c0 = c1 = None
     if g.calibration is not None:
-        c0, c1 = g.calibration.predict(g.setup), g.calibration.predict(g.after)
+        try:
+            c0, c1 = g.calibration.predict(g.setup, g.ctx_options()), g.calibration.predict(g.after, g.options_after)
+        except AdvisorError:  # a calibration for another device: the estimator alone
+            c0 = c1 = None
     tok0, tok1 = g.setup.tokens_per_step, g.after.tokens_per_step
     if target == "peak_memory_bytes":
         before = float(m.peak_memory_bytes) if m and m.peak_memory_bytes else e0.memory.total_bytes
@@ -134,13 +142,17 @@ def whatif(target: str, g: GainInput) -> Gain | None:
 @register("data_overlap")
 def data_overlap(target: str, g: GainInput) -> Gain | None:
     """DataLoader workers load the next batches while the step computes: the data phase hides behind
-    compute as long as loading one step's batches with w workers takes no longer than the compute."""
+    compute as long as loading one step's batches with w workers takes no longer than the compute.
+    Without workers the measured data time is the whole load; with w0 workers it is the wait left
+    after overlap, so one worker's load per step is (wait + compute) x w0."""
     m = g.metrics
     if m is None or not m.step_time_ms or m.data_ms is None or not g.options_after:
         return None
     workers = max(1, int(g.options_after.get("num_workers") or 0))
+    before_workers = int(g.ctx.get("num_workers") or 0)
     compute = m.step_time_ms - m.data_ms
-    after = compute + max(0.0, m.data_ms / workers - compute)
+    load = m.data_ms if before_workers == 0 else (m.data_ms + compute) * before_workers
+    after = compute + max(0.0, load / workers - compute)
     return _make(
         "step_time_ms",
         m.step_time_ms,

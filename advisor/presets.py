@@ -358,11 +358,14 @@ def cpu_host() -> HardwareSpec:
     """This machine's CPU as the training device (the profiled step's fallback without a GPU).
 
     Memory is read from the OS. FLOP/s assume AVX2 with two FMA units: 2 x 8 fp32 lanes x 2 FLOP per
-    cycle at ~3 GHz = 96 GFLOP/s per core. A CPU with AVX512_BF16 (VDPBF16PS: two bf16 products per
-    32-bit lane, Intel SDM vol. 2) has twice that for bf16, one with AMX-BF16 sixteen times (1024
-    FLOP per cycle per core against 64, Intel's AMX overview); fp16 gets a fast path only with
-    AVX512_FP16 or AMX-FP16. DRAM ~10 GB/s per core. These are rough: the calibration
-    (``python -m advisor calibrate``) learns this machine's real rates.
+    cycle at ~3 GHz = 96 GFLOP/s per core (a 1024^3 fp32 matmul measured 176 GFLOP/s on 2 cores of our
+    EPYC). With AVX512_BF16 (VDPBF16PS: two bf16 products per 32-bit lane, Intel SDM vol. 2) a bf16
+    matmul measured 3.5x fp32 there (oneDNN: 625 GFLOP/s), the factor taken; AMX-BF16 sixteen times
+    (1024 FLOP per cycle per core against 64, Intel's AMX overview). fp16 has a vectorised GEMM in PyTorch's
+    CPU build only with AVX512_FP16 or AMX-FP16; without them it falls back to a scalar loop, measured
+    here at 1/70 of fp32 (512^3 matmul on an AVX512-BF16 EPYC: 2.5 vs 176 GFLOP/s; bf16 625), taken
+    as 1/50. DRAM ~10 GB/s per core. These are rough: the calibration (``python -m advisor
+    calibrate``) learns this machine's real rates.
     """
     cores = os.cpu_count() or 1
     try:
@@ -371,8 +374,8 @@ def cpu_host() -> HardwareSpec:
         memory = 16 * GiB
     peak = 96e9 * cores
     flags = _cpu_flags()
-    bf16 = 16 if "amx_bf16" in flags else 2 if "avx512_bf16" in flags else 1
-    fp16 = 16 if "amx_fp16" in flags else 2 if "avx512_fp16" in flags else 1
+    bf16 = 16 if "amx_bf16" in flags else 3.5 if "avx512_bf16" in flags else 1
+    fp16 = 16 if "amx_fp16" in flags else 2 if "avx512_fp16" in flags else 1 / 50
     return HardwareSpec(
         name=f"CPU host ({cores} cores)",
         memory_bytes=int(memory),

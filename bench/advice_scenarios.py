@@ -64,7 +64,7 @@ SCENARIOS = [
     Scenario(
         "fp16-on-cpu",
         "fp16 autocast on a CPU without a fast fp16 path",
-        dict(model=SMALL, seq=256, micro_batch=4, precision="fp16"),
+        dict(model="tiny", seq=64, micro_batch=2, precision="fp16"),
         designed_for="prec-fp16-on-cpu",
     ),
     Scenario(
@@ -76,9 +76,9 @@ SCENARIOS = [
     ),
     Scenario(
         "few-workers",
-        "10 ms per sample to load, one DataLoader worker",
+        "40 ms per sample to load, one DataLoader worker",
         dict(model="tiny", seq=128, micro_batch=8, precision="bf16"),
-        dict(data_delay_ms=10.0, num_workers=1),
+        dict(data_delay_ms=40.0, num_workers=1),
         designed_for="input-more-workers",
     ),
     Scenario(
@@ -89,8 +89,8 @@ SCENARIOS = [
     ),
     Scenario(
         "unfused-optimizer",
-        "AdamW as a per-parameter for-loop",
-        dict(model="tiny", seq=128, micro_batch=8, precision="bf16", optimizer_impl="for-loop"),
+        "AdamW as a per-parameter for-loop, 8 layers",
+        dict(model=DEEP, seq=64, micro_batch=16, precision="bf16", optimizer_impl="for-loop"),
         designed_for="opt-unfused",
     ),
     Scenario(
@@ -121,8 +121,8 @@ SCENARIOS = [
     ),
     Scenario(
         "small-microbatch",
-        "micro-batch 2 with plenty of memory",
-        dict(model=SMALL, seq=256, micro_batch=2, global_batch=8, precision="bf16"),
+        "micro-batch 1 with 8 accumulation steps and plenty of memory",
+        dict(model="tiny", seq=128, micro_batch=1, global_batch=8, precision="bf16"),
         designed_for="mem-headroom-raise-microbatch",
     ),
 ]

@@ -1,5 +1,6 @@
 """Specs and presets: exact parameter counts and validation messages."""
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -150,3 +151,22 @@ def test_setup_derives_batch_and_accumulation():
     s = Setup(_llama(), TrainSpec(micro_batch=2, global_batch=64), ParallelSpec(dp=4, tp=2))
     assert (s.gpus, s.grad_accum, s.tokens_per_step) == (8, 8, 64 * 2048)
     assert Setup(_llama(), TrainSpec(micro_batch=2), ParallelSpec(dp=4)).global_batch == 8
+
+
+@pytest.mark.parametrize(
+    "flags, bf16, fp16",
+    [
+        (set(), 1.0, 1 / 50),  # AVX2 only: bf16 runs at the fp32 rate, fp16 through a scalar fallback
+        ({"avx512f", "avx512_bf16"}, 3.5, 1 / 50),  # measured on our EPYC: bf16 matmul 3.5x fp32
+        ({"avx512_fp16", "amx_bf16"}, 16.0, 2.0),
+        ({"amx_bf16", "amx_fp16"}, 16.0, 16.0),
+    ],
+)
+def test_cpu_host_peaks_follow_the_cpu_flags(monkeypatch, flags, bf16, fp16):
+    from advisor import presets
+
+    monkeypatch.setattr(presets, "_cpu_flags", lambda: flags)
+    cpu = presets.cpu_host()
+    assert cpu.peak_bf16_flops / cpu.peak_fp32_flops == pytest.approx(bf16)
+    assert cpu.peak_fp16_flops / cpu.peak_fp32_flops == pytest.approx(fp16)
+    assert cpu.peak_fp32_flops == 96e9 * (os.cpu_count() or 1)
