@@ -9,8 +9,10 @@ import json
 import logging
 import os
 import queue
+import shutil
 import tempfile
 import threading
+import time
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -519,7 +521,28 @@ _ADVICE_COLUMNS = [
     "calibrated says",
     "basis",
 ]
-_VERIFY_COLUMNS = ["rule", "on", "before", "predicted", "measured", "predicted gain %", "measured gain %", "re-run"]
+_VERIFY_COLUMNS = [
+    "rule",
+    "on",
+    "before",
+    "predicted",
+    "measured",
+    "predicted gain %",
+    "measured gain %",
+    "original spread %",
+    "re-run",
+]
+
+
+def _report_root() -> str:
+    """One folder per app process for downloadable reports; reports older than an hour are removed."""
+    root = os.path.join(tempfile.gettempdir(), f"advisor-reports-{os.getpid()}")
+    os.makedirs(root, exist_ok=True)
+    cutoff = time.time() - 3600
+    for entry in os.scandir(root):
+        if entry.is_dir() and entry.stat().st_mtime < cutoff:
+            shutil.rmtree(entry.path, ignore_errors=True)
+    return root
 
 
 def _no_advice():
@@ -553,7 +576,7 @@ def _advice_rows(advice) -> pd.DataFrame:
 def advice_view(source: str, run_id: str | None, upload: str | None, *size_inputs):
     """Advice tab: (summary, ranked table, full report markdown, report files) for a stored run, an
     uploaded trace, or the setup on the Size tab."""
-    from advisor.advise import advice_markdown, advise, advise_run, advise_trace
+    from advisor.advise import TARGET_LABELS, advice_markdown, advise, advise_run, advise_trace
 
     try:
         if source == "stored run":
@@ -572,7 +595,7 @@ def advice_view(source: str, run_id: str | None, upload: str | None, *size_input
         log.exception("advice_view failed")
         return ("### Internal error\nThe advice failed unexpectedly; see the server log.", *_no_advice())
     md = advice_markdown(advice)
-    out_dir = tempfile.mkdtemp(prefix="advice-")
+    out_dir = tempfile.mkdtemp(prefix="advice-", dir=_report_root())
     md_path = os.path.join(out_dir, "advice.md")
     json_path = os.path.join(out_dir, "advice.json")
     with open(md_path, "w", encoding="utf-8") as f:
@@ -583,7 +606,7 @@ def advice_view(source: str, run_id: str | None, upload: str | None, *size_input
     if n:
         top = advice.recommendations[0]
         g = top.gain
-        gain = f" (predicted {g.gain_pct:+.1f} % {top.rule.target.replace('_', ' ')})" if g else ""
+        gain = f" (predicted {g.gain_pct:+.1f} % {TARGET_LABELS[g.target]})" if g else ""
         summary = f"### {n} recommendation{'s' * (n > 1)} for {advice.source}\nTop: **{top.rule.title}**{gain}."
     else:
         summary = f"### Nothing to recommend for {advice.source}\nNo rule fired on this input."
@@ -600,7 +623,8 @@ def verify_view(run_id: str | None, rule_id: str | None, progress=gr.Progress())
     if not run_id:
         return "Verification re-runs a stored run: pick one first.", empty
     try:
-        v = verify(run_id, rule_id or None, _store(), on_progress=lambda d, t, m: progress((d, t), desc=m))
+        rule_id = (rule_id or "").strip() or None
+        v = verify(run_id, rule_id, _store(), on_progress=lambda d, t, m: progress((d, t), desc=m))
     except AdvisorError as err:
         return f"### Cannot verify\n{err}", empty
     except Exception:
@@ -616,7 +640,11 @@ def verify_view(run_id: str | None, rule_id: str | None, progress=gr.Progress())
         round(v.measured_gain_pct, 1),
         v.new_run_id,
     ]
-    verdict_ = "improved" if v.measured_gain_pct > 0 else "did NOT improve"
+    row.insert(-1, None if v.noise_pct is None else round(v.noise_pct, 1))
+    if v.noise_pct is not None and abs(v.measured_gain_pct) <= v.noise_pct:
+        verdict_ = f"within the original run's step-to-step spread of {v.noise_pct:.0f} %"
+    else:
+        verdict_ = "improved" if v.measured_gain_pct > 0 else "did NOT improve"
     msg = f"### Re-ran with {v.changes}: measured {verdict_} ({v.measured_gain_pct:+.1f} %)"
     return msg, pd.DataFrame([row], columns=_VERIFY_COLUMNS)
 
@@ -640,12 +668,12 @@ def _setup_from_size_inputs(*values):
         recompute=kw["recompute"],
         flash_attention=bool(kw["flash_attention"]),
         fp32_grads=bool(kw["fp32_grads"]),
-        tp=int(kw["tp"]),
-        pp=int(kw["pp"]),
-        vpp=int(kw["vpp"]),
-        cp=int(kw["cp"]),
-        ep=int(kw["ep"]),
-        zero=int(kw["zero"]),
+        tp=_as_int(kw["tp"]),
+        pp=_as_int(kw["pp"]),
+        vpp=_as_int(kw["vpp"]),
+        cp=_as_int(kw["cp"]),
+        ep=_as_int(kw["ep"]),
+        zero=_as_int(kw["zero"]),
         sequence_parallel=bool(kw["sequence_parallel"]),
         offload=kw["offload"],
     )

@@ -4,6 +4,7 @@ rule's action, rank them, and write the report (Markdown and JSON)."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,10 @@ from advisor.errors import AdvisorError, SpecError
 from advisor.estimator import estimate
 from advisor.gains import GAINS, Gain, GainInput
 from advisor.metrics import StepMetrics
+from advisor.presets import current_hardware
 from advisor.specs import Setup, setup_from_dict, spec_to_dict
 
+log = logging.getLogger("advisor.advise")
 _SEVERITY_RANK = {s: i for i, s in enumerate(R.SEVERITIES)}
 TARGET_LABELS = {"step_time_ms": "step time", "peak_memory_bytes": "peak memory", "tokens_per_s": "tokens/s"}
 
@@ -78,6 +81,8 @@ class Advice:
     context: dict[str, Any]
     setup: Setup | None = None
     calibrated: bool = False
+    rejected: list[Recommendation] = field(default_factory=list)
+    """Rules that fired but whose action is predicted not to help or would not fit, with the reason."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -87,6 +92,7 @@ class Advice:
             "setup": spec_to_dict(self.setup) if self.setup else None,
             "recommendations": [r.as_dict() for r in self.recommendations],
             "not_applicable": [{"id": e.rule.id, "missing": list(e.missing)} for e in self.not_applicable],
+            "rejected": [{"id": r.rule.id, "reason": r.action_note} for r in self.rejected],
         }
 
     def to_json(self) -> str:
@@ -100,24 +106,41 @@ def _action_values(rule: R.Rule, ctx: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _merge_same_change(recs: list[Recommendation]) -> list[Recommendation]:
-    """One recommendation per distinct change: rules that fire with the same action are listed under
-    the most severe of them (then the lowest id), not repeated."""
-    order = sorted(recs, key=lambda r: (_SEVERITY_RANK[r.rule.severity], r.rule.id))
-    kept: dict[str, Recommendation] = {}
+def _rank_key(r: Recommendation) -> tuple:
+    return (_SEVERITY_RANK[r.rule.severity], -(r.gain.gain_pct if r.gain is not None else float("-inf")), r.rule.id)
+
+
+def _one_per_lever(recs: list[Recommendation]) -> list[Recommendation]:
+    """Recommendations in rank order, one per lever: a rule whose action sets a field that a
+    higher-ranked recommendation already sets (ZeRO-1 vs ZeRO-2, two TP changes) is listed under it as
+    an alternative, not as advice of its own; the two cannot both be taken."""
     out: list[Recommendation] = []
-    for r in order:
-        key = json.dumps(r.changes, sort_keys=True, default=str) if r.changes else ""
-        if key and key in kept:
-            first = kept[key]
-            merged = replace(first, also=(*first.also, r.rule.id))
-            out[out.index(first)] = merged
-            kept[key] = merged
-            continue
-        if key:
-            kept[key] = r
-        out.append(r)
+    for r in sorted(recs, key=_rank_key):
+        first = next((k for k in out if r.changes and set(k.changes) & set(r.changes)), None)
+        if first is None:
+            out.append(r)
+        else:
+            out[out.index(first)] = replace(first, also=(*first.also, r.rule.id))
     return out
+
+
+def _rejection(rec: Recommendation, est: Any) -> str:
+    """Why a fired rule's action is not recommended (empty: it is): it is predicted not to help, or it
+    would make a setup that fits no longer fit."""
+    g = rec.gain
+    if g is None:
+        return ""
+    label = TARGET_LABELS[g.target]
+    if g.gain_pct <= 0:
+        return f"predicted {g.gain_pct:+.1f} % {label}: no gain"
+    side = g.side or {}
+    if side.get("fits") is False and (est is None or est.fits):
+        return f"the changed setup would not fit: {side['memory_pct_after']:.0f} % of device memory (estimated)"
+    if est is not None and not est.fits and g.target != "peak_memory_bytes" and side:
+        mem_before, mem_after = side["peak_memory_bytes"]
+        if mem_after >= mem_before:
+            return "the setup does not fit and this change does not lower its memory: fix memory first"
+    return ""
 
 
 def apply_action(
@@ -169,6 +192,7 @@ def advise(
     est = estimate(setup) if setup is not None else None
     ctx = R.build_context(metrics, setup, est, options)
     recs: list[Recommendation] = []
+    rejected: list[Recommendation] = []
     not_applicable: list[R.Evaluation] = []
     for rule in rules:
         ev = R.evaluate(rule, ctx)
@@ -177,23 +201,26 @@ def advise(
             continue
         if not ev.fired:
             continue
-        after, opts_after, values, note = apply_action(rule, ctx, setup, options)
-        gain = None
-        if not note:
-            gain = GAINS[rule.gain](rule.target, GainInput(ctx, metrics, setup, after, opts_after, calibration))
-        recs.append(Recommendation(rule, ev.message, gain, after, opts_after, note, values))
-    recs = _merge_same_change(recs)
-    recs.sort(
-        key=lambda r: (
-            _SEVERITY_RANK[r.rule.severity],
-            -(r.gain.gain_pct if r.gain is not None else float("-inf")),
-            r.rule.id,
-        )
-    )
+        try:
+            after, opts_after, values, note = apply_action(rule, ctx, setup, options)
+            gain = None
+            if not note:
+                gain = GAINS[rule.gain](rule.target, GainInput(ctx, metrics, setup, after, opts_after, calibration))
+        except Exception as err:  # one faulty rule or gain must not take the whole advice down
+            log.exception("rule %s: action or gain failed", rule.id)
+            after, opts_after, values, gain = None, None, {}, None
+            note = f"gain not computed: {type(err).__name__}: {err}"
+        rec = Recommendation(rule, ev.message, gain, after, opts_after, note, values)
+        why_not = _rejection(rec, est)
+        if why_not:
+            rejected.append(replace(rec, action_note=why_not))
+        else:
+            recs.append(rec)
     return Advice(
         source=source or (metrics.run_id if metrics else "setup"),
-        recommendations=recs,
+        recommendations=_one_per_lever(recs),
         not_applicable=not_applicable,
+        rejected=sorted(rejected, key=_rank_key),
         n_rules=len(rules),
         context=ctx,
         setup=setup,
@@ -212,6 +239,9 @@ def advise_run(run_id: str, store: Any = None, *, calibration: Any = None) -> Ad
         raise AdvisorError(f"run {run_id} has status {info.status!r} and no metrics to advise on; profile it again")
     record = info.record
     setup = setup_from_dict(record["setup"]) if "setup" in record else None
+    if setup is not None:
+        # Today's peaks for the device the run recorded (the calibration is fitted against them too).
+        setup = replace(setup, hardware=current_hardware(setup.hardware))
     if calibration is None and setup is not None:
         calibration = _calibration_for(store, setup)
     return advise(
@@ -283,6 +313,14 @@ def advice_markdown(advice: Advice) -> str:
                 f"- **Predicted gain:** {g.gain_pct:+.1f} % {label}{bound}: {fmt_value(g.target, g.before)} -> "
                 f"{fmt_value(g.target, g.after)}; {g.basis}"
             )
+            if g.side:
+                other = "peak_memory_bytes" if g.target != "peak_memory_bytes" else "step_time_ms"
+                b, a = g.side[other]
+                if b and abs(a - b) / b > 0.01:
+                    lines.append(
+                        f"- **Also changes {TARGET_LABELS[other]}:** {fmt_value(other, b)} -> {fmt_value(other, a)} "
+                        f"({100 * (a - b) / b:+.0f} %)"
+                    )
             if g.calibrated_after is not None and g.analytic_after is not None:
                 lines.append(
                     f"- **Analytic vs calibrated:** {fmt_value(g.target, g.analytic_after)} vs "
@@ -294,9 +332,15 @@ def advice_markdown(advice: Advice) -> str:
             lines.append("- **Gain:** not predicted for this input")
         lines.append(f"- **Why:** {r.rule.why}")
         if r.also:
-            lines.append("- **Also fired with the same change:** " + ", ".join(f"`{a}`" for a in r.also))
+            lines.append("- **Alternatives that change the same setting:** " + ", ".join(f"`{a}`" for a in r.also))
         if r.rule.references:
             lines.append("- **References:** " + "; ".join(r.rule.references))
+        lines.append("")
+    if advice.rejected:
+        lines.append("## Fired but not recommended")
+        lines.append("")
+        for r in advice.rejected:
+            lines.append(f"- `{r.rule.id}` ({r.rule.title}): {r.action_note}")
         lines.append("")
     if advice.not_applicable:
         lines.append("## Rules that did not apply")

@@ -21,7 +21,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,10 @@ import pandas as pd
 from advisor.errors import AdvisorError
 from advisor.estimator import Estimate, estimate
 from advisor.metrics import StepMetrics
-from advisor.presets import tiny, tiny_moe
+from advisor.presets import current_hardware, tiny, tiny_moe
 from advisor.profiling import RunOptions
 from advisor.runstore import RunInfo, RunStore, write_json_atomic
-from advisor.specs import HardwareSpec, ModelSpec, Setup, setup_from_dict
+from advisor.specs import HardwareSpec, ModelSpec, Setup, setup_from_dict, spec_to_dict
 
 FORMAT = "advisor-calibration"
 FORMAT_VERSION = 1
@@ -237,6 +237,7 @@ def _record_columns() -> list[str]:
         "est_peak_memory_bytes",
         "step_time_ms",
         "peak_memory_bytes",
+        "setup_json",
     ]
 
 
@@ -261,7 +262,11 @@ def _row_of_run(run: RunInfo) -> dict[str, Any] | None:
         setup = setup_from_dict(run.record["setup"])
     except AdvisorError:
         return None
-    return record_of(setup, step_ms, peak, options, run.run_id)
+    # Estimated with today's peaks for this device, as predict() will be (not those the run recorded).
+    setup = replace(setup, hardware=current_hardware(setup.hardware))
+    row = record_of(setup, step_ms, peak, options, run.run_id)
+    row["setup_json"] = json.dumps(spec_to_dict(setup), sort_keys=True)
+    return row
 
 
 # --- the sweep -------------------------------------------------------------------------------------
@@ -597,6 +602,28 @@ class Calibration:
     created_utc: str = ""
     cv_method: str = ""
     features: tuple[str, ...] = FEATURES
+    checks: tuple[dict, ...] = ()
+    """A few training setups with the estimator's figures for them at fit time: when the estimator or
+    the device's preset changes, they no longer match and the calibration is stale (see is_stale)."""
+
+    def stale_reason(self) -> str:
+        """Empty while the estimator still gives the fitted figures for the check setups, else why not."""
+        for check in self.checks:
+            try:
+                est = estimate(setup_from_dict(json.loads(check["setup_json"])))
+            except (AdvisorError, ValueError, TypeError, KeyError) as err:
+                return f"a check setup no longer builds ({err})"
+            for name, now in (
+                ("est_step_time_ms", est.step_time_ms),
+                ("est_peak_memory_bytes", est.memory.total_bytes),
+            ):
+                then = check[name]
+                if not math.isclose(now, then, rel_tol=1e-6):
+                    return (
+                        f"the estimator changed since the fit ({name.removeprefix('est_')} of a check setup: "
+                        f"{then:.6g} then, {now:.6g} now)"
+                    )
+        return ""
 
     def predict(self, setup: Setup, options: RunOptions | dict | None = None) -> CalibratedPrediction:
         """Step time (ms) and peak memory (bytes) of ``setup`` on this device, corrected; with the
@@ -632,6 +659,7 @@ class Calibration:
             "cv": dict(self.cv),
             "features": list(self.features),
             "models": {"step_time": self.step_time.to_dict(), "peak_memory": self.peak_memory.to_dict()},
+            "checks": [dict(c) for c in self.checks],
         }
 
     def save(self, path: str | Path) -> Path:
@@ -691,6 +719,17 @@ class Calibration:
                 corrections[target] = Correction.from_dict(models[target], len(FEATURES))
             except AdvisorError as err:
                 raise AdvisorError(f"models.{target}: {err}") from None
+        checks = d.get("checks", [])
+        if not isinstance(checks, list) or len(checks) > MAX_CHECKS:
+            raise AdvisorError(f"checks must be a list of at most {MAX_CHECKS}")
+        for c in checks:
+            if (
+                not isinstance(c, dict)
+                or set(c) != {"setup_json", "est_step_time_ms", "est_peak_memory_bytes"}
+                or not isinstance(c["setup_json"], str)
+                or not all(_is_finite(c[k]) for k in ("est_step_time_ms", "est_peak_memory_bytes"))
+            ):
+                raise AdvisorError("each check must hold setup_json (text) and two finite estimates")
         return cls(
             device_key=key,
             n_runs=n,
@@ -699,6 +738,7 @@ class Calibration:
             peak_memory=corrections["peak_memory"],
             created_utc=d["created_utc"],
             cv_method=d["cv_method"],
+            checks=tuple(checks),
         )
 
 
@@ -713,6 +753,25 @@ CV_KEYS = (
 
 def _reject_constant(name: str) -> float:
     raise AdvisorError(f"{name} is not a number a calibration holds")
+
+
+MAX_CHECKS = 8
+
+
+def _checks(records: pd.DataFrame) -> tuple[dict, ...]:
+    """Up to three distinct training setups and their estimates, spread over the records."""
+    if "setup_json" not in records:
+        return ()
+    rows = records.drop_duplicates("setup_json")
+    picks = rows.iloc[np.linspace(0, len(rows) - 1, num=min(3, len(rows))).astype(int)] if len(rows) else rows
+    return tuple(
+        {
+            "setup_json": str(r.setup_json),
+            "est_step_time_ms": float(r.est_step_time_ms),
+            "est_peak_memory_bytes": float(r.est_peak_memory_bytes),
+        }
+        for r in picks.itertuples()
+    )
 
 
 def fit_calibration(records: pd.DataFrame) -> Calibration:
@@ -752,6 +811,7 @@ def fit_calibration(records: pd.DataFrame) -> Calibration:
         },
         step_time=chosen["step_time"],
         peak_memory=chosen["peak_memory"],
+        checks=_checks(records),
         created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         cv_method=f"{min(CV_FOLDS, n_setups)}-fold cross-validation over {n_setups} setups, {CV_REPEATS} shuffles "
         "averaged; re-runs of a setup kept in one fold",
@@ -831,6 +891,9 @@ def load_calibration(store: RunStore, device_key: str) -> Calibration | None:
     cal = Calibration.load(path)
     if cal.device_key != device_key:
         raise AdvisorError(f"calibration file {path} is for device {cal.device_key}, not {device_key}")
+    stale = cal.stale_reason()
+    if stale:
+        raise AdvisorError(f"calibration file {path} is stale: {stale}; refit with `python -m advisor calibrate`")
     return cal
 
 

@@ -37,6 +37,9 @@ class Gain:
     """The calibrated regression's what-if (None without a calibration for this device)."""
     upper_bound: bool = False
     """The gain assumes the cause is removed entirely (e.g. all exposed communication hidden)."""
+    side: dict[str, Any] | None = None
+    """What-if gains only: both figures before and after ({'step_time_ms': (before, after),
+    'peak_memory_bytes': (before, after)}), whether the changed setup fits, and its memory %."""
 
 
 @dataclass(frozen=True)
@@ -90,11 +93,30 @@ def _measured_step_share(m: StepMetrics) -> float:
     return 1.0
 
 
+def _memory_after(before: float, e0: float, e1: float) -> float:
+    """The measured peak moved by the predicted difference; by the predicted ratio where the difference
+    would leave less than a tenth of it (an estimate far above the measured peak)."""
+    after = before - (e0 - e1)
+    return after if after >= 0.1 * before else before * e1 / e0
+
+
+def _step_after(m: StepMetrics | None, step0: float, ratio: float, token_ratio: float) -> float:
+    """The measured step with the modelled phases scaled by ``ratio``; loading scales with the tokens
+    per step, other host time stays."""
+    if m is None or not m.step_time_ms:
+        return step0 * ratio
+    share = _measured_step_share(m)
+    data = (m.data_ms or 0.0) / step0 if m.data_ms else 0.0
+    rest = max(0.0, 1 - share - data)
+    return step0 * (share * ratio + data * token_ratio + rest)
+
+
 @register("whatif")
 def whatif(target: str, g: GainInput) -> Gain | None:
     """The estimator's (and the calibration's) prediction for the changed setup, applied to the measured
-    figure: a time ratio on the share of the step the estimator models, a memory difference on the
-    measured peak, tokens/s from the new step time and tokens per step."""
+    figure: a time ratio on the share of the step the estimator models (loading scaled with the tokens
+    per step), a memory difference on the measured peak, tokens/s from the new step time and tokens
+    per step. The other figure's change is kept as a side effect (offload saves memory and costs time)."""
     if g.setup is None or g.after is None:
         return None
     e0, e1 = estimate(g.setup), estimate(g.after)
@@ -106,21 +128,30 @@ def whatif(target: str, g: GainInput) -> Gain | None:
         except AdvisorError:  # a calibration for another device: the estimator alone
             c0 = c1 = None
     tok0, tok1 = g.setup.tokens_per_step, g.after.tokens_per_step
+    mem0 = float(m.peak_memory_bytes) if m and m.peak_memory_bytes else e0.memory.total_bytes
+    mem_analytic = _memory_after(mem0, e0.memory.total_bytes, e1.memory.total_bytes)
+    mem_cal = None if c0 is None else _memory_after(mem0, c0.peak_memory_bytes, c1.peak_memory_bytes)
+    step0 = m.step_time_ms if m and m.step_time_ms else e0.step_time_ms
+    ratio = e1.step_time_ms / e0.step_time_ms
+    t_analytic = _step_after(m, step0, ratio, tok1 / tok0)
+    t_cal = None if c0 is None else step0 * c1.step_time_ms / c0.step_time_ms
+    t_best = t_cal if t_cal is not None else t_analytic
+    mem_best = mem_cal if mem_cal is not None else mem_analytic
+    side = {
+        "step_time_ms": (step0, t_best),
+        "peak_memory_bytes": (mem0, mem_best),
+        "fits": bool(e1.fits),
+        "memory_pct_after": 100.0 * e1.memory_frac,
+    }
     if target == "peak_memory_bytes":
-        before = float(m.peak_memory_bytes) if m and m.peak_memory_bytes else e0.memory.total_bytes
-        analytic = max(0.0, before - (e0.memory.total_bytes - e1.memory.total_bytes))
-        calibrated = None if c0 is None else max(0.0, before - (c0.peak_memory_bytes - c1.peak_memory_bytes))
+        before, analytic, calibrated = mem0, mem_analytic, mem_cal
         basis = (
             "measured peak minus the estimator's memory difference"
             if m and m.peak_memory_bytes
             else "the estimator's peak for the changed setup"
         )
     else:
-        step0 = m.step_time_ms if m and m.step_time_ms else e0.step_time_ms
         share = _measured_step_share(m) if m and m.step_time_ms else 1.0
-        ratio = e1.step_time_ms / e0.step_time_ms
-        t_analytic = step0 * (1 - share + share * ratio)
-        t_cal = None if c0 is None else step0 * c1.step_time_ms / c0.step_time_ms
         basis = (
             f"estimator's step-time ratio x{ratio:.2f} on the {100 * share:.0f} % of the step it models"
             if share < 1
@@ -136,7 +167,7 @@ def whatif(target: str, g: GainInput) -> Gain | None:
     if calibrated is not None:
         basis = f"calibrated regression on this machine's runs (the estimator alone: {analytic:,.4g})"
     after = calibrated if calibrated is not None else analytic
-    return _make(target, before, after, basis, analytic_after=analytic, calibrated_after=calibrated)
+    return _make(target, before, after, basis, analytic_after=analytic, calibrated_after=calibrated, side=side)
 
 
 @register("data_overlap")
@@ -226,12 +257,16 @@ def tf32_gemm(target: str, g: GainInput) -> Gain | None:
 
 @register("sync_time")
 def sync_time(target: str, g: GainInput) -> Gain | None:
-    """Time the host spends blocked in synchronising calls, per step."""
+    """Host time blocked in synchronising calls costs the step only where the GPU then idles for want
+    of queued work: the blocked share, bounded by the GPU's host-wait idle share where it is known."""
     m = g.metrics
     if m is None or m.sync_time_ms is None or not m.steps_measured or not m.step_time_ms:
         return None
     share = 100.0 * m.sync_time_ms / m.steps_measured / m.step_time_ms
-    return _share_gain(target, g, share, f"{share:.1f} % of the step is the host blocked in synchronising calls")
+    idle, host = g.ctx.get("gpu_idle_pct"), g.ctx.get("idle_host_wait_pct")
+    if idle is not None and host is not None:
+        share = min(share, idle * host / 100.0)
+    return _share_gain(target, g, share, f"{share:.1f} % of the step: the GPU idles while the host is blocked")
 
 
 @register("straggler")
@@ -309,27 +344,55 @@ def optimizer_impl(target: str, g: GainInput) -> Gain | None:
 
 
 # nanoGPT's vocabulary padding (50257 -> 50304) sped GPT-2 124M training up by about 25 % on A100s
-# (A. Karpathy, 2023); the LM head is 31 % of that model's matmul FLOPs. The gain below scales that
-# measured effect by the share of matmul FLOPs with the misaligned dimension.
-_ALIGNMENT_GAIN_PER_SHARE = 0.25 / 0.31
+# (A. Karpathy, 2023); the LM head is 31 % of that model's matmul FLOPs. The vocabulary gain scales that
+# measured effect by this model's LM-head share of matmul FLOPs.
+_VOCAB_GAIN_PER_HEAD_SHARE = 0.25 / 0.31
+TENSOR_CORE_TILE = 64
 
 
-@register("alignment")
-def alignment(target: str, g: GainInput) -> Gain | None:
-    """Matmuls with a misaligned dimension, at the speed nanoGPT measured after padding: the gain is
-    proportional to their share of the matmul FLOPs (the LM head for the vocabulary, all for hidden)."""
-    s, m = g.setup, g.metrics
-    if s is None:
+def _before_step(g: GainInput) -> float | None:
+    m, s = g.metrics, g.setup
+    if m and m.step_time_ms:
+        return m.step_time_ms
+    return estimate(s).step_time_ms if s is not None else None
+
+
+@register("vocab_alignment")
+def vocab_alignment(target: str, g: GainInput) -> Gain | None:
+    """The LM head's share of matmul FLOPs at the speed-up nanoGPT measured from padding the vocabulary."""
+    s = g.setup
+    before = _before_step(g)
+    if s is None or before is None:
         return None
     md = s.model
-    share = md.vocab * md.hidden / md.matmul_params_per_token if md.vocab % 64 else 1.0
-    before = m.step_time_ms if m and m.step_time_ms else estimate(s).step_time_ms
-    cut = min(0.25, _ALIGNMENT_GAIN_PER_SHARE * share)  # never more than nanoGPT's whole-model figure
+    share = md.vocab * md.hidden / md.matmul_params_per_token()
+    cut = min(0.25, _VOCAB_GAIN_PER_HEAD_SHARE * share)  # never more than nanoGPT's whole-model figure
     return _make(
         "step_time_ms",
         before,
         before * (1 - cut),
-        f"misaligned GEMMs are {100 * share:.0f} % of matmul FLOPs; nanoGPT's padding gain scaled to that share",
+        f"the LM head is {100 * share:.0f} % of matmul FLOPs; nanoGPT's padding gain scaled to that share",
+        upper_bound=True,
+    )
+
+
+@register("hidden_alignment")
+def hidden_alignment(target: str, g: GainInput) -> Gain | None:
+    """Tile quantisation: every GEMM with the hidden size as a dimension computes padded tiles of 64; the
+    padded fraction of the GEMM time is the bound."""
+    s = g.setup
+    before = _before_step(g)
+    if s is None or before is None:
+        return None
+    h = s.model.hidden
+    padded = -(-h // TENSOR_CORE_TILE) * TENSOR_CORE_TILE
+    waste = (padded - h) / padded
+    gemm = (g.ctx.get("gemm_pct") or 100.0) / 100.0
+    return _make(
+        "step_time_ms",
+        before,
+        before * (1 - gemm * waste),
+        f"hidden {h} computes {padded}-wide tiles: {100 * waste:.1f} % of GEMM work is padding",
         upper_bound=True,
     )
 
@@ -341,13 +404,15 @@ def skipped_steps(target: str, g: GainInput) -> Gain | None:
     m = g.metrics
     if m is None or not m.fp16_skipped_steps or not m.steps_measured or not m.step_time_ms:
         return None
-    total = max(m.steps_measured, m.fp16_skipped_steps + 1)
+    total = m.steps_measured
     useful = total - m.fp16_skipped_steps
+    if useful <= 0:
+        return None  # every measured step was skipped: training is not progressing at all
     before = m.step_time_ms * total / useful  # time per step that updated the weights
     return _make(
         "step_time_ms",
         before,
         m.step_time_ms,
-        f"{m.fp16_skipped_steps} of {total} steps skipped: time per useful step back to the step time",
+        f"{m.fp16_skipped_steps} of {total} measured steps skipped: time per useful step back to the step time",
         upper_bound=True,
     )

@@ -34,8 +34,8 @@ class StepMetrics:
     recompute: str | None = None
     optimizer: str | None = None
     fp16_skipped_steps: int | None = None
-    """Optimizer steps the fp16 GradScaler skipped for inf/NaN gradients, over all steps run (None
-    unless fp16)."""
+    """Optimizer steps the fp16 GradScaler skipped for inf/NaN gradients among the steps_measured timed
+    steps (the warm-up step, where the scaler calibrates from 2**16, is not counted; None unless fp16)."""
     tokens_per_step: int | None = None
     steps_measured: int | None = None
     step_time_ms: float | None = None

@@ -442,3 +442,17 @@ def local_hardware(device_type: str) -> HardwareSpec:
     return replace(
         h100_sxm(), name=f"{props.name} (peaks unknown: H100 datasheet used)", memory_bytes=int(props.total_memory)
     )
+
+
+def current_hardware(hw: HardwareSpec) -> HardwareSpec:
+    """The spec this version of the advisor gives the device a stored run recorded as ``hw``: this
+    machine's CPU, or the preset of the same name (with the memory the run recorded), so that stored
+    runs are estimated with the current peaks. A device it does not know is returned unchanged."""
+    if hw.kind == "cpu":
+        cpu = cpu_host()
+        return cpu if hw.name == cpu.name else hw
+    for make in HARDWARE.values():
+        preset = make()
+        if preset.name == hw.name:
+            return replace(preset, memory_bytes=hw.memory_bytes)
+    return hw

@@ -190,6 +190,7 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
     trace_path = run_dir / "trace.json"
     step_ms: list[float] = []
     profiled_ms: list[float] = []
+    skipped_timed = 0
     baseline_bytes = 0
     first_active = timed + options.warmup
 
@@ -217,10 +218,13 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
                 if options.inject:
                     _inject(options.inject)
             t0 = time.perf_counter()
+            skipped = trainer.skipped_steps
             trainer.step(batches)
             elapsed_ms = (time.perf_counter() - t0) * 1e3
             if 1 <= i < timed:
                 step_ms.append(elapsed_ms)
+                # fp16: only skips in the timed steps count (the scaler calibrates from 2**16 early on).
+                skipped_timed += trainer.skipped_steps - skipped
             elif i >= first_active:
                 profiled_ms.append(elapsed_ms)
             prof.step()
@@ -245,6 +249,8 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
     metrics = _metrics(
         full, setup, options, trainer, step_ms, profiled_ms, peak_bytes, reserved, sampler, run_id, device
     )
+    if metrics.fp16_skipped_steps is not None:
+        metrics = replace(metrics, fp16_skipped_steps=skipped_timed)
     metrics = with_trace_analysis(metrics, run_dir / "trace.json.gz")
     metrics.save(run_dir / "metrics.json")
     return metrics

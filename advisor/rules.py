@@ -15,6 +15,7 @@ run has no NVML) does not fire; it is listed as not applicable with the missing 
 from __future__ import annotations
 
 import ast
+import re
 import string
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -64,6 +65,7 @@ _DERIVED_FIELDS = {
     "sync_calls_per_step": "blocking host calls per profiled step",
     "n_stragglers": "ranks flagged as stragglers",
     "reserved_over_peak": "CUDA allocator reservation over peak allocation (fragmentation), ratio",
+    "reserved_pct": "CUDA allocator reservation at its peak, % of device capacity",
     "gemm_pct": "GEMM kernels, % of summed GPU-event time",
     "attention_pct": "attention kernels, % of summed GPU-event time",
     "elementwise_pct": "elementwise kernels, % of summed GPU-event time",
@@ -223,10 +225,14 @@ def expression_names(expr: str, where: str) -> frozenset[str]:
     """The field names ``expr`` reads; RuleError for syntax, unknown names or disallowed constructs."""
     if not isinstance(expr, str) or not expr.strip():
         raise RuleError(f"{where}: the expression must be a non-empty string (got {expr!r})")
+    if len(expr) > 2000:
+        raise RuleError(f"{where}: the expression is {len(expr)} characters long (at most 2000)")
     try:
         tree = ast.parse(expr.strip(), mode="eval")
     except SyntaxError as err:
         raise RuleError(f"{where}: cannot parse {expr!r}: {err.msg}") from None
+    except (RecursionError, MemoryError):
+        raise RuleError(f"{where}: the expression is nested too deeply") from None
     names: set[str] = set()
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED_NODES):
@@ -251,16 +257,24 @@ def _near(name: str) -> str:
     return "did you mean " + ", ".join(close) if close else "see advisor.rules.FIELDS for the known names"
 
 
+_SPEC_RE = re.compile(r"^(,?\.\d[f%]|,|\.\dg)?$")
+
+
 def _message_names(message: str, where: str) -> None:
     try:
         parts = list(string.Formatter().parse(message))
     except ValueError as err:
         raise RuleError(f"{where}: bad message template: {err}") from None
-    for _, name, _, _ in parts:
+    for _, name, spec, conversion in parts:
         if name is None:
             continue
         if not name.isidentifier() or name not in FIELDS:
             raise RuleError(f"{where}: message placeholder {{{name}}} is not a known field name ({_near(name)})")
+        if conversion or not _SPEC_RE.match(spec or ""):
+            raise RuleError(
+                f"{where}: placeholder {{{name}}} has format {spec!r}; allowed: none, or a precision like "
+                "'.1f', ',.0f', '.2f', '.0%' (no nested fields, widths or conversions)"
+            )
 
 
 def _check_action(action: object, where: str) -> dict[str, Any]:
@@ -374,18 +388,24 @@ def evaluate_expression(expr: str, ctx: dict[str, Any]) -> Any:
     return _evaluator(ctx).eval(expr)
 
 
-class _Fmt(dict):
-    def __missing__(self, key: str) -> str:
-        return "?"
+class _MessageFormatter(string.Formatter):
+    """Fills a checked message template: a missing or None field prints '?', a value its spec cannot
+    format (text under '.1f') prints plainly; other fields keep their specs."""
+
+    def get_value(self, key: object, args: object, kwargs: dict[str, Any]) -> Any:
+        return kwargs.get(str(key))
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if value is None:
+            return "?"
+        try:
+            return format(value, format_spec)
+        except (ValueError, TypeError):
+            return str(value)
 
 
 def _format(template: str, ctx: dict[str, Any]) -> str:
-    safe = _Fmt({k: v for k, v in ctx.items() if v is not None})
-    try:
-        return string.Formatter().vformat(template, (), safe)
-    except (ValueError, TypeError):
-        # A format spec like {x:.1f} on a missing ("?") value: show the template's names plainly.
-        return string.Formatter().vformat(template.replace(":.0f}", "}").replace(":.1f}", "}"), (), safe)
+    return _MessageFormatter().vformat(template, (), ctx)
 
 
 def evaluate(rule: Rule, ctx: dict[str, Any]) -> Evaluation:
@@ -435,6 +455,8 @@ def build_context(
         ctx["n_stragglers"] = len(m.stragglers) if m.n_ranks else None
         if m.reserved_memory_bytes and m.peak_memory_bytes:
             ctx["reserved_over_peak"] = m.reserved_memory_bytes / m.peak_memory_bytes
+        if m.reserved_memory_bytes and m.memory_capacity_bytes:
+            ctx["reserved_pct"] = 100.0 * m.reserved_memory_bytes / m.memory_capacity_bytes
         if m.kernel_category_pct:
             for cat in ("gemm", "attention", "elementwise", "communication", "memcpy"):
                 ctx[f"{cat}_pct"] = float(m.kernel_category_pct.get(cat, 0.0))
@@ -514,4 +536,5 @@ def build_context(
             # Sizing only: the estimate stands in for the measured memory figures.
             ctx["memory_pct"] = ctx["est_memory_pct"]
             ctx["peak_memory_gib"] = ctx["est_memory_gib"]
+            ctx["memory_capacity_gib"] = estimate.capacity_bytes / GiB
     return ctx

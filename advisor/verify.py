@@ -36,6 +36,11 @@ class Verification:
     changes: dict[str, Any]
     basis: str
     upper_bound: bool = False
+    calibrated: bool = False
+    """The prediction came from this machine's calibration (else the estimator alone)."""
+    noise_pct: float | None = None
+    """The original run's step-time spread (max - min over its timed steps), % of its median: a
+    measured change smaller than this is within noise."""
 
     @property
     def error_pct(self) -> float:
@@ -104,7 +109,12 @@ def verify(
     g = rec.gain
     target = g.target
     measured = _measured(metrics, target)
-    before = float(g.before)
+    original = info.metrics() or {}
+    # The original run's own measurement (a gain may restate it, e.g. per useful fp16 step).
+    before = _measured(original, target) if original.get(target) is not None else float(g.before)
+    spread = None
+    if original.get("step_time_max_ms") and original.get("step_time_min_ms") and original.get("step_time_ms"):
+        spread = 100.0 * (original["step_time_max_ms"] - original["step_time_min_ms"]) / original["step_time_ms"]
     result = Verification(
         run_id=run_id,
         rule_id=rec.rule.id,
@@ -118,6 +128,8 @@ def verify(
         changes=rec.changes,
         basis=g.basis,
         upper_bound=g.upper_bound,
+        calibrated=g.calibrated_after is not None,
+        noise_pct=spread if target != "peak_memory_bytes" else None,
     )
     out = store.root / VERIFY_DIR / f"{run_id}--{rec.rule.id}--{new.run_id}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

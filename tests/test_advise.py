@@ -159,3 +159,62 @@ def test_cli_rules_lists_and_checks(tmp_path, capsys):
     (tmp_path / "memory.yaml").write_text("- id: x\n  title: t\n")
     assert main(["rules", "--dir", str(tmp_path)]) == 2
     assert "missing keys" in capsys.readouterr().err
+
+
+def test_vocab_alignment_on_a_gpu_setup_is_priced():
+    # GPT-2's vocabulary 50257: the LM head is 31 % of its matmul FLOPs, nanoGPT's padding measured
+    # ~25 % on this very model; the gain is capped there.
+    advice = advise(setup=make_setup(model="gpt2-124m", gpu="h100", gpus=8, seq=1024, global_batch=64))
+    rec = next(r for r in advice.recommendations if r.rule.id == "kern-vocab-multiple")
+    assert rec.changes == {"model.vocab": 50304}
+    assert rec.gain.gain_pct == pytest.approx(25.0) and rec.gain.upper_bound
+
+
+def test_actions_that_would_not_fit_or_not_help_are_rejected_with_the_reason():
+    # 70B on 64 H100 with ZeRO-3 and full recompute: the ZeRO-3 rules would drop to ZeRO-2 / ZeRO-1,
+    # which need 208 % / 379 % of the 80 GB: fired, but not recommended.
+    advice = advise(
+        setup=make_setup(
+            model="llama-3.1-70b", gpu="h100", gpus=64, zero=3, recompute="full", seq=4096, global_batch=64
+        )
+    )
+    rejected = {r.rule.id: r.action_note for r in advice.rejected}
+    assert rejected["comm-zero3-gathers"] == "the changed setup would not fit: 208 % of device memory (estimated)"
+    assert rejected["par-zero3-unneeded"].startswith("the changed setup would not fit: 379 %")
+    assert not {"comm-zero3-gathers", "par-zero3-unneeded"} & set(fired(advice))
+    # 8B with TP=16: going to TP=1 is predicted 4x slower, so it is not advice; TP inside a node is.
+    tp16 = advise(setup=make_setup(model="llama-3.1-8b", gpu="h100", gpus=16, tp=16, seq=4096))
+    assert fired(tp16)[0] == "par-tp-across-nodes"
+    assert "no gain" in {r.rule.id: r.action_note for r in tp16.rejected}["par-tp-unneeded"]
+    md = advice_markdown(tp16)
+    assert "## Fired but not recommended" in md and "`par-tp-unneeded`" in md
+
+
+def test_memory_advice_shows_its_step_time_cost():
+    # 8B on one H100 does not fit; offloading the optimizer over PCIe makes it fit at a large time cost.
+    advice = advise(setup=make_setup(model="llama-3.1-8b", gpu="h100", gpus=1, seq=4096))
+    top = advice.recommendations[0]
+    assert top.rule.id == "mem-offload-pcie-last-resort" and top.gain.target == "peak_memory_bytes"
+    t0, t1 = top.gain.side["step_time_ms"]
+    assert t1 > 5 * t0
+    assert "**Also changes step time:**" in advice_markdown(advice)
+    # A speed-up that raises memory is not offered while the setup does not fit.
+    assert "fix memory first" in {r.rule.id: r.action_note for r in advice.rejected}["prec-fp8-hopper"]
+
+
+def test_one_recommendation_per_setting():
+    advice = advise(setup=make_setup(model="llama-3.1-70b", gpu="h100", gpus=8, seq=4096))
+    zero = [r for r in advice.recommendations if any(k == "parallel.zero" for k in r.changes)]
+    assert len(zero) == 1
+
+
+def test_a_faulty_gain_does_not_take_the_advice_down(monkeypatch):
+    from advisor import gains
+
+    def broken(target, g):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setitem(gains.GAINS, "whatif", broken)
+    advice = advise(setup=make_setup(model="llama-3.1-70b", gpu="h100", gpus=8, seq=4096))
+    notes = [r.action_note for r in advice.recommendations if r.rule.gain == "whatif"]
+    assert notes and all(n == "gain not computed: ZeroDivisionError: boom" for n in notes)

@@ -4,6 +4,7 @@ files and thin data, and reads real runs from the run store."""
 import json
 import math
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -340,3 +341,27 @@ def test_group_folds_keep_reruns_together_and_test_every_row_once():
     for train, test in folds:
         assert not set(groups[train]) & set(groups[test])
     assert len(group_folds(groups[:4], seed=0)) == 3  # three setups: three folds
+
+
+def test_a_calibration_goes_stale_when_the_estimator_changes(setups, tmp_path, monkeypatch):
+    store = _synthetic_store(tmp_path, setups[:10])
+    cal = fit_calibration(training_records(store, device_key_for(setups[0])))
+    assert len(cal.checks) == 3 and cal.stale_reason() == ""
+    key = cal.device_key
+    cal.save(calibration_path(store, key))
+    assert load_calibration(store, key) == cal
+    # Stored runs are estimated with today's device peaks: the runs recorded the same CPU.
+    assert json.loads(cal.checks[0]["setup_json"])["hardware"] == spec_to_dict(cpu_host())
+    # A changed estimator (here: a 10 % slower step for everything) makes the stored fit stale.
+    import advisor.calibrate as C
+
+    real = C.estimate
+
+    def slower(setup):
+        e = real(setup)
+        return replace(e, time=replace(e.time, compute_ms=e.time.compute_ms * 1.1))
+
+    monkeypatch.setattr(C, "estimate", slower)
+    assert "the estimator changed since the fit (step_time_ms of a check setup" in cal.stale_reason()
+    with pytest.raises(AdvisorError, match=r"is stale: .*refit with `python -m advisor calibrate`"):
+        load_calibration(store, key)

@@ -37,6 +37,22 @@ def test_why_texts_have_no_placeholders():
         assert "{" not in r.why, r.id
 
 
+def test_messages_print_missing_values_as_a_question_mark():
+    rule = next(r for r in RULES if r.id == "mem-near-oom-flash-off")
+    ctx = dict.fromkeys(R.FIELDS) | {"memory_pct": 93.0, "train_flash_attention": False, "train_seq_len": 4096}
+    assert R.evaluate(rule, ctx).message == (
+        "Peak memory is 93 % of the ? GiB capacity with attention unfused at sequence length 4096."
+    )
+
+
+def test_deeply_nested_conditions_fail_at_load():
+    # Python's parser refuses ~200 levels itself; the length cap stops longer inputs before parsing.
+    with pytest.raises(R.RuleError, match=r"cannot parse|nested too deeply"):
+        R.expression_names("(" * 900 + "1" + ")" * 900, "x")
+    with pytest.raises(R.RuleError, match=r"is 10001 characters long \(at most 2000\)"):
+        R.expression_names("(" * 5000 + "1" + ")" * 5000, "x")
+
+
 def test_missing_input_makes_a_rule_not_applicable():
     rule = next(r for r in RULES if r.id == "input-dataloader-stall")
     ev = R.evaluate(rule, dict.fromkeys(R.FIELDS) | {"data_pct": 40.0})
@@ -96,6 +112,9 @@ def test_a_good_rule_file_loads(tmp_path):
         (lambda t: t.replace("target: step_time_ms", "target: joy"), "target 'joy' not in"),
         (lambda t: t.replace("m {memory_pct}", "m {nope}"), "placeholder {nope} is not a known field"),
         (lambda t: t.replace("m {memory_pct}", "m {memory_pct.real}"), "placeholder"),
+        (lambda t: t.replace("m {memory_pct}", "m {memory_pct:{hw_name}}"), "has format"),
+        (lambda t: t.replace("m {memory_pct}", "m {memory_pct:>100000000}"), "has format"),
+        (lambda t: t.replace("m {memory_pct}", "m {memory_pct!r}"), "has format"),
         (
             lambda t: t.replace("{describe: d}", "{describe: d, set: {train.colour: red}}"),
             "train has no field 'colour'",

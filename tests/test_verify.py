@@ -38,6 +38,10 @@ def test_slow_loading_is_advised_and_the_rerun_measures_it(slow_data_run):
     # 400 ms of sleeping per step in the main process before; workers prefetch it during the step after.
     assert base["data_ms"] >= 400
     assert new["data_ms"] < base["data_ms"] / 2
+    # The pair compares the original run's own measurement with the re-run's.
+    assert v.before == pytest.approx(base["step_time_ms"]) and v.measured_after == pytest.approx(new["step_time_ms"])
+    spread = 100 * (base["step_time_max_ms"] - base["step_time_min_ms"]) / base["step_time_ms"]
+    assert v.noise_pct == pytest.approx(spread) and v.calibrated is False
     assert store.load(v.new_run_id).record["options"]["num_workers"] == 2
     pairs = list((store.root / VERIFY_DIR).glob("*.json"))
     assert len(pairs) == 1 and json.loads(pairs[0].read_text())["new_run_id"] == v.new_run_id
