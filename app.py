@@ -131,6 +131,12 @@ def _as_int(value: float | None) -> int | None:
     return int(value) if float(value).is_integer() else value  # type: ignore[return-value]
 
 
+def _degree_dropdown(choices: list[int], value: int, label: str) -> gr.Dropdown:
+    """A parallel degree as text choices: gradio_client documents dropdown values as strings, and
+    _as_int turns them back into integers (an integer from a Python caller works too)."""
+    return gr.Dropdown([str(c) for c in choices], value=str(value), label=label)
+
+
 def build_size_tab() -> None:
     d = DEFAULTS
     with gr.Row():
@@ -164,13 +170,13 @@ def build_size_tab() -> None:
                 fp32_grads = gr.Checkbox(value=d["fp32_grads"], label="fp32 gradients (Megatron default)")
             gr.Markdown("#### Parallelism (dp = GPUs / (tp·pp·cp))")
             with gr.Row():
-                tp = gr.Dropdown(_DEGREES, value=d["tp"], label="TP")
-                pp = gr.Dropdown(_DEGREES, value=d["pp"], label="PP")
-                vpp = gr.Dropdown([1, 2, 3, 4, 6, 8], value=d["vpp"], label="Virtual stages")
+                tp = _degree_dropdown(_DEGREES, d["tp"], "TP")
+                pp = _degree_dropdown(_DEGREES, d["pp"], "PP")
+                vpp = _degree_dropdown([1, 2, 3, 4, 6, 8], d["vpp"], "Virtual stages")
             with gr.Row():
-                cp = gr.Dropdown(_DEGREES, value=d["cp"], label="CP")
-                ep = gr.Dropdown(_DEGREES, value=d["ep"], label="EP")
-                zero = gr.Dropdown([0, 1, 2, 3], value=d["zero"], label="ZeRO / FSDP stage")
+                cp = _degree_dropdown(_DEGREES, d["cp"], "CP")
+                ep = _degree_dropdown(_DEGREES, d["ep"], "EP")
+                zero = _degree_dropdown([0, 1, 2, 3], d["zero"], "ZeRO / FSDP stage")
             sp = gr.Checkbox(value=d["sequence_parallel"], label="Sequence parallel (with TP)")
             offload = gr.Radio(list(OFFLOAD_MODES), value=d["offload"], label="CPU offload")
         with gr.Column(scale=2):
@@ -365,6 +371,13 @@ def open_run(run_id: str | None):
         return (f"### Cannot open run\n{err}", *_no_run_outputs())
 
 
+def _run_dropdown(label: str, **kwargs) -> gr.Dropdown:
+    """A stored-run picker. Its choices are filled per browser session on page load, so without a custom
+    value an API caller (who never loads the page) or a run profiled after the load would be refused
+    as "not in the list of choices"; the handlers validate every run id against the store instead."""
+    return gr.Dropdown(choices=[], label=label, interactive=True, allow_custom_value=True, **kwargs)
+
+
 def run_choices() -> gr.Dropdown:
     """The stored runs, newest first and selected (so the tab opens on the latest run)."""
     runs, _ = _store().list_runs()
@@ -400,7 +413,7 @@ def build_profile_tab() -> gr.Dropdown:
                 run_btn = gr.Button("Run profiled step", variant="primary", elem_id="profile-run")
                 cancel_btn = gr.Button("Cancel")
             with gr.Row():
-                runs = gr.Dropdown(choices=[], label="Stored runs", interactive=True)
+                runs = _run_dropdown("Stored runs")
                 refresh = gr.Button("Refresh list", size="sm")
         with gr.Column(scale=2):
             summary = gr.Markdown("Press **Run profiled step**, or open a stored run.", elem_id="profile-summary")
@@ -416,9 +429,9 @@ def build_profile_tab() -> gr.Dropdown:
     inputs += [num_workers, pin_memory, compile_model, optimizer_impl]
     outputs = [summary, phases, memory, nvml, top_ops, trace]
     run_btn.click(profile_view, inputs, outputs, api_name="profile", concurrency_limit=1, concurrency_id="device")
-    cancel_btn.click(cancel_profile, None, summary, api_name=False, queue=False)
+    cancel_btn.click(cancel_profile, None, summary, api_visibility="undocumented", queue=False)
     runs.change(open_run, runs, outputs, api_name="open_run")
-    refresh.click(run_choices, None, runs, api_name=False)
+    refresh.click(run_choices, None, runs, api_visibility="undocumented")
     return runs
 
 
@@ -489,7 +502,7 @@ def build_analyze_tab() -> gr.Dropdown:
                 type="filepath",
                 elem_id="analyze-upload",
             )
-            runs = gr.Dropdown(choices=[], label="…or a stored run", interactive=True)
+            runs = _run_dropdown("…or a stored run")
             button = gr.Button("Analyze", variant="primary", elem_id="analyze-run")
         with gr.Column(scale=2):
             summary = gr.Markdown("Upload a trace or pick a run.", elem_id="analyze-summary")
@@ -502,7 +515,7 @@ def build_analyze_tab() -> gr.Dropdown:
             )
     outputs = [summary, temporal, categories, top, details]
     button.click(analyze_view, [upload, runs], outputs, api_name="analyze")
-    upload.upload(analyze_view, [upload, runs], outputs, api_name=False)
+    upload.upload(analyze_view, [upload, runs], outputs, api_visibility="undocumented")
     return runs
 
 
@@ -688,7 +701,7 @@ def build_advice_tab(size_inputs: list) -> gr.Dropdown:
                 label="Advise on",
                 elem_id="advice-source",
             )
-            runs = gr.Dropdown(choices=[], label="Stored run", interactive=True, elem_id="advice-run-choice")
+            runs = _run_dropdown("Stored run", elem_id="advice-run-choice")
             upload = gr.File(
                 label="Trace: Kineto .json/.json.gz, .zip of rank files, or nsys .sqlite",
                 file_types=[".json", ".gz", ".zip", ".sqlite"],
@@ -810,10 +823,10 @@ def build_app() -> gr.Blocks:
             advice_runs = build_advice_tab(inputs)
         with gr.Tab("Plan"):
             build_plan_tab()
-        demo.load(size_view, inputs=inputs, outputs=outputs, api_name=False)
-        demo.load(run_choices, None, runs, api_name=False)
-        demo.load(run_choices, None, analyze_runs, api_name=False)
-        demo.load(run_choices, None, advice_runs, api_name=False)
+        demo.load(size_view, inputs=inputs, outputs=outputs, api_visibility="undocumented")
+        demo.load(run_choices, None, runs, api_visibility="undocumented")
+        demo.load(run_choices, None, analyze_runs, api_visibility="undocumented")
+        demo.load(run_choices, None, advice_runs, api_visibility="undocumented")
     return demo
 
 

@@ -234,6 +234,9 @@ def test_plan_tab_ranks_layouts_and_rejects_bad_input():
     assert none[0].startswith("### Cannot plan") and "precisions" in none[0]
 
 
-def test_app_has_advice_and_plan_endpoints():
-    names = {dep.get("api_name") for dep in app.build_app().config["dependencies"]}
-    assert {"size", "profile", "analyze", "advise", "verify", "plan"} <= names
+def test_the_public_api_is_each_tabs_main_action():
+    deps = app.build_app().config["dependencies"]
+    public = {d["api_name"] for d in deps if d.get("api_visibility") == "public"}
+    # Everything else (refreshes, cancel, page-load fills) is undocumented, not "false_1"-style names.
+    assert public == {"size", "profile", "open_run", "analyze", "advise", "verify", "plan"}
+    assert not any(str(d.get("api_name")).startswith("false") for d in deps)
