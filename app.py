@@ -830,12 +830,36 @@ def build_app() -> gr.Blocks:
     return demo
 
 
+def auth_from_env(value: str | None) -> list[tuple[str, str]] | None:
+    """``ADVISOR_AUTH="user:password[,user2:password2]"`` as Gradio's auth list; None when unset.
+    Raises ValueError naming the malformed entry (never echoing a password)."""
+    if not value:
+        return None
+    pairs = []
+    for i, entry in enumerate(value.split(","), 1):
+        user, sep, password = entry.strip().partition(":")
+        if not sep or not user or not password:
+            raise ValueError(f"ADVISOR_AUTH entry {i} is not user:password (both non-empty, comma-separated entries)")
+        pairs.append((user, password))
+    return pairs
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO)
     host = os.environ.get("ADVISOR_HOST", "127.0.0.1")
     port = int(os.environ.get("ADVISOR_PORT", "7860"))
+    try:
+        auth = auth_from_env(os.environ.get("ADVISOR_AUTH"))
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+    if host not in ("127.0.0.1", "localhost") and auth is None:
+        log.warning("serving on %s without a login: set ADVISOR_AUTH=user:password to require one", host)
     build_app().queue(default_concurrency_limit=16).launch(
-        server_name=host, server_port=port, max_file_size=MAX_UPLOAD, allowed_paths=[str(_store().root)]
+        server_name=host,
+        server_port=port,
+        max_file_size=MAX_UPLOAD,
+        allowed_paths=[str(_store().root)],
+        auth=auth,
     )
 
 

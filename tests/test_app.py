@@ -240,3 +240,28 @@ def test_the_public_api_is_each_tabs_main_action():
     # Everything else (refreshes, cancel, page-load fills) is undocumented, not "false_1"-style names.
     assert public == {"size", "profile", "open_run", "analyze", "advise", "verify", "plan"}
     assert not any(str(d.get("api_name")).startswith("false") for d in deps)
+
+
+def test_login_comes_from_the_environment(monkeypatch):
+    assert app.auth_from_env(None) is None and app.auth_from_env("") is None
+    assert app.auth_from_env("ana:s3cret, bo:pw:with:colons") == [("ana", "s3cret"), ("bo", "pw:with:colons")]
+    for bad in ("ana", "ana:", ":pw", "ana:pw,,"):
+        with pytest.raises(ValueError, match=r"ADVISOR_AUTH entry \d is not user:password") as err:
+            app.auth_from_env(bad)
+        assert "pw" not in str(err.value)
+    seen = {}
+
+    class FakeBlocks:
+        def queue(self, **kw):
+            return self
+
+        def launch(self, **kw):
+            seen.update(kw)
+
+    monkeypatch.setattr(app, "build_app", lambda: FakeBlocks())
+    monkeypatch.setenv("ADVISOR_AUTH", "ana:s3cret")
+    app.main()
+    assert seen["auth"] == [("ana", "s3cret")] and seen["server_name"] == "127.0.0.1"
+    monkeypatch.setenv("ADVISOR_AUTH", "broken")
+    with pytest.raises(SystemExit, match="ADVISOR_AUTH entry 1"):
+        app.main()
