@@ -423,6 +423,32 @@ def _offloads(req: PlanRequest, zero: int) -> tuple[str, ...]:
 # --- the search -----------------------------------------------------------------------------------
 
 
+def layout_train(req: PlanRequest, lay: _Layout, recompute: str, b: int) -> TrainSpec:
+    """The step of one grid point: the request's sequence and global batch, micro-batch ``b``."""
+    return TrainSpec(
+        seq_len=req.seq_len,
+        micro_batch=b,
+        global_batch=req.global_batch,
+        precision=lay.precision,
+        recompute=recompute,
+    )
+
+
+def layout_parallel(lay: _Layout, zero: int, offload: str) -> ParallelSpec:
+    """The parallel spec of one grid point; sequence parallelism always on with TP (a stated rule)."""
+    return ParallelSpec(
+        dp=lay.dp,
+        tp=lay.tp,
+        pp=lay.pp,
+        vpp=lay.vpp,
+        cp=lay.cp,
+        ep=lay.ep,
+        zero=zero,
+        sequence_parallel=lay.tp > 1,
+        offload=offload,
+    )
+
+
 class _Search:
     """Builds and estimates setups with cached specs; keeps the counts and the running top."""
 
@@ -440,32 +466,15 @@ class _Search:
         self.tokens_per_step = req.global_batch * req.seq_len
 
     def setup(self, lay: _Layout, zero: int, offload: str, recompute: str, b: int) -> Setup:
+        # The specs are shared between layouts that differ elsewhere (validated once each).
         tkey = (lay.precision, recompute, b)
         train = self.trains.get(tkey)
         if train is None:
-            train = TrainSpec(
-                seq_len=self.req.seq_len,
-                micro_batch=b,
-                global_batch=self.req.global_batch,
-                precision=lay.precision,
-                recompute=recompute,
-            )
-            self.trains[tkey] = train
+            train = self.trains[tkey] = layout_train(self.req, lay, recompute, b)
         pkey = (lay.tp, lay.cp, lay.pp, lay.vpp, lay.ep, zero, offload)
         par = self.parallels.get(pkey)
         if par is None:
-            par = ParallelSpec(
-                dp=lay.dp,
-                tp=lay.tp,
-                pp=lay.pp,
-                vpp=lay.vpp,
-                cp=lay.cp,
-                ep=lay.ep,
-                zero=zero,
-                sequence_parallel=lay.tp > 1,
-                offload=offload,
-            )
-            self.parallels[pkey] = par
+            par = self.parallels[pkey] = layout_parallel(lay, zero, offload)
         return Setup(self.req.model, train, par, self.req.hardware)
 
     def run(self, lay: _Layout, zero: int, offload: str, recompute: str, b: int) -> Estimate:

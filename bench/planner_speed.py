@@ -26,10 +26,12 @@ from advisor.planner import (
     _offloads,
     _rank_key,
     layout_label,
+    layout_parallel,
+    layout_train,
     plan,
 )
 from advisor.presets import get_hardware, get_model
-from advisor.specs import RECOMPUTE_MODES, ParallelSpec, Setup, TrainSpec
+from advisor.specs import RECOMPUTE_MODES, Setup
 
 TARGET_S = 1.0
 CASES = [
@@ -50,25 +52,9 @@ def exhaustive(req: PlanRequest) -> tuple[int, float, object]:
         for b in _micro_batches(req, lay):
             for zero in range(4):
                 for offload in _offloads(req, zero):
-                    par = ParallelSpec(
-                        dp=lay.dp,
-                        tp=lay.tp,
-                        pp=lay.pp,
-                        vpp=lay.vpp,
-                        cp=lay.cp,
-                        ep=lay.ep,
-                        zero=zero,
-                        sequence_parallel=lay.tp > 1,
-                        offload=offload,
-                    )
+                    par = layout_parallel(lay, zero, offload)
                     for recompute in RECOMPUTE_MODES:
-                        train = TrainSpec(
-                            seq_len=req.seq_len,
-                            micro_batch=b,
-                            global_batch=req.global_batch,
-                            precision=lay.precision,
-                            recompute=recompute,
-                        )
+                        train = layout_train(req, lay, recompute, b)
                         est = estimate(Setup(req.model, train, par, req.hardware))
                         n += 1
                         if est.fits and (best is None or _rank_key(est) < _rank_key(best)):
