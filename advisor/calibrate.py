@@ -31,7 +31,7 @@ import pandas as pd
 from advisor.errors import AdvisorError
 from advisor.estimator import Estimate, estimate
 from advisor.metrics import StepMetrics
-from advisor.presets import current_hardware, tiny, tiny_moe
+from advisor.presets import current_hardware, gpt2_style, tiny, tiny_moe
 from advisor.profiling import RunOptions
 from advisor.runstore import RunInfo, RunStore, write_json_atomic
 from advisor.specs import HardwareSpec, ModelSpec, Setup, setup_from_dict, spec_to_dict
@@ -277,23 +277,7 @@ def _row_of_run(run: RunInfo) -> dict[str, Any] | None:
 SWEEP_MODELS: tuple[ModelSpec, ...] = (
     tiny(),
     tiny_moe(),
-    ModelSpec(
-        name="sweep-gelu-6l",
-        n_layers=6,
-        hidden=384,
-        n_heads=6,
-        ffn_hidden=1536,
-        vocab=8192,
-        mlp="gelu",
-        norm="layernorm",
-        norm_bias=True,
-        position="learned",
-        max_positions=1024,
-        tied_embeddings=True,
-        qkv_bias=True,
-        attn_out_bias=True,
-        mlp_bias=True,
-    ),
+    replace(gpt2_style("sweep-gelu-6l", n_layers=6, hidden=384, n_heads=6), vocab=8192),
     ModelSpec(
         name="sweep-deep-8l",
         n_layers=8,

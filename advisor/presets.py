@@ -27,7 +27,9 @@ _GPU_RUNTIME_OVERHEAD_BYTES = 1 * GiB
 # --- models -----------------------------------------------------------------------------------
 
 
-def _gpt2(name: str, n_layers: int, hidden: int, n_heads: int) -> ModelSpec:
+def gpt2_style(name: str, n_layers: int, hidden: int, n_heads: int) -> ModelSpec:
+    """A GPT-2 shaped model (GELU MLP of 4h, LayerNorm with bias, learned positions to 1024, tied head,
+    biases everywhere, vocabulary 50257); variants through dataclasses.replace."""
     # openai-community/gpt2*/config.json: n_positions 1024, vocab 50257, tied head, biases everywhere.
     return ModelSpec(
         name=name,
@@ -50,22 +52,22 @@ def _gpt2(name: str, n_layers: int, hidden: int, n_heads: int) -> ModelSpec:
 
 def gpt2_124m() -> ModelSpec:
     """GPT-2 small: 124,439,808 parameters."""
-    return _gpt2("gpt2-124m", 12, 768, 12)
+    return gpt2_style("gpt2-124m", 12, 768, 12)
 
 
 def gpt2_355m() -> ModelSpec:
     """GPT-2 medium: 354,823,168 parameters."""
-    return _gpt2("gpt2-355m", 24, 1024, 16)
+    return gpt2_style("gpt2-355m", 24, 1024, 16)
 
 
 def gpt2_774m() -> ModelSpec:
     """GPT-2 large: 774,030,080 parameters."""
-    return _gpt2("gpt2-774m", 36, 1280, 20)
+    return gpt2_style("gpt2-774m", 36, 1280, 20)
 
 
 def gpt2_1_5b() -> ModelSpec:
     """GPT-2 XL: 1,557,611,200 parameters."""
-    return _gpt2("gpt2-1.5b", 48, 1600, 25)
+    return gpt2_style("gpt2-1.5b", 48, 1600, 25)
 
 
 def _llama(name: str, n_layers: int, hidden: int, n_heads: int, n_kv: int, ffn: int, vocab: int, **kw) -> ModelSpec:
