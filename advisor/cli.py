@@ -93,6 +93,16 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
     )
 
 
+def _stderr_progress(args: argparse.Namespace, counts: bool = False):
+    """A progress callback that prints to stderr (nothing under --json, which owns stdout's format)."""
+
+    def progress(done: int, total: int, message: str) -> None:
+        if not args.json:
+            print(f"  [{done}/{total}] {message}" if counts else f"  {message}", file=sys.stderr, flush=True)
+
+    return progress
+
+
 def _cmd_size(args: argparse.Namespace) -> int:
     est: Estimate = estimate(setup_from_args(args))
     print(json.dumps(est.as_dict(), indent=2) if args.json else format_estimate(est))
@@ -120,11 +130,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     setup = setup_from_args(args)
     options = _options_from_args(args)
 
-    def progress(done: int, total: int, message: str) -> None:
-        if not args.json:
-            print(f"  {message}", file=sys.stderr, flush=True)
-
-    run = profile_run(setup, options, RunStore(args.traces), on_progress=progress)
+    run = profile_run(setup, options, RunStore(args.traces), on_progress=_stderr_progress(args))
     metrics = run.metrics()
     if args.json:
         out = {"run_id": run.run_id, "run_dir": str(run.path), "status": run.status, "message": run.record["message"]}
@@ -289,11 +295,7 @@ def _cmd_rules(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from advisor.verify import verify
 
-    def progress(done: int, total: int, message: str) -> None:
-        if not args.json:
-            print(f"  {message}", file=sys.stderr, flush=True)
-
-    v = verify(args.run_id, args.rule, RunStore(args.traces), on_progress=progress)
+    v = verify(args.run_id, args.rule, RunStore(args.traces), on_progress=_stderr_progress(args))
     if args.json:
         print(json.dumps(v.as_dict(), indent=2))
         return 0
@@ -322,12 +324,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     key = device_key_for(local_hardware(local_device_type(args.device)))
     sweep = []
     if args.sweep:
-
-        def progress(done: int, total: int, message: str) -> None:
-            if not args.json:
-                print(f"  [{done}/{total}] {message}", file=sys.stderr, flush=True)
-
-        sweep = run_sweep(store, sweep_setups(args.sweep_runs), device=args.device, on_progress=progress)
+        sweep = run_sweep(
+            store, sweep_setups(args.sweep_runs), device=args.device, on_progress=_stderr_progress(args, counts=True)
+        )
     cal = fit_calibration(training_records(store, key))
     path = cal.save(calibration_path(store, key))
     if args.json:
