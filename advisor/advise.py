@@ -205,7 +205,8 @@ def advise(
             after, opts_after, values, note = apply_action(rule, ctx, setup, options)
             gain = None
             if not note:
-                gain = GAINS[rule.gain](rule.target, GainInput(ctx, metrics, setup, after, opts_after, calibration))
+                g_in = GainInput(ctx, metrics, setup, after, opts_after, calibration, est)
+                gain = GAINS[rule.gain](rule.target, g_in)
         except Exception as err:  # one faulty rule or gain must not take the whole advice down
             log.exception("rule %s: action or gain failed", rule.id)
             after, opts_after, values, gain = None, None, {}, None

@@ -54,6 +54,11 @@ class GainInput:
     options_after: dict[str, Any] | None
     calibration: Any = None
     """An advisor.calibrate.Calibration for this device, or None."""
+    before: Any = None
+    """The estimate of ``setup``, made once per advice (None without a setup)."""
+
+    def estimate_before(self) -> Any:
+        return self.before if self.before is not None else estimate(self.setup)
 
     def ctx_options(self) -> dict[str, Any]:
         """The run options of the input, as the context holds them."""
@@ -119,7 +124,7 @@ def whatif(target: str, g: GainInput) -> Gain | None:
     per step. The other figure's change is kept as a side effect (offload saves memory and costs time)."""
     if g.setup is None or g.after is None:
         return None
-    e0, e1 = estimate(g.setup), estimate(g.after)
+    e0, e1 = g.estimate_before(), estimate(g.after)
     m = g.metrics
     c0 = c1 = None
     if g.calibration is not None:
@@ -354,7 +359,7 @@ def _before_step(g: GainInput) -> float | None:
     m, s = g.metrics, g.setup
     if m and m.step_time_ms:
         return m.step_time_ms
-    return estimate(s).step_time_ms if s is not None else None
+    return g.estimate_before().step_time_ms if s is not None else None
 
 
 @register("vocab_alignment")
