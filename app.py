@@ -5,6 +5,7 @@ Run ``python app.py`` (binds 127.0.0.1:7860; set ADVISOR_HOST / ADVISOR_PORT to 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -26,8 +27,10 @@ from advisor.charts import (
     memory_figure,
     nvml_figure,
     phase_figure,
+    plan_scatter_figure,
     temporal_figure,
     time_figure,
+    timeline_figure,
 )
 from advisor.errors import AdvisorError
 from advisor.estimator import estimate
@@ -64,6 +67,8 @@ DEFAULTS = {
     "sequence_parallel": False,
     "offload": "none",
 }
+SIZE_KEYS = ["model", "config_file", *list(DEFAULTS)[1:]]
+"""The Size tab's inputs in the order of size_view's parameters (the /size endpoint's)."""
 _DEGREES = [1, 2, 4, 8, 16, 32, 64]
 _EMPTY_MEMORY = pd.DataFrame(columns=["component", "GiB", "share %"])
 _EMPTY_TIME = pd.DataFrame(columns=["component", "ms", "share %"])
@@ -131,18 +136,19 @@ def _as_int(value: float | None) -> int | None:
     return int(value) if float(value).is_integer() else value  # type: ignore[return-value]
 
 
-def _degree_dropdown(choices: list[int], value: int, label: str) -> gr.Dropdown:
+def _degree_dropdown(choices: list[int], value: int, label: str, **kwargs) -> gr.Dropdown:
     """A parallel degree as text choices: gradio_client documents dropdown values as strings, and
     _as_int turns them back into integers (an integer from a Python caller works too)."""
-    return gr.Dropdown([str(c) for c in choices], value=str(value), label=label)
+    return gr.Dropdown([str(c) for c in choices], value=str(value), label=label, **kwargs)
 
 
-def build_size_tab() -> None:
+def build_size_tab() -> tuple[dict, list]:
+    """The Size tab: its input widgets by SIZE_KEYS name, and its outputs."""
     d = DEFAULTS
     with gr.Row():
         with gr.Column(scale=1, min_width=320):
             gr.Markdown("#### Model and devices")
-            model = gr.Dropdown(list(MODELS), value=d["model"], label="Model preset")
+            model = gr.Dropdown(list(MODELS), value=d["model"], label="Model preset", elem_id="size-model")
             config_file = gr.File(label="…or a Hugging Face config.json", file_types=[".json"], type="filepath")
             with gr.Row():
                 gpu = gr.Dropdown(list(HARDWARE), value=d["gpu"], label="Device")
@@ -176,7 +182,7 @@ def build_size_tab() -> None:
             with gr.Row():
                 cp = _degree_dropdown(_DEGREES, d["cp"], "CP")
                 ep = _degree_dropdown(_DEGREES, d["ep"], "EP")
-                zero = _degree_dropdown([0, 1, 2, 3], d["zero"], "ZeRO / FSDP stage")
+                zero = _degree_dropdown([0, 1, 2, 3], d["zero"], "ZeRO / FSDP stage", elem_id="size-zero")
             sp = gr.Checkbox(value=d["sequence_parallel"], label="Sequence parallel (with TP)")
             offload = gr.Radio(list(OFFLOAD_MODES), value=d["offload"], label="CPU offload")
         with gr.Column(scale=2):
@@ -187,23 +193,13 @@ def build_size_tab() -> None:
             with gr.Row():
                 mem_table = gr.Dataframe(_EMPTY_MEMORY, label="Memory breakdown", interactive=False)
                 time_table = gr.Dataframe(_EMPTY_TIME, label="Step-time breakdown", interactive=False)
-    inputs = [
-        model,
-        config_file,
-        gpu,
-        gpus,
-        seq,
-        micro_batch,
-        global_batch,
-        precision,
-        optimizer,
-        optimizer_impl,
-        framework,
-        recompute,
-        flash,
-        fp32_grads,
-    ]
-    inputs += [tp, pp, vpp, cp, ep, zero, sp, offload]
+    widgets = {"model": model, "config_file": config_file, "gpu": gpu, "gpus": gpus, "seq": seq}
+    widgets |= {"micro_batch": micro_batch, "global_batch": global_batch, "precision": precision}
+    widgets |= {"optimizer": optimizer, "optimizer_impl": optimizer_impl, "framework": framework}
+    widgets |= {"recompute": recompute, "flash_attention": flash, "fp32_grads": fp32_grads}
+    widgets |= {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "ep": ep, "zero": zero, "sequence_parallel": sp}
+    widgets["offload"] = offload
+    inputs = [widgets[k] for k in SIZE_KEYS]
     outputs = [summary, mem_plot, time_plot, mem_table, time_table]
     gr.on(
         triggers=[c.change for c in inputs],
@@ -213,7 +209,7 @@ def build_size_tab() -> None:
         api_name="size",
         show_progress="hidden",
     )
-    return inputs, outputs
+    return widgets, outputs
 
 
 # --- Profile tab ---------------------------------------------------------------------------------
@@ -244,11 +240,26 @@ def _store() -> RunStore:
 
 
 def _no_run_outputs():
-    return None, None, None, pd.DataFrame(columns=_TOP_OPS_COLUMNS), None
+    return None, None, None, None, pd.DataFrame(columns=_TOP_OPS_COLUMNS), None
+
+
+def _timeline(table):
+    """The step-timeline figure of an event table's last step on rank 0; None where it has none
+    (a trace with no events) or it fails (logged: the rest of the view still shows)."""
+    from advisor.timeline import step_timeline
+
+    try:
+        return timeline_figure(step_timeline(table))
+    except AdvisorError:
+        return None
+    except Exception:
+        log.exception("step timeline failed")
+        return None
 
 
 def run_view(run: RunInfo):
-    """(summary markdown, phase figure, memory figure, NVML figure, top-ops table, trace file) of a run."""
+    """(summary markdown, phase figure, memory figure, NVML figure, step-timeline figure, top-ops
+    table, trace file) of a run."""
     rec = run.record
     m = run.metrics()
     head = f"### Run `{run.run_id}`: {rec['status']}"
@@ -282,7 +293,10 @@ def run_view(run: RunInfo):
     nvml_file = run.path / "nvml.json"
     samples = json.loads(nvml_file.read_text(encoding="utf-8"))["samples"] if nvml_file.is_file() else []
     trace = run.path / "trace.json.gz"
-    figures = (phase_figure(m), measured_memory_figure(m), nvml_figure(samples))
+    timeline = None
+    with contextlib.suppress(AdvisorError):  # an unreadable trace: the run's own numbers still show
+        timeline = _timeline(load_trace(str(trace))) if trace.is_file() else None
+    figures = (phase_figure(m), measured_memory_figure(m), nvml_figure(samples), timeline)
     return (summary, *figures, top, str(trace) if trace.is_file() else None)
 
 
@@ -349,7 +363,7 @@ def profile_view(
     yield ("### Starting the child process…", *_no_run_outputs())
     while (item := updates.get()) is not None:
         done, total, message = item
-        yield (f"### Running: {message} ({100 * done // total} %)", *(gr.skip() for _ in range(5)))
+        yield (f"### Running: {message} ({100 * done // total} %)", *(gr.skip() for _ in range(6)))
     if "error" in result:
         yield (result["error"], *_no_run_outputs())
         return
@@ -385,7 +399,15 @@ def run_choices() -> gr.Dropdown:
     return gr.Dropdown(choices=ids, value=ids[0] if ids else None)
 
 
-def build_profile_tab() -> gr.Dropdown:
+def second_run_choices() -> gr.Dropdown:
+    """The stored runs with the second newest selected: History opens on the two latest, the older as A."""
+    runs, _ = _store().list_runs()
+    ids = [r.run_id for r in runs]
+    return gr.Dropdown(choices=ids, value=ids[1] if len(ids) > 1 else None)
+
+
+def build_profile_tab() -> tuple[dict, gr.Dropdown]:
+    """The Profile tab: its input widgets by PROFILE_DEFAULTS name, and its stored-run picker."""
     d = PROFILE_DEFAULTS
     with gr.Row():
         with gr.Column(scale=1, min_width=320):
@@ -421,18 +443,25 @@ def build_profile_tab() -> gr.Dropdown:
                 phases = gr.Plot(label="Step phases")
                 memory = gr.Plot(label="Peak memory")
             nvml = gr.Plot(label="NVML")
+            timeline = gr.Plot(label="One step: phases and top ops or kernels")
             top_ops = gr.Dataframe(
-                pd.DataFrame(columns=_TOP_OPS_COLUMNS), label="Top ops by self time", interactive=False
+                pd.DataFrame(columns=_TOP_OPS_COLUMNS),
+                label="Top ops by self time",
+                interactive=False,
+                elem_id="profile-top-ops",
             )
             trace = gr.File(label="Chrome trace (open in ui.perfetto.dev)", interactive=False)
-    inputs = [model, seq, micro_batch, global_batch, precision, recompute, optimizer, offload, device, steps, layers]
-    inputs += [num_workers, pin_memory, compile_model, optimizer_impl]
-    outputs = [summary, phases, memory, nvml, top_ops, trace]
+    widgets = {"model": model, "seq": seq, "micro_batch": micro_batch, "global_batch": global_batch}
+    widgets |= {"precision": precision, "recompute": recompute, "optimizer": optimizer, "offload": offload}
+    widgets |= {"device": device, "steps": steps, "layers": layers, "num_workers": num_workers}
+    widgets |= {"pin_memory": pin_memory, "compile_model": compile_model, "optimizer_impl": optimizer_impl}
+    inputs = [widgets[k] for k in PROFILE_DEFAULTS]  # profile_view's parameter order
+    outputs = [summary, phases, memory, nvml, timeline, top_ops, trace]
     run_btn.click(profile_view, inputs, outputs, api_name="profile", concurrency_limit=1, concurrency_id="device")
     cancel_btn.click(cancel_profile, None, summary, api_visibility="undocumented", queue=False)
     runs.change(open_run, runs, outputs, api_name="open_run")
     refresh.click(run_choices, None, runs, api_visibility="undocumented")
-    return runs
+    return widgets, runs
 
 
 # --- Analyze tab ---------------------------------------------------------------------------------
@@ -442,12 +471,12 @@ _TABLE_COLUMNS = ["name", "category", "time ms", "count", "share %"]
 
 
 def _no_analysis():
-    return None, None, pd.DataFrame(columns=_TABLE_COLUMNS), pd.DataFrame()
+    return None, None, None, pd.DataFrame(columns=_TABLE_COLUMNS), pd.DataFrame()
 
 
 def analyze_view(upload: str | None, run_id: str | None):
-    """Analyze tab: (summary, temporal figure, category figure, top table, details table) of an
-    uploaded trace, or else of a stored run's trace."""
+    """Analyze tab: (summary, temporal figure, category figure, step-timeline figure, top table,
+    details table) of an uploaded trace, or else of a stored run's trace."""
     try:
         if upload:
             path, label = upload, os.path.basename(upload)
@@ -458,7 +487,8 @@ def analyze_view(upload: str | None, run_id: str | None):
                 "Upload a trace (Kineto .json / .json.gz, a .zip of rank files, or an nsys .sqlite) or pick a run.",
                 *_no_analysis(),
             )
-        report = analyze(load_trace(path), run_id=label)
+        table = load_trace(path)
+        report = analyze(table, run_id=label)
     except AdvisorError as err:
         return (f"### Cannot analyze this trace\n{err}", *_no_analysis())
     except Exception:
@@ -488,6 +518,7 @@ def analyze_view(upload: str | None, run_id: str | None):
         summary,
         temporal_figure(t["temporal_breakdown"]) if gpu else None,
         category_figure(t["kernel_categories"]) if gpu else None,
+        _timeline(table),
         top.round(3),
         details.round(3),
     )
@@ -509,11 +540,17 @@ def build_analyze_tab() -> gr.Dropdown:
             with gr.Row():
                 temporal = gr.Plot(label="GPU time per rank")
                 categories = gr.Plot(label="Kernel categories")
-            top = gr.Dataframe(pd.DataFrame(columns=_TABLE_COLUMNS), label="Top kernels / ops", interactive=False)
+            timeline = gr.Plot(label="One step on rank 0: phases and top kernels or ops")
+            top = gr.Dataframe(
+                pd.DataFrame(columns=_TABLE_COLUMNS),
+                label="Top kernels / ops",
+                interactive=False,
+                elem_id="analyze-top",
+            )
             details = gr.Dataframe(
                 pd.DataFrame(), label="Idle time by stream (GPU) / step phases (CPU)", interactive=False
             )
-    outputs = [summary, temporal, categories, top, details]
+    outputs = [summary, temporal, categories, timeline, top, details]
     button.click(analyze_view, [upload, runs], outputs, api_name="analyze")
     upload.upload(analyze_view, [upload, runs], outputs, api_visibility="undocumented")
     return runs
@@ -559,7 +596,7 @@ def _report_root() -> str:
 
 
 def _no_advice():
-    return pd.DataFrame(columns=_ADVICE_COLUMNS), "", None
+    return pd.DataFrame(columns=_ADVICE_COLUMNS), "", None, None
 
 
 def _advice_rows(advice) -> pd.DataFrame:
@@ -587,8 +624,9 @@ def _advice_rows(advice) -> pd.DataFrame:
 
 
 def advice_view(source: str, run_id: str | None, upload: str | None, *size_inputs):
-    """Advice tab: (summary, ranked table, full report markdown, report files) for a stored run, an
-    uploaded trace, or the setup on the Size tab."""
+    """Advice tab: (summary, ranked table, full report markdown, report files, Advice) for a stored
+    run, an uploaded trace, or the setup on the Size tab. The Advice goes to a session State (which
+    the API does not return), for Apply."""
     from advisor.advise import TARGET_LABELS, advice_markdown, advise, advise_run, advise_trace
 
     try:
@@ -624,7 +662,46 @@ def advice_view(source: str, run_id: str | None, upload: str | None, *size_input
     else:
         summary = f"### Nothing to recommend for {advice.source}\nNo rule fired on this input."
     summary += f"\n\n<small>{advice.n_rules} rules; {len(advice.not_applicable)} lacked their input.</small>"
-    return summary, _advice_rows(advice), md, [md_path, json_path]
+    return summary, _advice_rows(advice), md, [md_path, json_path], advice
+
+
+def _apply_label(i: int, rec) -> str:
+    return f"#{i} {rec.rule.id}: {rec.rule.title}"
+
+
+def apply_choices(advice) -> gr.Dropdown:
+    """The last advice's recommendations that change the setup, the first one selected."""
+    labels = []
+    if advice is not None:
+        labels = [_apply_label(i, r) for i, r in enumerate(advice.recommendations, 1) if r.after is not None]
+    return gr.Dropdown(choices=labels, value=labels[0] if labels else None)
+
+
+def apply_recommendation(advice, choice: str | None, source: str):
+    """(message, Size tab values, Profile tab values, rule id) that load a recommendation's change into
+    the shared spec. Values are keyed like DEFAULTS / PROFILE_DEFAULTS; empty dicts change nothing."""
+    from advisor.advise import fmt_value
+
+    if advice is None:
+        return "Press **Advise** first.", {}, {}, None
+    picked = [r for i, r in enumerate(advice.recommendations, 1) if _apply_label(i, r) == choice]
+    if not picked:
+        return "Pick a recommendation to apply (one that changes the setup).", {}, {}, None
+    rec = picked[0]
+    if rec.after is None:
+        return f"`{rec.rule.id}` has no change to apply here: {rec.action_note or 'advice only'}", {}, {}, None
+    change = ", ".join(f"`{k} = {v}`" for k, v in rec.changes.items())
+    msg = f"### Applied {rec.rule.title}\n{change} is now the current setup on the Size, Profile and Plan tabs."
+    if rec.gain is not None:
+        g = rec.gain
+        msg += f" Predicted: {fmt_value(g.target, g.before)} → {fmt_value(g.target, g.after)} ({g.gain_pct:+.1f} %)."
+    if source == "stored run":
+        msg += " Press **Re-run with the recommendation applied** to measure it on this machine."
+        profile = profile_values(rec.after, rec.options_after)
+    else:
+        msg += " The Size tab shows its estimate; press **Advise** again for what to do next."
+        profile = profile_values(rec.after, None)
+    return msg, size_values(rec.after), profile, rec.rule.id
 
 
 def verify_view(run_id: str | None, rule_id: str | None, progress=gr.Progress()):  # noqa: B008 (Gradio injects it)
@@ -663,9 +740,8 @@ def verify_view(run_id: str | None, rule_id: str | None, progress=gr.Progress())
 
 
 def _setup_from_size_inputs(*values):
-    """The Setup of the Size tab's widgets, in their order (DEFAULTS' keys with the config file second)."""
-    names = list(DEFAULTS)
-    kw = dict(zip(["model", "config_file", *names[1:]], values, strict=True))
+    """The Setup of the Size tab's widgets, in SIZE_KEYS order."""
+    kw = dict(zip(SIZE_KEYS, values, strict=True))
     return make_setup(
         model=kw["model"],
         hf_config=kw.pop("config_file") or None,
@@ -692,7 +768,8 @@ def _setup_from_size_inputs(*values):
     )
 
 
-def build_advice_tab(size_inputs: list) -> gr.Dropdown:
+def build_advice_tab(size_inputs: list) -> dict:
+    """The Advice tab; returns its parts by name for the app to wire across tabs."""
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
             source = gr.Radio(
@@ -708,20 +785,28 @@ def build_advice_tab(size_inputs: list) -> gr.Dropdown:
                 type="filepath",
             )
             button = gr.Button("Advise", variant="primary", elem_id="advice-run")
+            gr.Markdown("#### Apply a recommendation")
+            apply_choice = gr.Dropdown(choices=[], label="Recommendation", elem_id="advice-apply-choice")
+            apply_btn = gr.Button("Apply to the current setup", elem_id="advice-apply")
             gr.Markdown("#### Verify by re-running (stored runs)")
             rule = gr.Textbox(label="Rule id (empty: the top one that can re-run here)", max_lines=1)
             verify_btn = gr.Button("Re-run with the recommendation applied", elem_id="advice-verify")
         with gr.Column(scale=2):
             summary = gr.Markdown("Pick what to advise on and press Advise.", elem_id="advice-summary")
             table = gr.Dataframe(pd.DataFrame(columns=_ADVICE_COLUMNS), label="Recommendations", interactive=False)
-            files = gr.File(label="Report (Markdown, JSON)", file_count="multiple", interactive=False)
+            apply_msg = gr.Markdown(elem_id="advice-apply-result")
             verify_msg = gr.Markdown(elem_id="advice-verify-result")
             verify_table = gr.Dataframe(
                 pd.DataFrame(columns=_VERIFY_COLUMNS), label="Predicted vs measured", interactive=False
             )
+            files = gr.File(label="Report (Markdown, JSON)", file_count="multiple", interactive=False)
             with gr.Accordion("Full report", open=False):
                 report = gr.Markdown()
-    button.click(advice_view, [source, runs, upload, *size_inputs], [summary, table, report, files], api_name="advise")
+    state = gr.State(None)
+    advise_inputs = [source, runs, upload, *size_inputs]
+    button.click(advice_view, advise_inputs, [summary, table, report, files, state], api_name="advise").then(
+        apply_choices, state, apply_choice, api_visibility="undocumented"
+    )
     verify_btn.click(
         verify_view,
         [runs, rule],
@@ -730,7 +815,34 @@ def build_advice_tab(size_inputs: list) -> gr.Dropdown:
         concurrency_limit=1,
         concurrency_id="device",
     )
-    return runs
+    parts = {"runs": runs, "source": source, "state": state, "apply_choice": apply_choice, "apply": apply_btn}
+    parts |= {"apply_msg": apply_msg, "rule": rule, "advise_inputs": advise_inputs}
+    parts["outputs"] = [summary, table, report, files, state]
+    return parts
+
+
+def wire_apply(advice: dict, size: dict, profile: dict, plan: dict) -> None:
+    """Apply on the Advice tab: the recommendation's setup goes to every tab's widgets (the Size tab
+    re-estimates on the change) and its rule id to the re-run box."""
+    size_keys = [k for k in SIZE_KEYS if k != "config_file"]
+    plan_keys = list(plan)
+    outputs = [advice["apply_msg"], advice["rule"]]
+    outputs += [size[k] for k in size_keys] + [profile[k] for k in PROFILE_DEFAULTS] + [plan[k] for k in plan_keys]
+
+    def on_apply(state, choice, source):
+        msg, size_vals, profile_vals, rule_id = apply_recommendation(state, choice, source)
+        values = [msg, rule_id if rule_id else gr.skip()]
+        values += [size_vals.get(k, gr.skip()) for k in size_keys]
+        values += [profile_vals.get(k, gr.skip()) for k in PROFILE_DEFAULTS]
+        values += [_follow_value(plan[k], size_vals[k]) if k in size_vals else gr.skip() for k in plan_keys]
+        return values
+
+    advice["apply"].click(
+        on_apply,
+        [advice["state"], advice["apply_choice"], advice["source"]],
+        outputs,
+        api_visibility="undocumented",
+    )
 
 
 # --- Plan tab ------------------------------------------------------------------------------------
@@ -739,7 +851,8 @@ _PLAN_COLUMNS = ["rank", "layout", "tokens/s", "step ms", "MFU %", "memory GiB",
 
 
 def plan_view(model: str, gpu: str, gpus: float, seq: float, global_batch: float, precisions: list, offload: bool):
-    """Plan tab: (summary, ranked layouts, explanation) for a model on N devices."""
+    """Plan tab: (summary, ranked layouts, explanation, memory vs tokens/s figure of every layout that
+    fits) for a model on N devices."""
     from advisor.planner import PlanRequest, layout_label, plan
 
     empty = pd.DataFrame(columns=_PLAN_COLUMNS)
@@ -757,10 +870,10 @@ def plan_view(model: str, gpu: str, gpus: float, seq: float, global_batch: float
         )
         result = plan(req)
     except AdvisorError as err:
-        return f"### Cannot plan\n{err}", empty, ""
+        return f"### Cannot plan\n{err}", empty, "", None
     except Exception:
         log.exception("plan_view failed")
-        return "### Internal error\nThe planner failed unexpectedly; see the server log.", empty, ""
+        return "### Internal error\nThe planner failed unexpectedly; see the server log.", empty, "", None
     rows = [
         [
             e.rank,
@@ -778,32 +891,226 @@ def plan_view(model: str, gpu: str, gpus: float, seq: float, global_batch: float
         f"{result.considered:,} combinations considered ({result.invalid:,} invalid, {result.no_fit:,} do not fit), "
         f"{result.estimated:,} estimated, in {result.elapsed_s:.2f} s."
     )
-    return summary, pd.DataFrame(rows, columns=_PLAN_COLUMNS), result.explain()
+    figure = plan_scatter_figure(result) if result.points else None
+    return summary, pd.DataFrame(rows, columns=_PLAN_COLUMNS), result.explain(), figure
 
 
-def build_plan_tab() -> None:
+def build_plan_tab() -> dict:
+    """The Plan tab; returns its widgets that follow the shared spec (model, gpu, gpus, seq,
+    global_batch, precision), starting on the Size tab's defaults."""
+    d = DEFAULTS
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
-            model = gr.Dropdown(list(MODELS), value="llama-3.1-70b", label="Model preset")
+            model = gr.Dropdown(list(MODELS), value=d["model"], label="Model preset", elem_id="plan-model")
             with gr.Row():
-                gpu = gr.Dropdown(list(HARDWARE), value="h100", label="Device")
-                gpus = gr.Number(value=64, precision=0, minimum=1, label="GPUs")
+                gpu = gr.Dropdown(list(HARDWARE), value=d["gpu"], label="Device")
+                gpus = gr.Number(value=d["gpus"], precision=0, minimum=1, label="GPUs")
             with gr.Row():
-                seq = gr.Number(value=8192, precision=0, minimum=1, label="Sequence length")
-                global_batch = gr.Number(value=512, precision=0, minimum=1, label="Global batch (sequences)")
-            precisions = gr.CheckboxGroup(list(PRECISIONS), value=["bf16"], label="Precisions to try")
+                seq = gr.Number(value=d["seq"], precision=0, minimum=1, label="Sequence length")
+                global_batch = gr.Number(
+                    value=d["global_batch"], precision=0, minimum=1, label="Global batch (sequences)"
+                )
+            precisions = gr.CheckboxGroup(list(PRECISIONS), value=[d["precision"]], label="Precisions to try")
             offload = gr.Checkbox(value=True, label="Try CPU offload")
             button = gr.Button("Plan", variant="primary", elem_id="plan-run")
         with gr.Column(scale=2):
             summary = gr.Markdown("Pick a model, a device and a GPU count, then press Plan.", elem_id="plan-summary")
             table = gr.Dataframe(pd.DataFrame(columns=_PLAN_COLUMNS), label="Best layouts", interactive=False)
+            scatter = gr.Plot(label="Every layout that fits: memory per GPU vs tokens/s")
             explain = gr.Markdown()
     button.click(
         plan_view,
         [model, gpu, gpus, seq, global_batch, precisions, offload],
-        [summary, table, explain],
+        [summary, table, explain, scatter],
         api_name="plan",
     )
+    return {"model": model, "gpu": gpu, "gpus": gpus, "seq": seq, "global_batch": global_batch, "precision": precisions}
+
+
+# --- History tab ---------------------------------------------------------------------------------
+
+_HISTORY_SHOWN = ["run_id", "started_utc", "status", "model", "device_type", "precision", "seq_len"]
+_HISTORY_SHOWN += ["micro_batch", "recompute", "step_time_ms", "estimate_step_time_ms", "tokens_per_s"]
+_HISTORY_SHOWN += ["mfu_pct", "peak_memory_gib"]
+_ANY = "any"
+
+
+def history_view(model: str | None, status: str | None, device: str | None, text: str | None):
+    """History tab: (count line, runs table, predicted-vs-measured figure) for the filters ("any" or
+    empty: no filter)."""
+    from advisor.charts import predicted_measured_figure
+    from advisor.history import predicted_vs_measured, run_table
+
+    def pick(v):
+        return None if v in (None, "", _ANY) else v
+
+    store = _store()
+    try:
+        table = run_table(store, model=pick(model), status=pick(status), device=pick(device), text=pick(text))
+        pvm = predicted_vs_measured(store)
+    except AdvisorError as err:
+        return f"### Cannot list runs\n{err}", pd.DataFrame(columns=_HISTORY_SHOWN), None
+    shown = table[_HISTORY_SHOWN].round(3)
+    line = f"**{len(table)} run{'s' * (len(table) != 1)}** in `{store.root.name}/` match"
+    return line, shown, predicted_measured_figure(pvm) if len(pvm) else None
+
+
+def history_filters():
+    """The filter dropdowns' choices from the store (models, statuses, device types)."""
+    from advisor.history import filter_choices, run_table
+
+    c = filter_choices(run_table(_store()))
+    return tuple(gr.Dropdown(choices=[_ANY, *values], value=_ANY) for values in (c.models, c.statuses, c.devices))
+
+
+def compare_view(run_a: str | None, run_b: str | None):
+    """History tab: (summary, spec differences, metrics side by side, phase figure) of two runs."""
+    from advisor.charts import compare_phase_figure
+    from advisor.history import compare_runs
+
+    empty = pd.DataFrame(columns=["field", "a", "b"]), pd.DataFrame(columns=["metric", "a", "b", "change_pct"]), None
+    if not run_a or not run_b:
+        return ("Pick two runs to compare (A and B).", *empty)
+    try:
+        c = compare_runs(_store(), run_a, run_b)
+    except AdvisorError as err:
+        return (f"### Cannot compare\n{err}", *empty)
+    except Exception:
+        log.exception("compare_view failed")
+        return ("### Internal error\nThe comparison failed unexpectedly; see the server log.", *empty)
+    diff = c.spec_diff.astype(str) if len(c.spec_diff) else c.spec_diff
+    figure = compare_phase_figure(c.metrics_a, c.metrics_b, f"A {run_a}", f"B {run_b}")
+    return f"### A `{run_a}` vs B `{run_b}`\n{c.summary}", diff, c.metrics.round(3), figure
+
+
+def build_history_tab() -> list:
+    """The History tab; returns the widgets to fill on page load (filters, then the run pickers)."""
+    with gr.Row():
+        model = gr.Dropdown([_ANY], value=_ANY, label="Model", elem_id="history-model")
+        status = gr.Dropdown([_ANY], value=_ANY, label="Status")
+        device = gr.Dropdown([_ANY], value=_ANY, label="Device")
+        text = gr.Textbox(label="Search id, model, message", max_lines=1)
+        refresh = gr.Button("Refresh", size="sm")
+    count = gr.Markdown(elem_id="history-count")
+    table = gr.Dataframe(pd.DataFrame(columns=_HISTORY_SHOWN), label="Runs (click a header to sort)", interactive=False)
+    with gr.Row():
+        run_a = _run_dropdown("Run A", elem_id="history-a")
+        run_b = _run_dropdown("Run B", elem_id="history-b")
+        button = gr.Button("Compare", variant="primary", elem_id="history-compare")
+    summary = gr.Markdown("Pick two runs and press Compare.", elem_id="history-summary")
+    with gr.Row():
+        diff = gr.Dataframe(
+            pd.DataFrame(columns=["field", "a", "b"]),
+            label="Spec differences",
+            interactive=False,
+            elem_id="history-diff",
+        )
+        metrics = gr.Dataframe(
+            pd.DataFrame(columns=["metric", "a", "b", "change_pct"]), label="Measured, side by side", interactive=False
+        )
+    with gr.Row():
+        phases = gr.Plot(label="Step phases, A and B")
+        pvm = gr.Plot(label="Predicted vs measured step time")
+    filters = [model, status, device, text]
+    gr.on(
+        [model.change, status.change, device.change, text.submit, refresh.click],
+        history_view,
+        filters,
+        [count, table, pvm],
+        api_visibility="undocumented",
+    )
+    button.click(compare_view, [run_a, run_b], [summary, diff, metrics, phases], api_name="compare")
+    return [model, status, device, run_a, run_b, filters, [count, table, pvm]]
+
+
+# --- One spec across tabs ------------------------------------------------------------------------
+
+SHARED_KEYS = ("model", "gpu", "gpus", "seq", "micro_batch", "global_batch", "precision", "recompute")
+SHARED_KEYS += ("optimizer", "optimizer_impl")
+"""Widgets that mean the same on every tab that has them: a user's change on one tab is copied to
+the others (the Profile tab keeps its own device: it runs on this machine)."""
+
+
+def _follow_value(component: gr.components.Component, value):
+    """``value`` as ``component`` takes it, or gr.skip() where it has no such choice (fp8 on the
+    Profile tab) or is below its minimum (a global batch of 0 on the Plan tab)."""
+    if value is None:
+        return gr.skip()
+    if isinstance(component, gr.CheckboxGroup):
+        value = [value]
+    choices = getattr(component, "choices", None)
+    if choices is not None and isinstance(component, gr.Radio | gr.Dropdown | gr.CheckboxGroup):
+        allowed = {v for _, v in choices}
+        if not set(value if isinstance(value, list) else [value]) <= allowed:
+            return gr.skip()
+    minimum = getattr(component, "minimum", None)
+    if isinstance(component, gr.Number) and minimum is not None and value < minimum:
+        return gr.skip()
+    return value
+
+
+def link_tabs(*tabs: dict) -> None:
+    """Copy each user change of a shared widget to the same widget on the other tabs. ``.input``
+    fires on user changes only, so a copied value does not echo back."""
+    for key in SHARED_KEYS:
+        members = [tab[key] for tab in tabs if key in tab]
+        for source in members:
+            if isinstance(source, gr.CheckboxGroup):
+                continue  # several precisions to try do not make one
+            targets = [c for c in members if c is not source]
+            if not targets:
+                continue
+            source.input(
+                lambda v, _t=targets: [_follow_value(c, v) for c in _t],
+                source,
+                targets,
+                api_visibility="undocumented",
+                show_progress="hidden",
+                queue=False,
+            )
+
+
+def _hardware_key(hw) -> str | None:
+    """The HARDWARE key of a device spec (by name), or None for a device the presets lack."""
+    for key, make in HARDWARE.items():
+        if make().name == hw.name:
+            return key
+    return None
+
+
+def size_values(setup) -> dict:
+    """The Size tab's widget values (DEFAULTS keys) that describe ``setup``; the model only where it
+    is a preset (an imported config.json stays in its file widget)."""
+    t, p = setup.train, setup.parallel
+    values = {k: getattr(t, k) for k in ("precision", "optimizer", "optimizer_impl", "framework", "recompute")}
+    values |= {"seq": t.seq_len, "micro_batch": t.micro_batch, "global_batch": t.global_batch}
+    values |= {"flash_attention": t.flash_attention, "fp32_grads": t.fp32_grads, "gpus": setup.gpus}
+    values |= {k: str(getattr(p, k)) for k in ("tp", "pp", "vpp", "cp", "ep", "zero")}
+    values |= {"sequence_parallel": p.sequence_parallel, "offload": p.offload}
+    if setup.model.name in MODELS:
+        values["model"] = setup.model.name
+    if setup.hardware is not None and (key := _hardware_key(setup.hardware)):
+        values["gpu"] = key
+    return values
+
+
+def profile_values(setup, options: dict | None) -> dict:
+    """The Profile tab's widget values (PROFILE_DEFAULTS keys) for ``setup`` and a run's options."""
+    t = setup.train
+    values = {k: getattr(t, k) for k in ("micro_batch", "global_batch", "recompute", "optimizer", "optimizer_impl")}
+    values |= {"seq": t.seq_len, "offload": setup.parallel.offload == "optimizer"}
+    if t.precision in ("fp32", "bf16", "fp16"):
+        values["precision"] = t.precision
+    if setup.model.name in MODELS:
+        values["model"] = setup.model.name
+    opts = options or {}
+    for key, name in (("device", "device"), ("steps", "steps"), ("layers", "layers"), ("compile", "compile_model")):
+        if key in opts:
+            values[name] = opts[key]
+    for key in ("num_workers", "pin_memory"):
+        if key in opts:
+            values[key] = opts[key]
+    return values
 
 
 def build_app() -> gr.Blocks:
@@ -814,19 +1121,30 @@ def build_app() -> gr.Blocks:
             "profile a real step on this machine."
         )
         with gr.Tab("Size"):
-            inputs, outputs = build_size_tab()
+            size, size_outputs = build_size_tab()
         with gr.Tab("Profile"):
-            runs = build_profile_tab()
+            profile, runs = build_profile_tab()
         with gr.Tab("Analyze"):
             analyze_runs = build_analyze_tab()
         with gr.Tab("Advice"):
-            advice_runs = build_advice_tab(inputs)
+            advice = build_advice_tab([size[k] for k in SIZE_KEYS])
         with gr.Tab("Plan"):
-            build_plan_tab()
-        demo.load(size_view, inputs=inputs, outputs=outputs, api_visibility="undocumented")
-        demo.load(run_choices, None, runs, api_visibility="undocumented")
-        demo.load(run_choices, None, analyze_runs, api_visibility="undocumented")
-        demo.load(run_choices, None, advice_runs, api_visibility="undocumented")
+            plan = build_plan_tab()
+        with gr.Tab("History"):
+            model_f, status_f, device_f, run_a, run_b, filters, history_out = build_history_tab()
+        link_tabs(size, profile, plan)
+        wire_apply(advice, size, profile, plan)
+        size_inputs = [size[k] for k in SIZE_KEYS]
+        demo.load(size_view, inputs=size_inputs, outputs=size_outputs, api_visibility="undocumented")
+        # Opens on a first recommendation: the advice on the default setup.
+        demo.load(advice_view, advice["advise_inputs"], advice["outputs"], api_visibility="undocumented").then(
+            apply_choices, advice["state"], advice["apply_choice"], api_visibility="undocumented"
+        )
+        for picker in (runs, analyze_runs, advice["runs"], run_b):
+            demo.load(run_choices, None, picker, api_visibility="undocumented")
+        demo.load(second_run_choices, None, run_a, api_visibility="undocumented")
+        demo.load(history_filters, None, [model_f, status_f, device_f], api_visibility="undocumented")
+        demo.load(history_view, filters, history_out, api_visibility="undocumented")
     return demo
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from advisor.estimator import Estimate, MemoryBreakdown
+from advisor.planner import layout_label
 from advisor.report import MEMORY_LABELS, TIME_LABELS
 
 GiB = 2**30
@@ -150,4 +151,167 @@ def category_figure(categories) -> go.Figure:
     )
     fig.update_layout(title="Kernel time by category", xaxis_title="% of GPU time", height=340)
     fig.update_layout(margin={"l": 110, "r": 20, "t": 50, "b": 40})
+    return fig
+
+
+_PHASES = ("data", "forward", "backward", "optimizer", "other")
+_KIND_COLOURS = {"run estimate": "#4c78a8", "verified gain": "#f58518"}
+
+
+def compare_phase_figure(metrics_a: dict, metrics_b: dict, label_a: str = "A", label_b: str = "B") -> go.Figure:
+    """Two measured steps' phases side by side: grouped horizontal bars of data, forward, backward,
+    optimizer and other (ms per step), one trace per run."""
+    fig = go.Figure()
+    # Added B first: plotly stacks grouped horizontal bars bottom-up, so A reads above B in each group.
+    for metrics, label, colour in ((metrics_b, label_b, "#f58518"), (metrics_a, label_a, "#4c78a8")):
+        values = [metrics.get(f"{p}_ms") for p in _PHASES]
+        fig.add_bar(
+            name=label,
+            x=values,
+            y=list(_PHASES),
+            orientation="h",
+            marker_color=colour,
+            hovertemplate="%{y}: %{x:.2f} ms<extra>" + label + "</extra>",
+        )
+    fig.update_layout(
+        barmode="group",
+        title="Step phases, A against B",
+        xaxis_title="ms per step",
+        yaxis={"categoryorder": "array", "categoryarray": list(reversed(_PHASES))},
+        legend={"orientation": "h", "y": -0.2, "traceorder": "reversed"},
+        height=360,
+        margin={"l": 90, "r": 20, "t": 50, "b": 40},
+    )
+    return fig
+
+
+def predicted_measured_figure(df) -> go.Figure:
+    """Measured against predicted step time (ms) from ``history.predicted_vs_measured``: one scatter trace
+    per kind, then the y = x line (dashed) where a perfect prediction lies. Log axes when the values span
+    more than 20x; the hover names the run (and rule for a verified gain)."""
+    fig = go.Figure()
+    if len(df) == 0:
+        fig.update_layout(title="Predicted vs measured: no measured runs yet", height=380)
+        return fig
+    for kind in dict.fromkeys(df["kind"]):
+        part = df[df["kind"] == kind]
+        fig.add_scatter(
+            name=kind,
+            x=part["predicted_ms"],
+            y=part["measured_ms"],
+            mode="markers",
+            marker={"color": _KIND_COLOURS.get(kind, "#54a24b"), "size": 9},
+            customdata=list(zip(part["run_id"], part["rule_id"], part["measured_over_predicted"], strict=True)),
+            hovertemplate="%{customdata[0]} %{customdata[1]}<br>predicted %{x:.1f} ms, measured %{y:.1f} ms"
+            "<br>measured / predicted %{customdata[2]:.2f}<extra>" + kind + "</extra>",
+        )
+    values = [*df["predicted_ms"], *df["measured_ms"]]
+    lo, hi = min(values), max(values)
+    fig.add_scatter(
+        name="measured = predicted",
+        x=[lo, hi],
+        y=[lo, hi],
+        mode="lines",
+        line={"dash": "dash", "color": "black", "width": 1},
+        hoverinfo="skip",
+    )
+    axis_type = "log" if hi > 20 * lo else "linear"
+    fig.update_layout(
+        title="Predicted vs measured step time",
+        xaxis={"title": "predicted ms per step", "type": axis_type},
+        yaxis={"title": "measured ms per step", "type": axis_type},
+        legend={"orientation": "h", "y": -0.2},
+        height=380,
+        margin={"l": 60, "r": 20, "t": 50, "b": 40},
+    )
+    return fig
+
+
+def _plotly_text(text: str) -> str:
+    """``text`` with the characters plotly reads as markup escaped: kernel names such as
+    ``elementwise_kernel<(int)128, ...>`` would otherwise lose their template arguments as unknown tags."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _lane_key(lane: str) -> tuple:
+    """Lanes in reading order: the step, its phases, then the others by their numbers (stream 7 before 23)."""
+    head = {"step": 0, "phase": 1}.get(lane, 2)
+    return (head, *(int(w) if w.isdigit() else w for w in lane.split()))
+
+
+def timeline_figure(df) -> go.Figure:
+    """Gantt chart of one step from ``advisor.timeline.step_timeline``: one horizontal bar per row at its
+    lane, from ``start_ms`` for ``dur_ms`` (ms from the step's start); one trace per kind and name, so the
+    legend names the kernels or ops; the hover gives the name, start, end and duration."""
+    fig = go.Figure()
+    lanes = sorted(dict.fromkeys(df["lane"]), key=_lane_key)
+    for (kind, name), part in df.groupby(["kind", "name"], sort=False):
+        start, dur = part["start_ms"].to_numpy(), part["dur_ms"].to_numpy()
+        fig.add_bar(
+            name=_plotly_text(name),
+            base=start,
+            x=dur,
+            y=part["lane"],
+            orientation="h",
+            marker_color="#bab0ac" if part["lane"].iloc[0] == "step" else None,
+            customdata=list(zip(start, start + dur, strict=True)),
+            hovertemplate=_plotly_text(name)
+            + "<br>%{customdata[0]:.3f} to %{customdata[1]:.3f} ms: %{x:.3f} ms<extra>"
+            + _plotly_text(str(kind))
+            + "</extra>",
+        )
+    steps = df[df["lane"] == "step"]
+    title = f"{steps['name'].iloc[0]}: {steps['dur_ms'].iloc[0]:.1f} ms" if len(steps) else "Step timeline"
+    fig.update_layout(
+        barmode="overlay",
+        title=title,
+        xaxis_title="ms from the step's start",
+        yaxis={"categoryorder": "array", "categoryarray": lanes, "autorange": "reversed"},
+        legend={"orientation": "h", "y": -0.2, "font": {"size": 10}},
+        height=200 + 40 * len(lanes),
+        margin={"l": 120, "r": 20, "t": 50, "b": 40},
+    )
+    return fig
+
+
+def plan_scatter_figure(result) -> go.Figure:
+    """Every fitting setting of an ``advisor.planner.PlanResult`` (its ``points``): memory per GPU (GiB)
+    against predicted tokens/s, the top entries highlighted and labelled with their rank, and the device's
+    capacity as a dashed vertical line. The hover names each layout."""
+    fig = go.Figure()
+    rest = [p for p in result.points if not p.in_top]
+    fig.add_scatter(
+        name="fits",
+        x=[p.memory_gib for p in rest],
+        y=[p.tokens_per_s for p in rest],
+        mode="markers",
+        marker={"color": "#bab0ac", "size": 6, "opacity": 0.6},
+        text=[p.label for p in rest],
+        hovertemplate="%{text}<br>%{x:.1f} GiB, %{y:,.0f} tokens/s<extra></extra>",
+    )
+    top = result.top
+    fig.add_scatter(
+        name=f"top {len(top)}",
+        x=[e.estimate.memory.total_bytes / GiB for e in top],
+        y=[e.estimate.tokens_per_s for e in top],
+        mode="markers+text",
+        marker={"color": "#e45756", "size": 11, "line": {"color": "black", "width": 1}},
+        text=[f"#{e.rank}" for e in top],
+        textposition="top center",
+        customdata=[_plotly_text(layout_label(e.setup)) for e in top],
+        hovertemplate="%{text} %{customdata}<br>%{x:.1f} GiB, %{y:,.0f} tokens/s<extra></extra>",
+    )
+    cap = result.request.hardware.memory_bytes / GiB
+    fig.add_vline(x=cap, line_dash="dash", line_color="black", annotation_text=f"capacity {cap:.0f} GiB")
+    r = result.request
+    fig.update_layout(
+        title=f"{len(result.points):,} fitting settings of {r.model.name} on {r.gpus} x {r.hardware.name}"
+        if result.points
+        else "Nothing fits",
+        xaxis={"title": "memory per GPU, GiB", "range": [0, cap * 1.05]},
+        yaxis_title="tokens/s",
+        legend={"orientation": "h", "y": -0.2},
+        height=420,
+        margin={"l": 70, "r": 20, "t": 50, "b": 40},
+    )
     return fig

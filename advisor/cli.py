@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -172,17 +173,54 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
-    runs, damaged = RunStore(args.traces).list_runs()
+    from advisor.history import DAMAGED, run_table
+
+    table = run_table(RunStore(args.traces), model=args.model, status=args.status, device=args.device)
+    filtered = any((args.model, args.status, args.device))
     if args.json:
-        rows = [{"run_id": r.run_id, "status": r.status, "message": r.record.get("message", "")} for r in runs]
-        print(json.dumps({"runs": rows, "damaged": [{"name": n, "reason": why} for n, why in damaged]}, indent=2))
+        cols = ["run_id", "status", "message", "model", "device_type", "step_time_ms", "tokens_per_s"]
+        # to_json writes a missing figure (NaN) as null.
+        rows = json.loads(table[table["status"] != DAMAGED][cols].to_json(orient="records"))
+        damaged = [{"name": r.run_id, "reason": r.message} for r in table[table["status"] == DAMAGED].itertuples()]
+        print(json.dumps({"runs": rows, "damaged": damaged}, indent=2))
         return 0
-    for r in runs:
-        print(f"{r.run_id}  {r.status:9s} {r.record.get('message', '')}")
-    for name, why in damaged:
-        print(f"{name}  DAMAGED   {why}")
-    if not runs and not damaged:
-        print("no runs yet: python -m advisor profile --model tiny --device cpu")
+    for r in table.itertuples():
+        if r.status == DAMAGED:
+            print(f"{r.run_id}  DAMAGED   {r.message}")
+            continue
+        step = " " * 12 if math.isnan(r.step_time_ms) else f"{r.step_time_ms:9.1f} ms"
+        print(f"{r.run_id}  {r.status:9s} {r.device_type:4s} {step}  {r.message}".rstrip())
+    if table.empty:
+        print(
+            "no runs match these filters"
+            if filtered
+            else "no runs yet: python -m advisor profile --model tiny --device cpu"
+        )
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from advisor.history import compare_runs
+
+    c = compare_runs(RunStore(args.traces), args.run_a, args.run_b)
+    if args.json:
+        out = {"run_a": c.run_a, "run_b": c.run_b, "summary": c.summary}
+        # to_json writes NaN (a figure one run lacks) as null.
+        out["spec_diff"] = json.loads(c.spec_diff.to_json(orient="records"))
+        out["metrics"] = json.loads(c.metrics.to_json(orient="records"))
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"A = {c.run_a}\nB = {c.run_b}\n{c.summary}\n")
+    if c.spec_diff.empty:
+        print("Setup and options: identical")
+    else:
+        print("Setup and options that differ:")
+        for r in c.spec_diff.itertuples():
+            print(f"  {r.field:32s} {r.a!s:>16s} -> {r.b!s}")
+    print(f"\n  {'metric':26s} {'A':>12s} {'B':>12s} {'change':>9s}")
+    for r in c.metrics.itertuples():
+        change = f"{'-':>9s}" if math.isnan(r.change_pct) else f"{r.change_pct:+7.1f} %"
+        print(f"  {r.metric:26s} {r.a:12,.4g} {r.b:12,.4g} {change}")
     return 0
 
 
@@ -391,10 +429,19 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--save", action="store_true", help="write the StepMetrics beside the trace")
     an.add_argument("--max-mb", type=float, default=8192, help="refuse traces larger than this (MiB, decompressed)")
     an.set_defaults(func=_cmd_analyze)
-    runs = sub.add_parser("runs", help="list the runs in the run store")
+    runs = sub.add_parser("runs", help="list the runs in the run store, newest first")
     runs.add_argument("--traces", default=None)
+    runs.add_argument("--model", help="only runs of this model (exact name, e.g. tiny)")
+    runs.add_argument("--status", help="only runs with this status (ok, oom, timeout, crashed, failed, ...)")
+    runs.add_argument("--device", choices=("cpu", "cuda"), help="only runs on this device type")
     runs.add_argument("--json", action="store_true")
     runs.set_defaults(func=_cmd_runs)
+    cmp = sub.add_parser("compare", help="two runs side by side: differing setup fields, figures and their change")
+    cmp.add_argument("run_a", help="the baseline run id")
+    cmp.add_argument("run_b", help="the run compared against it; changes are B relative to A")
+    cmp.add_argument("--traces", default=None, help="run store directory (default: traces/)")
+    cmp.add_argument("--json", action="store_true")
+    cmp.set_defaults(func=_cmd_compare)
     child = sub.add_parser("_child", help=argparse.SUPPRESS)
     child.add_argument("--run-dir", required=True)
     presets = sub.add_parser("presets", help="list the model and device presets")

@@ -47,6 +47,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pandas as pd
 
 from advisor.errors import AdvisorError, SpecError
@@ -55,6 +56,7 @@ from advisor.report import TIME_LABELS
 from advisor.specs import PRECISIONS, RECOMPUTE_MODES, HardwareSpec, ModelSpec, ParallelSpec, Setup, TrainSpec
 
 GiB = 2**30
+MAX_POINTS = 3000  # scatter points kept per plan: a browser draws them at once; the fastest are the ones that matter
 # Time components that do not depend on ZeRO or offload and, for one recompute mode, are smallest at
 # the smallest micro-batch: their sum bounds the step time of a layout (module docstring, cut 2).
 _BOUND_COMPONENTS = (
@@ -157,6 +159,21 @@ class PlanEntry:
 
 
 @dataclass(frozen=True)
+class PlanPoint:
+    """One fitting setting the search estimated: a point of the memory / speed scatter."""
+
+    label: str
+    """layout_label of its setup."""
+    memory_gib: float
+    """Memory per GPU (GiB)."""
+    tokens_per_s: float
+    fits: bool
+    """In device and host memory (every point of a plan does; kept so a point stands alone)."""
+    in_top: bool
+    """Among the plan's top entries."""
+
+
+@dataclass(frozen=True)
 class PlanResult:
     """The ranked layouts that fit and what the search did. The counts partition the grid:
     considered = invalid + no_fit + bounded + fitting."""
@@ -182,6 +199,9 @@ class PlanResult:
     """Estimated and fit, dominated ones included."""
     closest: Estimate | None = None
     """When nothing fits: the setting nearest to fitting (least memory over capacity)."""
+    points: list[PlanPoint] = field(default_factory=list)
+    """The settings counted in ``fitting`` (dominated ones included), fastest first: every top entry and
+    the fastest of the rest, MAX_POINTS in all at most."""
 
     def table(self) -> pd.DataFrame:
         """One row per top entry: speed, memory and the layout; units in the column names."""
@@ -462,6 +482,7 @@ class _Search:
         self.dominated = 0
         self.bounded = 0
         self.listed: list[Estimate] = []
+        self.fits: list[Estimate] = []  # every estimate counted in ``fitting``, for the scatter
         self.best_speeds: list[float] = []  # min-heap: tokens/s of the best listed layouts so far
         self.tokens_per_step = req.global_batch * req.seq_len
 
@@ -545,6 +566,7 @@ class _Search:
                         states_over = mem.weights_bytes + mem.grads_bytes + mem.optimizer_bytes > cap
                         break
         self.fitting += len(fits)
+        self.fits += fits
         listed = _undominated(fits, lay.cache)
         self.dominated += len(fits) - len(listed)
         self.listed += listed
@@ -618,6 +640,7 @@ def plan(request: PlanRequest) -> PlanResult:
     ranked = sorted(search.listed, key=_rank_key)[: req.top]
     entries = _entries(ranked)
     closest = None if entries else search.closest(layouts)
+    points = _points(search.fits, ranked)
     return PlanResult(
         request=req,
         top=entries,
@@ -630,7 +653,25 @@ def plan(request: PlanRequest) -> PlanResult:
         bounded=search.bounded,
         fitting=search.fitting,
         closest=closest,
+        points=points,
     )
+
+
+def _points(fits: list[Estimate], ranked: list[Estimate], limit: int = MAX_POINTS) -> list[PlanPoint]:
+    """The scatter points of the fitting estimates ``fits``: the ``ranked`` top always among them, the
+    fastest of the rest up to ``limit`` in all, fastest first (ties as the ranking breaks them)."""
+    top = {id(est) for est in ranked}
+    rest = [est for est in fits if id(est) not in top]
+    room = max(limit - len(ranked), 0)
+    if len(rest) > room:
+        # A partial sort on tokens/s alone: _rank_key on every estimate of a large search costs more.
+        speed = np.fromiter((est.tokens_per_s for est in rest), dtype=np.float64, count=len(rest))
+        rest = [rest[i] for i in np.argpartition(-speed, room - 1)[:room]] if room else []
+    chosen = sorted([*ranked, *rest], key=_rank_key)
+    return [
+        PlanPoint(layout_label(est.setup), est.memory.total_bytes / GiB, est.tokens_per_s, est.fits, id(est) in top)
+        for est in chosen
+    ]
 
 
 def _below(bound: float, threshold: float) -> bool:

@@ -101,7 +101,7 @@ def profiled(served):
 
 def test_the_client_sees_each_tabs_main_action(served):
     endpoints = served.client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    assert set(endpoints) == {"/size", "/profile", "/open_run", "/analyze", "/advise", "/verify", "/plan"}
+    assert set(endpoints) == {"/size", "/profile", "/open_run", "/analyze", "/advise", "/verify", "/plan", "/compare"}
 
 
 def test_size_with_default_values(served):
@@ -123,10 +123,11 @@ def test_size_reports_bad_input_as_a_message(served):
 
 
 def test_plan_ranks_layouts_by_throughput(served):
-    summary, table, explain = served.client.predict(
+    summary, table, explain, scatter = served.client.predict(
         "llama-3.1-8b", "h100", 8, 4096, 64, ["bf16"], True, api_name="/plan"
     )
     assert summary.startswith("### ") and "layouts of" in summary and explain
+    assert scatter["type"] == "plotly"
     rows = _rows(table)
     assert rows and [r["rank"] for r in rows] == list(range(1, len(rows) + 1))
     assert [r["tokens/s"] for r in rows] == sorted((r["tokens/s"] for r in rows), reverse=True)
@@ -147,24 +148,24 @@ def test_advise_on_the_size_setup_that_does_not_fit(served):
 
 @pytest.mark.skipif(not KINETO_RANK0.is_file(), reason=f"real traces live in {TRACES} (absent here)")
 def test_analyze_an_uploaded_real_trace(served):
-    summary, temporal, categories, top, idle = served.client.predict(
+    summary, temporal, categories, timeline, top, idle = served.client.predict(
         gradio_client.handle_file(str(KINETO_RANK0)), None, api_name="/analyze"
     )
     # HTA's reference for this rank (../shared/traces/README.md): idle 53.56, compute 17.71,
     # non-compute 28.74 %, comm/comp overlap 11.81 %.
     assert "sampled_rank-0.json.gz: 1 rank(s), cuda" in summary
     assert "rank 0:  53.6 /  17.7 /  28.7" in summary and "overlapped by computation: 11.8 %" in summary
-    assert temporal["type"] == "plotly" and categories["type"] == "plotly"
+    assert temporal["type"] == "plotly" and categories["type"] == "plotly" and timeline["type"] == "plotly"
     first = _rows(top)[0]
     assert first["name"].startswith("ncclKernel_SendRecv") and first["category"] == "communication"
     assert {r["idle_category"] for r in _rows(idle)} <= {"host_wait", "kernel_wait", "other"}
 
 
 def test_profile_runs_a_tiny_cpu_step_into_the_store(served, profiled):
-    updates, (summary, phases, memory, nvml, top_ops, trace) = profiled
+    updates, (summary, phases, memory, nvml, timeline, top_ops, trace) = profiled
     assert updates[0][0].startswith("### Starting") and any(u[0].startswith("### Running: ") for u in updates)
     assert "`: ok" in summary and "tokens/s" in summary and nvml is None
-    assert phases["type"] == "plotly" and memory["type"] == "plotly"
+    assert phases["type"] == "plotly" and memory["type"] == "plotly" and timeline["type"] == "plotly"
     assert "aten::mm" in {r["op"] for r in _rows(top_ops)}
     assert trace["orig_name"] == "trace.json.gz" and json.loads(gzip.decompress(_fetch(trace)))["traceEvents"]
     run = served.store.load(_run_id(summary))
@@ -285,3 +286,21 @@ def test_a_crashing_child_leaves_the_app_serving_and_the_store_consistent(served
     opened = served.client.predict(crashed.run_id, api_name="/open_run")[0]
     assert opened.startswith(f"### Run `{crashed.run_id}`: crashed\nthe child died with SIGABRT")
     _still_serves(served.client)
+
+
+def test_compare_two_stored_runs(served):
+    import shutil
+
+    samples = ("20261130-165248-tiny-6bcb2f", "20261130-165253-tiny-617152")  # shipped under traces/
+    for run_id in samples:
+        shutil.copytree(Path(app.__file__).parent / "traces" / run_id, served.store.root / run_id)
+    summary, diff, metrics, figure = served.client.predict(*samples, api_name="/compare")
+    # Their metrics.json: 65.07 ms per step in fp32 without recompute, 59.99 ms in bf16 with full recompute.
+    assert "(59.99 vs 65.07 ms)" in summary
+    fields = {r["field"]: (r["a"], r["b"]) for r in _rows(diff)}
+    assert fields["train.precision"] == ("fp32", "bf16") and fields["train.recompute"] == ("none", "full")
+    step = next(r for r in _rows(metrics) if r["metric"] == "step time (ms)")
+    assert step["change_pct"] == pytest.approx(100 * (59.99 - 65.07) / 65.07, abs=0.02)
+    assert figure["type"] == "plotly"
+    bad = served.client.predict(samples[0], "../../etc", api_name="/compare")[0]
+    assert bad.startswith("### Cannot compare\nrun id '../../etc' is not valid")

@@ -113,11 +113,12 @@ def test_profile_tab_runs_a_step_and_shows_it(store):
     updates = _profile()
     assert updates[0][0].startswith("### Starting")
     assert any(u[0].startswith("### Running: step") for u in updates)
-    summary, phases, memory, nvml, top, trace = updates[-1]
+    summary, phases, memory, nvml, timeline, top, trace = updates[-1]
     assert "`: ok" in summary and "tokens/s" in summary and "nsys profile --capture-range=cudaProfilerApi" in summary
     assert phases.data[0].y == ("data", "forward", "backward", "optimizer", "other")
     assert list(memory.data[0].x) == ["measured peak", "estimated"]
     assert nvml is None  # CPU run: no NVML samples
+    assert timeline.layout.title.text.startswith("ProfilerStep#")  # one profiled step (steps=1, warmup 1)
     assert "aten::mm" in set(top["op"]) and trace.endswith("trace.json.gz")
     (run,) = store.list_runs()[0]
     reopened = app.open_run(run.run_id)
@@ -148,8 +149,8 @@ SAMPLE_RUNS = ("20261130-165248-tiny-6bcb2f", "20261130-165253-tiny-617152")  # 
 def test_shipped_sample_runs_are_readable(run_id):
     from advisor.runstore import RunStore
 
-    summary, phases, memory, _, top, trace = app.run_view(RunStore().load(run_id))
-    assert f"`{run_id}`: ok" in summary and phases is not None and memory is not None
+    summary, phases, memory, _, timeline, top, trace = app.run_view(RunStore().load(run_id))
+    assert f"`{run_id}`: ok" in summary and phases is not None and memory is not None and timeline is not None
     assert not top.empty and trace.endswith("trace.json.gz")
 
 
@@ -160,7 +161,7 @@ TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 @pytest.mark.skipif(not TRACES.is_dir(), reason="real traces live in ../shared/traces (absent here)")
 def test_analyze_tab_on_an_uploaded_real_trace():
-    summary, temporal, categories, top, details = app.analyze_view(
+    summary, temporal, categories, timeline, top, details = app.analyze_view(
         str(TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite"), None
     )
     assert "2 rank(s), cuda" in summary
@@ -169,12 +170,17 @@ def test_analyze_tab_on_an_uploaded_real_trace():
     assert "attention" in set(categories.data[0].y)
     assert top.iloc[0]["name"].startswith("void flash::flash_fwd_kernel") and top.iloc[0]["category"] == "attention"
     assert set(details["idle_category"]) == {"host_wait", "kernel_wait", "other"}
+    # nsys captures have no ProfilerStep ranges: the timeline spans the whole capture of rank 0.
+    assert timeline.layout.title.text == "whole trace (no ProfilerStep): 299.9 ms"
 
 
 def test_analyze_tab_on_a_stored_cpu_run_and_on_bad_input(tmp_path):
-    summary, temporal, categories, top, details = app.analyze_view(None, SAMPLE_RUNS[0])
+    summary, temporal, categories, timeline, top, details = app.analyze_view(None, SAMPLE_RUNS[0])
     assert "1 rank(s), cpu" in summary and temporal is None and categories is None
     assert top.iloc[0]["name"] == "aten::mm" and "forward" in set(details["phase"])
+    # The run's last step, ProfilerStep#5, lasted 66.839 ms in its trace; its phases have a lane.
+    assert timeline.layout.title.text == "ProfilerStep#5: 66.8 ms"
+    assert [t.name for t in timeline.data if set(t.y) == {"phase"}] == ["data", "forward", "backward", "optimizer"]
     bogus = tmp_path / "bogus.json"
     bogus.write_text('{"not": "a trace"}')
     assert app.analyze_view(str(bogus), None)[0].startswith(
@@ -193,7 +199,7 @@ def _size_values(**changes):
 
 
 def test_advice_tab_on_the_size_setup_gives_a_ranked_table_and_files():
-    summary, table, report, files = app.advice_view(
+    summary, table, report, files, advice = app.advice_view(
         "Size tab setup", None, None, *_size_values(model="llama-3.1-70b", gpus=8, zero=0, global_batch=8)
     )
     assert summary.startswith("### ") and "Out of memory, model states dominate" in summary
@@ -202,13 +208,14 @@ def test_advice_tab_on_the_size_setup_gives_a_ranked_table_and_files():
     assert "# Advice for the Size tab's setup" in report
     md, js = files
     assert Path(md).read_text().startswith("# Advice") and '"recommendations"' in Path(js).read_text()
+    assert advice.recommendations[0].rule.id == "mem-oom-model-state"
 
 
 def test_advice_tab_on_a_stored_run_and_bad_input(tmp_path, monkeypatch):
     from advisor.runstore import RunStore
 
     monkeypatch.setattr(app, "_store", lambda: RunStore(Path(__file__).resolve().parents[1] / "traces"))
-    _, table, _, _ = app.advice_view("stored run", "20261130-165248-tiny-6bcb2f", None, *_size_values())
+    _, table, *_ = app.advice_view("stored run", "20261130-165248-tiny-6bcb2f", None, *_size_values())
     assert "launch-small-batch" in set(table["rule"])
     assert app.advice_view("stored run", None, None, *_size_values())[0].startswith("Pick a stored run")
     bad = tmp_path / "bad.json"
@@ -224,8 +231,11 @@ def test_verify_view_without_a_run_or_with_an_unknown_rule(store):
 
 
 def test_plan_tab_ranks_layouts_and_rejects_bad_input():
-    summary, table, explain = app.plan_view("llama-3.1-8b", "h100", 8, 4096, 64, ["bf16"], True)
+    summary, table, explain, scatter = app.plan_view("llama-3.1-8b", "h100", 8, 4096, 64, ["bf16"], True)
     assert summary.startswith("### ") and len(table) > 0
+    fits, top = scatter.data  # every fitting layout, then the ranked ones highlighted
+    assert len(top.x) == len(table) and len(fits.x) >= len(table)
+    assert abs(max(fits.y) - table["tokens/s"].iloc[0]) <= 0.5  # the table rounds to whole tokens/s
     assert list(table["tokens/s"]) == sorted(table["tokens/s"], reverse=True)
     assert explain
     bad = app.plan_view("llama-3.1-8b", "h100", 0, 4096, 64, ["bf16"], True)
@@ -238,7 +248,7 @@ def test_the_public_api_is_each_tabs_main_action():
     deps = app.build_app().config["dependencies"]
     public = {d["api_name"] for d in deps if d.get("api_visibility") == "public"}
     # Everything else (refreshes, cancel, page-load fills) is undocumented, not "false_1"-style names.
-    assert public == {"size", "profile", "open_run", "analyze", "advise", "verify", "plan"}
+    assert public == {"size", "profile", "open_run", "analyze", "advise", "verify", "plan", "compare"}
     assert not any(str(d.get("api_name")).startswith("false") for d in deps)
 
 
@@ -265,3 +275,62 @@ def test_login_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("ADVISOR_AUTH", "broken")
     with pytest.raises(SystemExit, match="ADVISOR_AUTH entry 1"):
         app.main()
+
+
+# --- One spec across tabs, and Apply ---
+
+
+def test_size_values_describe_the_setup_they_came_from():
+    from advisor.sizing import make_setup
+
+    setup = make_setup(
+        model="llama-3.1-70b", gpu="gh200", gpus=64, seq=4096, global_batch=256, tp=4, pp=2, vpp=2,
+        recompute="selective", offload="optimizer", zero=2, sequence_parallel=True, precision="fp8",
+    )  # fmt: skip
+    values = app.size_values(setup)
+    assert values["model"] == "llama-3.1-70b" and values["gpu"] == "gh200" and values["tp"] == "4"
+    assert values["gpus"] == 64 and values["zero"] == "2" and values["offload"] == "optimizer"
+    assert app._setup_from_size_inputs(*[values.get(k) for k in app.SIZE_KEYS]) == setup
+
+
+def test_a_shared_value_follows_only_where_the_other_tab_allows_it():
+    import gradio as gr
+
+    with gr.Blocks():
+        precision = gr.Radio(["fp32", "bf16", "fp16"], value="bf16")
+        precisions = gr.CheckboxGroup(["fp32", "bf16", "fp8"], value=["bf16"])
+        batch = gr.Number(value=64, minimum=1)
+    assert app._follow_value(precision, "fp16") == "fp16"
+    assert isinstance(app._follow_value(precision, "fp8"), type(gr.skip()))  # the profiler has no fp8
+    assert app._follow_value(precisions, "fp8") == ["fp8"]
+    assert app._follow_value(batch, 128) == 128
+    assert isinstance(app._follow_value(batch, 0), type(gr.skip()))  # "no accumulation" is no plan batch
+
+
+def test_apply_loads_the_recommended_change_everywhere(monkeypatch):
+    from advisor.runstore import RunStore
+
+    monkeypatch.setattr(app, "_store", lambda: RunStore(Path(__file__).resolve().parents[1] / "traces"))
+    *_, advice = app.advice_view("stored run", "20261130-165248-tiny-6bcb2f", None, *_size_values())
+    choices = app.apply_choices(advice).choices
+    first = choices[0][0]
+    assert first.startswith("#1 prec-fp32-to-bf16")  # the shipped sample ran in fp32
+    msg, size, profile, rule = app.apply_recommendation(advice, first, "stored run")
+    assert rule == "prec-fp32-to-bf16" and "`train.precision = bf16`" in msg and "Re-run" in msg
+    assert size["precision"] == "bf16" and size["model"] == "tiny" and size["gpu"] == "cpu"
+    assert size["seq"] == 128 and size["micro_batch"] == 2
+    assert profile["precision"] == "bf16" and profile["device"] == "cpu" and profile["steps"] == 2
+    assert app.apply_recommendation(None, first, "stored run")[0] == "Press **Advise** first."
+    assert app.apply_recommendation(advice, "#9 nothing", "stored run")[1:] == ({}, {}, None)
+    # Applied on the Size tab, the widgets rebuild the recommended setup exactly.
+    rebuilt = app._setup_from_size_inputs(*[size.get(k) for k in app.SIZE_KEYS])
+    assert rebuilt == advice.recommendations[0].after
+
+
+def test_the_app_links_tabs_and_opens_on_a_recommendation():
+    deps = app.build_app().config["dependencies"]
+    links = [d for d in deps if d["targets"] and d["targets"][0][1] == "input"]
+    # Size, Profile and Plan share model, gpu/gpus (Size, Plan), seq, batches, precision, ...
+    assert len(links) >= 2 * len(app.SHARED_KEYS)
+    loads = [d for d in deps if d["targets"] and d["targets"][0][1] == "load"]
+    assert any(len(d["outputs"]) == 5 and d["api_visibility"] == "undocumented" for d in loads)

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from advisor.charts import plan_scatter_figure
 from advisor.cli import main
 from advisor.errors import AdvisorError, SpecError
 from advisor.estimator import estimate
-from advisor.planner import PlanRequest, _rank_key, _speed, layout_label, plan
+from advisor.planner import MAX_POINTS, PlanRequest, _rank_key, _speed, layout_label, plan
 from advisor.presets import get_hardware, get_model
 from advisor.specs import OFFLOAD_MODES, RECOMPUTE_MODES, ParallelSpec, Setup, TrainSpec
 
@@ -332,3 +333,47 @@ def test_cli_plan_hf_config_no_offload_and_errors(capsys):
     assert "error: precisions='fp9': unknown precision" in capsys.readouterr().err
     assert main(["plan", "--gpus", "0", "--global-batch", "64"]) == 2
     assert "error: gpus=0: must be an integer >= 1" in capsys.readouterr().err
+
+
+# --- the memory / speed scatter ---------------------------------------------------------------------
+
+
+def _check_points(res) -> None:
+    """Every top entry is a highlighted point with its own numbers; all points fit; fastest first."""
+    top = {layout_label(e.setup): e.estimate for e in res.top}
+    highlighted = {p.label: p for p in res.points if p.in_top}
+    assert highlighted.keys() == top.keys() and len(highlighted) == len(res.top)
+    for label, est in top.items():
+        assert highlighted[label].tokens_per_s == est.tokens_per_s
+        assert highlighted[label].memory_gib == est.memory.total_bytes / 2**30
+    assert all(p.fits for p in res.points)
+    assert all(p.memory_gib <= res.request.hardware.memory_bytes / 2**30 for p in res.points)
+    speeds = [p.tokens_per_s for p in res.points]
+    # Ranked as the top is: by tokens/s to 12 digits (_speed), so neighbours may differ in the last bits.
+    assert all(a >= b * (1 - 1e-9) for a, b in itertools.pairwise(speeds))
+    assert res.points[0].in_top and res.points[0].tokens_per_s == res.top[0].estimate.tokens_per_s
+
+
+def test_points_are_every_fitting_setting_of_a_small_search():
+    res = plan(request("gpt2-124m", "h100", 8, 1024, 64))
+    assert len(res.points) == res.fitting <= MAX_POINTS
+    _check_points(res)
+    # Dominated settings are points too: the scatter shows what the listing rule left out.
+    assert res.dominated > 0 and len(res.points) > len(res.top)
+
+
+def test_points_are_capped_keeping_the_top():
+    res = plan(request("mixtral-8x7b", "h100", 256, 4096, 1024))
+    assert res.fitting > MAX_POINTS and len(res.points) == MAX_POINTS
+    _check_points(res)
+
+
+def test_plan_scatter_figure_marks_the_top_and_the_capacity():
+    res = plan(request("gpt2-124m", "h100", 8, 1024, 64))
+    fig = plan_scatter_figure(res)
+    rest, top = fig.data
+    assert len(rest.x) == len(res.points) - len(res.top)
+    assert list(top.text) == [f"#{i}" for i in range(1, len(res.top) + 1)]
+    assert top.y[0] == res.top[0].estimate.tokens_per_s
+    (line,) = fig.layout.shapes
+    assert line.line.dash == "dash" and line.x0 == line.x1 == get_hardware("h100").memory_bytes / 2**30

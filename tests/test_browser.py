@@ -1,0 +1,221 @@
+"""End to end in a real browser: Debian's chromium driven by Playwright, against the app served on a
+free local port with a copy of the shipped sample runs as its store.
+
+Each test is what a user does: size a model and read the verdict, profile a tiny step on the CPU,
+upload a real trace, advise + apply + re-run, compare two runs, plan, and recover from bad input.
+With ``ADVISOR_SCREENSHOTS=DIR`` set, each tab's finished state is saved as ``DIR/<tab>.png`` (the
+README's pictures: ``scripts/screenshots.sh``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+REPO = Path(__file__).resolve().parents[1]
+TRACES = REPO.parent / "shared" / "traces"
+V100_TRACE = TRACES / "kineto" / "ns_resolution_trace" / "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+FP32_RUN = "20261130-165248-tiny-6bcb2f"  # a shipped sample run, profiled in fp32
+SHOTS = os.environ.get("ADVISOR_SCREENSHOTS")
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason=f"needs Debian's chromium at {CHROMIUM} (apt install chromium; .ci/run does)"
+)
+sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright for Python (requirements-dev.txt)")
+expect = sync_api.expect
+LONG_MS = 240_000  # a profiled step in a child process on 2 busy cores, with its preflight
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The app on a free port, its store a copy of the shipped runs (the repo's traces/ stays as is)."""
+    import app
+
+    store = tmp_path_factory.mktemp("browser") / "traces"
+    shutil.copytree(REPO / "traces", store, ignore=shutil.ignore_patterns(".staging"))
+    old = os.environ.get("ADVISOR_TRACES_DIR")
+    os.environ["ADVISOR_TRACES_DIR"] = str(store)
+    port = _free_port()
+    demo = app.build_app().queue(default_concurrency_limit=16)
+    demo.launch(
+        server_name="127.0.0.1",
+        server_port=port,
+        prevent_thread_lock=True,
+        quiet=True,
+        max_file_size=app.MAX_UPLOAD,
+        allowed_paths=[str(store)],
+    )
+    yield f"http://127.0.0.1:{port}", store
+    demo.close()
+    if old is None:
+        os.environ.pop("ADVISOR_TRACES_DIR", None)
+    else:
+        os.environ["ADVISOR_TRACES_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    """A fresh page on the app, opened and showing the default setup's verdict."""
+    pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+    pg.set_default_timeout(30_000)
+    pg.goto(server[0], wait_until="load")
+    expect(pg.locator("#size-verdict")).to_contain_text("FITS")
+    yield pg
+    pg.close()
+
+
+def _tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name, exact=True).click()
+
+
+def _choose(page, css: str, option: str) -> None:
+    """Pick ``option`` in the dropdown ``css`` the way a user does: open it, click the option."""
+    page.locator(f"{css} input").click()
+    page.locator(css).get_by_role("option", name=option, exact=True).click()
+
+
+def _set_number(page, label: str, value: int) -> None:
+    box = page.get_by_label(label, exact=True)
+    box.fill(str(value))
+    box.press("Enter")
+    box.blur()
+
+
+def _shot(page, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        page.wait_for_timeout(500)  # let plots finish drawing
+        page.screenshot(path=str(Path(SHOTS) / f"{name}.png"), full_page=True)
+
+
+def test_size_a_model_and_the_other_tabs_follow(page):
+    verdict = page.locator("#size-verdict")
+    # The default: Llama-3.1-8B on 8 H200s, ZeRO-1 (the estimator: 99.8 GiB of 140.4 GiB).
+    expect(verdict).to_contain_text("FITS: 99.8 GiB of 140.4 GiB per GPU")
+    _choose(page, "#size-model", "llama-3.1-70b")
+    expect(verdict).to_contain_text("llama-3.1-70b (70.55B params)")
+    expect(verdict).to_contain_text("DOES NOT FIT: 605.9 GiB")  # ZeRO-1 and seq 8192 without recompute
+    # Full recompute, ZeRO-3 and the optimizer in host memory make it fit (the estimator: 46.4 GiB).
+    page.get_by_role("radio", name="full", exact=True).check()
+    _choose(page, "#size-zero", "3")
+    page.get_by_role("radio", name="optimizer", exact=True).check()
+    expect(verdict).to_contain_text("✅ FITS: 46.4 GiB of 140.4 GiB per GPU")
+    _shot(page, "size")
+    _tab(page, "Plan")
+    expect(page.locator("#plan-model input")).to_have_value("llama-3.1-70b")
+    page.locator("#plan-run").click()
+    expect(page.locator("#plan-summary")).to_contain_text("layouts of")
+    _shot(page, "plan")
+
+
+def test_bad_input_shows_a_clear_message_and_the_app_keeps_working(page):
+    verdict = page.locator("#size-verdict")
+    _set_number(page, "Global batch (0 = no accum)", 60)  # 8 GPUs x micro-batch 1 do not divide 60
+    expect(verdict).to_contain_text("Invalid setup")
+    expect(verdict).to_contain_text("global_batch")
+    _set_number(page, "Global batch (0 = no accum)", 64)
+    expect(verdict).to_contain_text("FITS: 99.8 GiB")
+    _tab(page, "Analyze")
+    page.locator("#analyze-upload input[type=file]").set_input_files(
+        files=[{"name": "broken.json", "mimeType": "application/json", "buffer": b"{not json"}]
+    )
+    expect(page.locator("#analyze-summary")).to_contain_text("Cannot analyze this trace")
+    expect(page.locator("#analyze-summary")).to_contain_text("broken.json")
+
+
+def test_profile_a_tiny_step_on_the_cpu(page, server):
+    _tab(page, "Profile")
+    _set_number(page, "Steps", 2)
+    summary = page.locator("#profile-summary")
+    expect(summary).to_contain_text("Run 2026")  # the tab opens on the newest stored run
+    page.locator("#profile-run").click()
+    expect(summary).to_contain_text("Running: step")  # progress while the child process works
+    # The shipped runs are seq 128; this one is the tab's default seq 256 x micro-batch 2.
+    expect(summary).to_contain_text("tiny: seq 256 x micro 2", timeout=LONG_MS)
+    expect(summary).to_contain_text(": ok")
+    expect(summary).to_contain_text("ms per step")
+    expect(page.locator("#profile-top-ops")).to_contain_text("aten::")  # the top-ops table is filled
+    run_id = summary.inner_text().split("Run ")[1].split(":")[0].strip()
+    assert run_id not in {p.name for p in (REPO / "traces").iterdir()}
+    assert (server[1] / run_id / "trace.json.gz").is_file()  # the new run landed in the store
+    _shot(page, "profile")
+
+
+@pytest.mark.skipif(not V100_TRACE.is_file(), reason="real traces live in ../shared/traces (absent here)")
+def test_upload_a_real_trace_and_read_the_breakdown(page):
+    _tab(page, "Analyze")
+    page.locator("#analyze-upload input[type=file]").set_input_files(str(V100_TRACE))
+    summary = page.locator("#analyze-summary")
+    expect(summary).to_contain_text("Tesla V100-SXM2-32GB", timeout=60_000)
+    # Hand-checked in tests/test_analyze.py: GEMMs are 24.8 % of this trace's kernel time, all FP32 SIMT.
+    expect(summary).to_contain_text("gemm 24.8 %")
+    expect(page.locator("#analyze-top")).to_contain_text("volta_sgemm_64x64_tn")
+    _shot(page, "analyze")
+
+
+def test_advise_apply_and_rerun(page):
+    _tab(page, "Advice")
+    # The page opens on a first recommendation for the default setup.
+    expect(page.locator("#advice-summary")).to_contain_text("for the Size tab's setup")
+    page.get_by_role("radio", name="stored run").check()
+    _choose(page, "#advice-run-choice", FP32_RUN)
+    page.locator("#advice-run").click()
+    expect(page.locator("#advice-summary")).to_contain_text(f"for {FP32_RUN}")
+    expect(page.locator("#advice-summary")).to_contain_text("fp32 training where bf16 is faster")
+    expect(page.locator("#advice-apply-choice input")).to_have_value(
+        "#1 prec-fp32-to-bf16: fp32 training where bf16 is faster"
+    )
+    page.locator("#advice-apply").click()
+    expect(page.locator("#advice-apply-result")).to_contain_text("train.precision = bf16")
+    page.locator("#advice-verify").click()
+    result = page.locator("#advice-verify-result")
+    expect(result).to_contain_text("Re-ran with {'train.precision': 'bf16'}", timeout=LONG_MS)
+    _shot(page, "advice")
+    _tab(page, "Size")  # the applied change is the current setup: the sample's tiny model in bf16 on the CPU
+    expect(page.locator("#size-verdict")).to_contain_text("tiny")
+    expect(page.locator("#size-verdict")).to_contain_text("bf16 adamw")
+
+
+def test_compare_two_runs(page):
+    _tab(page, "History")
+    expect(page.locator("#history-count")).to_contain_text("match")
+    _choose(page, "#history-a", FP32_RUN)
+    _choose(page, "#history-b", "20261130-165253-tiny-617152")
+    page.locator("#history-compare").click()
+    summary = page.locator("#history-summary")
+    # The two shipped runs differ in precision (fp32 -> bf16) and recompute (none -> full); their
+    # metrics.json give 65.07 and 59.99 ms per step.
+    expect(summary).to_contain_text("65.07")
+    expect(summary).to_contain_text("59.99")
+    expect(page.locator("#history-diff")).to_contain_text("train.precision")
+    _shot(page, "history")

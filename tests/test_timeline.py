@@ -1,0 +1,191 @@
+"""The step timeline on real traces: which step, its phases, the top kernels or ops, hand-checked totals."""
+
+import gzip
+import json
+from collections import defaultdict
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from advisor.analyze import load_trace
+from advisor.charts import timeline_figure
+from advisor.errors import AdvisorError
+from advisor.timeline import MAX_NAME_CHARS, WHOLE_TRACE, step_timeline
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT.parent / "shared" / "traces"
+needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="real traces live in ../shared/traces (absent here)")
+SAMPLE_RUN = ROOT / "traces" / "20261130-165248-tiny-6bcb2f"
+GPU_BOUND = TRACES / "kineto" / "ns_resolution_trace"
+
+
+def _events(path: Path) -> list[dict]:
+    """The raw events of a Kineto file, times as exact decimals: as floats, epoch microseconds with
+    nanosecond fractions (1.7e15) round to 0.25 us, which shifts clipped totals by about a microsecond."""
+    with gzip.open(path) as f:
+        return json.load(f, parse_float=Decimal)["traceEvents"]
+
+
+def _totals_in(events: list[dict], t0: Decimal, t1: Decimal) -> dict[str, Decimal]:
+    """Time (us) per name of ``events`` inside [t0, t1), each event cut to the window."""
+    totals: dict[str, Decimal] = defaultdict(Decimal)
+    for e in events:
+        a, b = max(e["ts"], t0), min(e["ts"] + e["dur"], t1)
+        if b > a:
+            totals[e["name"]] += b - a
+    return totals
+
+
+def _work(tl):
+    return tl[~tl["lane"].isin(["step", "phase"])]
+
+
+def _check_top(tl, reference: dict[str, Decimal], top_n: int = 12) -> None:
+    """The timeline's names, in order, are the reference's top ``top_n`` by total, with the same totals."""
+    expected = sorted(reference.items(), key=lambda kv: (-kv[1], kv[0]))[:top_n]
+    got = _work(tl).groupby("name", sort=False)["dur_ms"].sum()
+    assert len(got) == top_n
+    assert list(got) == sorted(got, reverse=True)
+    for (name, total_us), (cut, total_ms) in zip(expected, got.items(), strict=True):
+        assert cut[:60] == name[:60] and len(cut) <= MAX_NAME_CHARS
+        assert total_ms == pytest.approx(float(total_us) / 1e3, abs=1e-9)
+
+
+def test_cpu_run_shows_its_last_step_phases_and_top_level_ops():
+    tl = step_timeline(load_trace(SAMPLE_RUN))
+    # Our own run stops the profiler after its last step, so ProfilerStep#5 is complete and chosen; its
+    # "dur" in trace.json.gz is 66839.371 us.
+    assert tl.attrs["step"] == 5 and not tl.attrs["whole_trace"] and tl.attrs["source"] == "cpu_ops"
+    step = tl.iloc[0]
+    assert (step["lane"], step["name"], step["start_ms"]) == ("step", "ProfilerStep#5", 0.0)
+    assert step["dur_ms"] == pytest.approx(66.839371, abs=1e-9)
+    phases = tl[tl["lane"] == "phase"]
+    assert list(phases["name"]) == ["data", "forward", "backward", "optimizer"]
+    assert (phases["start_ms"] >= 0).all() and (phases["start_ms"] + phases["dur_ms"] <= step["dur_ms"]).all()
+    # backward: 42.304697 ms in the trace (ts 5200544552463.327, dur 42304.697 us).
+    assert phases["dur_ms"].iloc[2] == pytest.approx(42.304697, abs=1e-9)
+    ops = _work(tl)
+    assert set(ops["lane"]) == {"CPU ops"} and set(ops["kind"]) == {"cpu_op"}
+    # Top-level ops only: on the one thread none overlaps the next.
+    ordered = ops.sort_values("start_ms")
+    assert (
+        ordered["start_ms"].iloc[1:].to_numpy() >= (ordered["start_ms"] + ordered["dur_ms"]).iloc[:-1].to_numpy()
+    ).all()
+    # Checked by hand on the JSON: 29 top-level MmBackward0 calls, 29.229638 ms in all, then aten::linear.
+    first = ops[ops["name"] == "autograd::engine::evaluate_function: MmBackward0"]
+    assert len(first) == 29 and first["dur_ms"].sum() == pytest.approx(29.229638, abs=1e-6)
+    assert ops["name"].iloc[0] == first["name"].iloc[0] and "aten::linear" in set(ops["name"])
+
+    events = _events(SAMPLE_RUN / "trace.json.gz")
+    raw = next(e for e in events if e.get("name") == "ProfilerStep#5")
+    t0, t1 = raw["ts"], raw["ts"] + raw["dur"]
+    # Top level, found independently: per thread by start (longer first), an op that starts before the
+    # latest end seen so far is nested.
+    ops_raw, reach, top_level = (
+        sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: (e["tid"], e["ts"], -e["dur"])),
+        {},
+        [],
+    )
+    for e in ops_raw:
+        if e["tid"] not in reach or e["ts"] >= reach[e["tid"]]:
+            top_level.append(e)
+        reach[e["tid"]] = max(reach.get(e["tid"], e["ts"]), e["ts"] + e["dur"])
+    _check_top(tl, _totals_in(top_level, t0, t1))
+
+
+@needs_traces
+def test_gpu_trace_picks_the_last_complete_step_and_ranks_kernels_by_time_inside_it():
+    df = load_trace(GPU_BOUND)
+    tl = step_timeline(df)
+    # Steps 101-105; the last is cut by the end of the capture (HTA's rule, as analyze() applies), so 104.
+    # Its "dur" in the JSON: 95551.087 us.
+    assert tl.attrs["step"] == 104 and tl.attrs["source"] == "kernels"
+    assert tl.iloc[0]["name"] == "ProfilerStep#104" and tl.iloc[0]["dur_ms"] == pytest.approx(95.551087, abs=1e-9)
+    assert tl.attrs["step_ms"] == pytest.approx(95.551087, abs=1e-9)
+    phases = tl[tl["lane"] == "phase"]
+    assert {"## forward ##", "## backward ##", "## optimizer ##"} <= set(phases["name"])
+    assert (phases["start_ms"] >= 0).all() and (phases["start_ms"] + phases["dur_ms"] <= 95.551087 + 1e-9).all()
+    work = _work(tl)
+    assert set(work["lane"]) == {"GPU stream 7"}  # this trace has one stream
+    assert ((work["start_ms"] >= 0) & (work["start_ms"] + work["dur_ms"] <= 95.551087 + 1e-9)).all()
+    # Hand-checked on the JSON: the CUDAFunctor_add kernel leads with 32 runs, 5.260706 ms inside the step.
+    lead = work[work["name"] == work["name"].iloc[0]]
+    assert (
+        lead["name"].iloc[0].startswith("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add")
+    )
+    assert len(lead) == 32 and lead["dur_ms"].sum() == pytest.approx(5.260706, abs=1e-9)
+
+    (path,) = GPU_BOUND.glob("*.json.gz")
+    events = _events(path)
+    raw = next(e for e in events if e.get("name") == "ProfilerStep#104")
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    _check_top(tl, _totals_in(gpu, raw["ts"], raw["ts"] + raw["dur"]))
+
+    # Any step can be asked for, the cut last one too.
+    last = step_timeline(df, step=105, top_n=3)
+    assert last.iloc[0]["dur_ms"] == pytest.approx(95.699037, abs=1e-9) and _work(last)["name"].nunique() == 3
+
+
+@needs_traces
+def test_row_cap_keeps_the_longest_occurrences():
+    df = load_trace(GPU_BOUND)
+    full, capped = step_timeline(df), step_timeline(df, max_rows=50)
+    assert len(full) == 264 and full.attrs["dropped_rows"] == 0  # 1 step, 4 phases, 259 kernel runs
+    assert len(capped) == 50 and capped.attrs["dropped_rows"] == 214
+    kept, dropped_from = _work(capped)["dur_ms"], _work(full)["dur_ms"]
+    assert sorted(kept, reverse=True) == sorted(dropped_from, reverse=True)[:45]
+    assert capped.iloc[:5].equals(full.iloc[:5])  # step and phases are never dropped
+
+
+@needs_traces
+def test_two_ranks_several_streams_and_the_errors():
+    df = load_trace(TRACES / "kineto" / "trace_filter")
+    tl = step_timeline(df, rank=1)
+    # Rank 1 holds ProfilerStep#551 and #552 (cut): #551, 607904 us in sampled_rank-1.json.gz.
+    assert tl.attrs["rank"] == 1 and tl.attrs["step"] == 551
+    assert tl.iloc[0]["dur_ms"] == pytest.approx(607.904, abs=1e-9)
+    assert list(tl[tl["lane"] == "phase"]["name"]) == [
+        "## data_load ##",
+        "## forward ##",
+        "## backward ##",
+        "## optimizer ##",
+    ]
+    assert {"GPU stream 7", "GPU stream 84", "GPU stream 203"} <= set(tl["lane"])
+    with pytest.raises(AdvisorError, match=r"^rank=3: the trace has no such rank \(it has rank 0, 1\)$"):
+        step_timeline(df, rank=3)
+    with pytest.raises(AdvisorError, match=r"^step=7: rank 0 has no ProfilerStep#7 \(it has steps 551, 552\)$"):
+        step_timeline(df, step=7)
+    with pytest.raises(AdvisorError, match=r"top_n=-1: must be an integer >= 0"):
+        step_timeline(df, top_n=-1)
+
+
+@needs_traces
+def test_nsys_capture_without_profiler_steps_is_shown_whole():
+    df = load_trace(TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite")
+    tl = step_timeline(df, rank=0)
+    assert tl.attrs["whole_trace"] and tl.attrs["step"] is None
+    assert (tl.iloc[0]["name"], tl.iloc[0]["kind"]) == (WHOLE_TRACE, "trace")
+    mine = df[df["rank"] == 0]
+    span_ms = ((mine["start_ns"] + mine["dur_ns"]).max() - mine["start_ns"].min()) / 1e6
+    assert tl.iloc[0]["dur_ms"] == pytest.approx(span_ms)
+    work = _work(tl)
+    # flash_fwd dominates this capture (tests/test_analyze.py); over the whole trace nothing is cut, so its
+    # total is the plain sum of its kernels on this rank.
+    assert work["name"].iloc[0].startswith("void flash::flash_fwd_kernel")
+    flash = mine[(mine["kind"] == "kernel") & mine["name"].astype(str).str.startswith("void flash::flash_fwd_kernel")]
+    assert work[work["name"] == work["name"].iloc[0]]["dur_ms"].sum() == pytest.approx(flash["dur_ns"].sum() / 1e6)
+    # Several elementwise kernels share their first 80 characters: their cut names stay distinct.
+    assert work["name"].nunique() == 12 and work["name"].str.len().max() <= MAX_NAME_CHARS
+    with pytest.raises(AdvisorError, match=r"step=3: rank 0 has no ProfilerStep ranges; leave the step unset"):
+        step_timeline(df, step=3)
+
+
+def test_timeline_figure_has_one_trace_per_name_and_lanes_in_order():
+    tl = step_timeline(load_trace(SAMPLE_RUN), top_n=5)
+    fig = timeline_figure(tl)
+    assert len(fig.data) == 1 + 4 + 5  # the step, four phases, five ops
+    assert list(fig.layout.yaxis.categoryarray) == ["step", "phase", "CPU ops"]
+    bar = fig.data[0]
+    assert bar.orientation == "h" and list(bar.base) == [0.0] and bar.x[0] == pytest.approx(66.839371)
+    assert "ProfilerStep#5" in fig.layout.title.text
