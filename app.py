@@ -345,29 +345,42 @@ def profile_view(
         yield (f"### Invalid setup\n{err}", *_no_run_outputs())
         return
     _CANCEL.clear()
+    yield ("### Starting the child process…", *_no_run_outputs())
+    result = yield from _in_background(
+        lambda on_progress: profile_run(setup, options, _store(), on_progress=on_progress, cancel=_CANCEL),
+        lambda done, total, message: (
+            f"### Running: {message} ({100 * done // total} %)",
+            *(gr.skip() for _ in range(6)),
+        ),
+    )
+    if isinstance(result, str):
+        yield (f"### Not run\n{result}", *_no_run_outputs())
+        return
+    yield run_view(result)
+
+
+def _in_background(job, progress_view):
+    """Run ``job(on_progress)`` in a thread, yielding ``progress_view(done, total, message)`` for each
+    progress report; returns the job's result, or a message where it raised (an AdvisorError's own,
+    or a short one for a crash, whose traceback goes to the log). The server never sees the raise."""
     updates: queue.Queue = queue.Queue()
     result: dict = {}
 
     def work() -> None:
         try:
-            result["run"] = profile_run(setup, options, _store(), on_progress=lambda *p: updates.put(p), cancel=_CANCEL)
+            result["value"] = job(lambda *p: updates.put(p))
         except AdvisorError as err:
-            result["error"] = f"### Not run\n{err}"
+            result["value"] = str(err)
         except Exception:
-            log.exception("profile run failed")
-            result["error"] = "### Internal error\nThe run could not be started; see the server log."
+            log.exception("background job failed")
+            result["value"] = "Internal error: the job failed unexpectedly; see the server log."
         finally:
             updates.put(None)
 
     threading.Thread(target=work, daemon=True).start()
-    yield ("### Starting the child process…", *_no_run_outputs())
     while (item := updates.get()) is not None:
-        done, total, message = item
-        yield (f"### Running: {message} ({100 * done // total} %)", *(gr.skip() for _ in range(6)))
-    if "error" in result:
-        yield (result["error"], *_no_run_outputs())
-        return
-    yield run_view(result["run"])
+        yield progress_view(*item)
+    return result["value"]
 
 
 def cancel_profile() -> str:
@@ -474,7 +487,7 @@ def _no_analysis():
     return None, None, None, pd.DataFrame(columns=_TABLE_COLUMNS), pd.DataFrame()
 
 
-def analyze_view(upload: str | None, run_id: str | None):
+def analyze_view(upload: str | None, run_id: str | None, progress=gr.Progress()):  # noqa: B008 (Gradio injects it)
     """Analyze tab: (summary, temporal figure, category figure, step-timeline figure, top table,
     details table) of an uploaded trace, or else of a stored run's trace."""
     try:
@@ -487,7 +500,9 @@ def analyze_view(upload: str | None, run_id: str | None):
                 "Upload a trace (Kineto .json / .json.gz, a .zip of rank files, or an nsys .sqlite) or pick a run.",
                 *_no_analysis(),
             )
+        progress(0.05, desc="Loading the trace")
         table = load_trace(path)
+        progress(0.6, desc=f"Analyzing {len(table):,} events")
         report = analyze(table, run_id=label)
     except AdvisorError as err:
         return (f"### Cannot analyze this trace\n{err}", *_no_analysis())
@@ -534,7 +549,9 @@ def build_analyze_tab() -> gr.Dropdown:
                 elem_id="analyze-upload",
             )
             runs = _run_dropdown("…or a stored run")
-            button = gr.Button("Analyze", variant="primary", elem_id="analyze-run")
+            with gr.Row():
+                button = gr.Button("Analyze", variant="primary", elem_id="analyze-run")
+                cancel = gr.Button("Cancel")
         with gr.Column(scale=2):
             summary = gr.Markdown("Upload a trace or pick a run.", elem_id="analyze-summary")
             with gr.Row():
@@ -551,8 +568,9 @@ def build_analyze_tab() -> gr.Dropdown:
                 pd.DataFrame(), label="Idle time by stream (GPU) / step phases (CPU)", interactive=False
             )
     outputs = [summary, temporal, categories, timeline, top, details]
-    button.click(analyze_view, [upload, runs], outputs, api_name="analyze")
-    upload.upload(analyze_view, [upload, runs], outputs, api_visibility="undocumented")
+    clicked = button.click(analyze_view, [upload, runs], outputs, api_name="analyze")
+    uploaded = upload.upload(analyze_view, [upload, runs], outputs, api_visibility="undocumented")
+    cancel.click(None, cancels=[clicked, uploaded])
     return runs
 
 
@@ -983,6 +1001,36 @@ def compare_view(run_a: str | None, run_b: str | None):
     return f"### A `{run_a}` vs B `{run_b}`\n{c.summary}", diff, c.metrics.round(3), figure
 
 
+_CANCEL_CALIBRATION = threading.Event()
+
+
+def calibrate_view(sweep_runs: float):
+    """History tab: calibrate this machine (a sweep of short profiled steps, then the fit), yielding
+    progress, then the fitted calibration's report."""
+    from advisor.calibrate import calibrate_machine, format_calibration
+
+    n = _as_int(sweep_runs)
+    _CANCEL_CALIBRATION.clear()
+    yield "### Starting the calibration…"
+    result = yield from _in_background(
+        lambda on_progress: calibrate_machine(_store(), n, on_progress=on_progress, cancel=_CANCEL_CALIBRATION),
+        lambda done, total, message: f"### Calibrating: run {done} of {total} ({100 * done // total} %)\n{message}",
+    )
+    if isinstance(result, str):
+        yield f"### Not calibrated\n{result}"
+        return
+    cal, path, sweep = result
+    head = f"### Calibrated on {cal.n_runs} runs"
+    if _CANCEL_CALIBRATION.is_set():
+        head += f" (sweep cancelled after {len(sweep)} of {n} runs)"
+    yield f"{head}\n```\n{format_calibration(cal, path)}\n```"
+
+
+def cancel_calibration() -> str:
+    _CANCEL_CALIBRATION.set()
+    return "### Cancelling after the run in flight…"
+
+
 def build_history_tab() -> list:
     """The History tab; returns the widgets to fill on page load (filters, then the run pickers)."""
     with gr.Row():
@@ -1011,7 +1059,21 @@ def build_history_tab() -> list:
     with gr.Row():
         phases = gr.Plot(label="Step phases, A and B")
         pvm = gr.Plot(label="Predicted vs measured step time")
+    with gr.Accordion("Calibrate this machine", open=False):
+        gr.Markdown(
+            "Profiles short steps of small models on this machine, then fits the regression that corrects the "
+            "estimator on every run of this device in the store (the Advice tab's *calibrated* column)."
+        )
+        with gr.Row():
+            sweep_runs = gr.Number(value=12, precision=0, minimum=0, maximum=200, label="Sweep runs (0: fit only)")
+            calibrate = gr.Button("Calibrate", variant="primary", elem_id="history-calibrate")
+            cancel = gr.Button("Cancel")
+        calibration = gr.Markdown(elem_id="history-calibration")
     filters = [model, status, device, text]
+    calibrate.click(
+        calibrate_view, sweep_runs, calibration, concurrency_limit=1, concurrency_id="device", api_name="calibrate"
+    ).then(history_view, filters, [count, table, pvm], api_visibility="undocumented")
+    cancel.click(cancel_calibration, None, calibration, queue=False, api_visibility="undocumented")
     gr.on(
         [model.change, status.change, device.change, text.submit, refresh.click],
         history_view,

@@ -19,6 +19,7 @@ import math
 import os
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
@@ -300,6 +301,8 @@ SWEEP_GRAD_ACCUM = (1, 1, 2)
 SWEEP_MAX_FLOPS = 40e9
 """Cap on 6 * params * tokens per step: at most about 0.3 s a step on two CPU cores (measured)."""
 SWEEP_RUNS = 36
+MAX_SWEEP_RUNS = 200
+"""A bound on one sweep's runs (each a few seconds on two cores)."""
 
 
 def sweep_setups(n_runs: int = SWEEP_RUNS, seed: int = 0, models: Sequence[ModelSpec] = SWEEP_MODELS) -> list[Setup]:
@@ -363,9 +366,11 @@ def run_sweep(
     max_other_cpu_frac: float = MAX_OTHER_CPU_FRAC,
     quiet_wait_s: float = QUIET_WAIT_S,
     on_progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
 ) -> list[SweepRun]:
     """Profile each setup (default: :func:`sweep_setups`) once on this machine and file the runs in
     ``store``; returns them whatever their status. ``on_progress(done, total, message)`` after each.
+    Setting ``cancel`` stops the run in flight (filed as cancelled) and starts no other.
 
     Each run is a short profiled step (``steps`` timed and as many profiled, no profiler warm-up). Before
     each run the sweep waits (up to ``quiet_wait_s``) for other processes to leave the CPU; a run they
@@ -378,10 +383,12 @@ def run_sweep(
     options = RunOptions(device=device, steps=steps, warmup=0, timeout_s=300.0)
     out = []
     for i, setup in enumerate(setups):
+        if cancel is not None and cancel.is_set():
+            break
         for attempt in range(1, retries + 2):
             _wait_for_quiet(max_other_cpu_frac, quiet_wait_s)
             meter = _CpuMeter()
-            run = profile_run(setup, options, store)
+            run = profile_run(setup, options, store, cancel=cancel)
             other = meter.other_frac()
             if run.status != "ok" or other is None or other <= max_other_cpu_frac or attempt > retries:
                 break
@@ -395,6 +402,30 @@ def run_sweep(
             msg = f"{what} recompute {t.recompute} {t.optimizer_impl}: {run.status}{load}{tries}"
             on_progress(i + 1, len(setups), msg)
     return out
+
+
+def calibrate_machine(
+    store: RunStore,
+    sweep_runs: int = 0,
+    *,
+    device: str = "auto",
+    on_progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
+) -> tuple[Calibration, Path, list[SweepRun]]:
+    """Calibrate this machine's device: first a sweep of ``sweep_runs`` short profiled steps (0: none),
+    then a fit on every ok run of the device in ``store``, saved beside the runs. Returns (the
+    calibration, its file, the sweep's runs). AdvisorError when too few setups were measured."""
+    from advisor.presets import local_hardware
+    from advisor.runner import local_device_type
+
+    if not isinstance(sweep_runs, int) or isinstance(sweep_runs, bool) or not 0 <= sweep_runs <= MAX_SWEEP_RUNS:
+        raise AdvisorError(f"sweep_runs={sweep_runs!r}: must be an integer from 0 to {MAX_SWEEP_RUNS}")
+    key = device_key_for(local_hardware(local_device_type(device)))
+    sweep = []
+    if sweep_runs:
+        sweep = run_sweep(store, sweep_setups(sweep_runs), device=device, on_progress=on_progress, cancel=cancel)
+    cal = fit_calibration(training_records(store, key))
+    return cal, cal.save(calibration_path(store, key)), sweep
 
 
 class _CpuMeter:

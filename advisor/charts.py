@@ -267,8 +267,9 @@ def timeline_figure(df) -> go.Figure:
         title=title,
         xaxis_title="ms from the step's start",
         yaxis={"categoryorder": "array", "categoryarray": lanes, "autorange": "reversed"},
-        legend={"orientation": "h", "y": -0.2, "font": {"size": 10}},
-        height=200 + 40 * len(lanes),
+        # The legend names up to a dozen kernels or ops: below the axis title, in the figure's own height.
+        legend={"orientation": "h", "yanchor": "top", "y": -0.25, "font": {"size": 10}},
+        height=380 + 30 * len(lanes),
         margin={"l": 120, "r": 20, "t": 50, "b": 40},
     )
     return fig
@@ -302,7 +303,13 @@ def plan_scatter_figure(result) -> go.Figure:
         hovertemplate="%{text} %{customdata}<br>%{x:.1f} GiB, %{y:,.0f} tokens/s<extra></extra>",
     )
     cap = result.request.hardware.memory_bytes / GiB
-    fig.add_vline(x=cap, line_dash="dash", line_color="black", annotation_text=f"capacity {cap:.0f} GiB")
+    fig.add_vline(
+        x=cap,
+        line_dash="dash",
+        line_color="black",
+        annotation_text=f"capacity {cap:.0f} GiB",
+        annotation_position="bottom left",
+    )
     r = result.request
     fig.update_layout(
         title=f"{len(result.points):,} fitting settings of {r.model.name} on {r.gpus} x {r.hardware.name}"

@@ -346,27 +346,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from advisor.calibrate import (
-        calibration_path,
-        device_key_for,
-        fit_calibration,
-        format_calibration,
-        run_sweep,
-        sweep_setups,
-        training_records,
-    )
-    from advisor.presets import local_hardware
-    from advisor.runner import local_device_type
+    from advisor.calibrate import calibrate_machine, format_calibration
 
-    store = RunStore(args.traces)
-    key = device_key_for(local_hardware(local_device_type(args.device)))
-    sweep = []
-    if args.sweep:
-        sweep = run_sweep(
-            store, sweep_setups(args.sweep_runs), device=args.device, on_progress=_stderr_progress(args, counts=True)
-        )
-    cal = fit_calibration(training_records(store, key))
-    path = cal.save(calibration_path(store, key))
+    cal, path, sweep = calibrate_machine(
+        RunStore(args.traces),
+        args.sweep_runs if args.sweep else 0,
+        device=args.device,
+        on_progress=_stderr_progress(args, counts=True),
+    )
     if args.json:
         out = {"device_key": cal.device_key, "n_runs": cal.n_runs, "cv": cal.cv, "cv_method": cal.cv_method}
         out["models"] = {"step_time": cal.step_time.kind, "peak_memory": cal.peak_memory.kind}

@@ -83,7 +83,7 @@ def main() -> int:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
             page = browser.new_page()
-            page.goto(f"http://127.0.0.1:{port}", wait_until="networkidle")
+            page.goto(f"http://127.0.0.1:{port}", wait_until="load")
             page.wait_for_function("document.querySelector('#size-verdict')?.innerText.includes('FITS')")
             for i in range(args.n + 3):
                 ms = page.evaluate(MEASURE_JS, [4096 if i % 2 == 0 else 8192])

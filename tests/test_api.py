@@ -101,7 +101,9 @@ def profiled(served):
 
 def test_the_client_sees_each_tabs_main_action(served):
     endpoints = served.client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    assert set(endpoints) == {"/size", "/profile", "/open_run", "/analyze", "/advise", "/verify", "/plan", "/compare"}
+    assert set(endpoints) == {
+        "/size", "/profile", "/open_run", "/analyze", "/advise", "/verify", "/plan", "/compare", "/calibrate"
+    }  # fmt: skip
 
 
 def test_size_with_default_values(served):

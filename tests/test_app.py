@@ -248,7 +248,7 @@ def test_the_public_api_is_each_tabs_main_action():
     deps = app.build_app().config["dependencies"]
     public = {d["api_name"] for d in deps if d.get("api_visibility") == "public"}
     # Everything else (refreshes, cancel, page-load fills) is undocumented, not "false_1"-style names.
-    assert public == {"size", "profile", "open_run", "analyze", "advise", "verify", "plan", "compare"}
+    assert public == {"size", "profile", "open_run", "analyze", "advise", "verify", "plan", "compare", "calibrate"}
     assert not any(str(d.get("api_name")).startswith("false") for d in deps)
 
 
@@ -334,3 +334,28 @@ def test_the_app_links_tabs_and_opens_on_a_recommendation():
     assert len(links) >= 2 * len(app.SHARED_KEYS)
     loads = [d for d in deps if d["targets"] and d["targets"][0][1] == "load"]
     assert any(len(d["outputs"]) == 5 and d["api_visibility"] == "undocumented" for d in loads)
+
+
+# --- Calibration (History tab) ---
+
+
+def test_calibrate_reports_progress_then_says_why_it_cannot_fit_yet(store):
+    assert list(app.calibrate_view(-1))[-1] == "### Not calibrated\nsweep_runs=-1: must be an integer from 0 to 200"
+    updates = list(app.calibrate_view(2))  # two short profiled steps: too few setups to fit on
+    assert updates[0] == "### Starting the calibration…"
+    assert updates[1].startswith("### Calibrating: run 1 of 2 (50 %)\n")
+    assert updates[-1].startswith("### Not calibrated\ncalibration needs measured runs of at least 8 different setups")
+    assert "there are 2 runs of 2 setups" in updates[-1]
+    assert len(store.list_runs()[0]) == 2  # the sweep's runs stay in the store for the next fit
+
+
+def test_a_cancelled_sweep_starts_no_further_run(store):
+    import threading
+
+    from advisor.calibrate import run_sweep, sweep_setups
+
+    cancel = threading.Event()
+    cancel.set()
+    assert run_sweep(store, sweep_setups(3), cancel=cancel) == []
+    assert store.list_runs() == ([], [])
+    assert app.cancel_calibration().startswith("### Cancelling")

@@ -3,7 +3,7 @@ free local port with a copy of the shipped sample runs as its store.
 
 Each test is what a user does: size a model and read the verdict, profile a tiny step on the CPU,
 upload a real trace, advise + apply + re-run, compare two runs, plan, and recover from bad input.
-With ``ADVISOR_SCREENSHOTS=DIR`` set, each tab's finished state is saved as ``DIR/<tab>.png`` (the
+With ``ADVISOR_SCREENSHOTS=DIR`` set, each tab's finished state is saved as ``DIR/<tab>.jpg`` (the
 README's pictures: ``scripts/screenshots.sh``).
 """
 
@@ -115,7 +115,7 @@ def _shot(page, name: str) -> None:
     if SHOTS:
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
         page.wait_for_timeout(500)  # let plots finish drawing
-        page.screenshot(path=str(Path(SHOTS) / f"{name}.png"), full_page=True)
+        page.screenshot(path=str(Path(SHOTS) / f"{name}.jpg"), full_page=True, type="jpeg", quality=70)
 
 
 def test_size_a_model_and_the_other_tabs_follow(page):
