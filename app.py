@@ -5,7 +5,7 @@ Run ``python app.py`` (binds 127.0.0.1:7860; set ADVISOR_HOST / ADVISOR_PORT to 
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import logging
 import os
@@ -231,7 +231,43 @@ PROFILE_DEFAULTS = {
     "compile_model": False,
     "optimizer_impl": "foreach",
 }
-_CANCEL = threading.Event()
+
+
+class Jobs:
+    """The long jobs in flight, one per (kind, browser session), each with its own cancel Event: a
+    Cancel reaches only the caller's own job, never another user's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: dict[tuple[str, str], threading.Event] = {}
+
+    @staticmethod
+    def _key(kind: str, request: gr.Request | None) -> tuple[str, str]:
+        return kind, getattr(request, "session_hash", None) or "local"
+
+    def start(self, kind: str, request: gr.Request | None) -> threading.Event:
+        """A fresh cancel Event for the caller's new job of this kind."""
+        event = threading.Event()
+        with self._lock:
+            self._events[self._key(kind, request)] = event
+        return event
+
+    def finish(self, kind: str, request: gr.Request | None, event: threading.Event) -> None:
+        with self._lock:
+            if self._events.get(self._key(kind, request)) is event:
+                del self._events[self._key(kind, request)]
+
+    def cancel(self, kind: str, request: gr.Request | None) -> bool:
+        """Cancel the caller's running job of this kind; False when it has none."""
+        with self._lock:
+            event = self._events.get(self._key(kind, request))
+        if event is None:
+            return False
+        event.set()
+        return True
+
+
+JOBS = Jobs()
 _TOP_OPS_COLUMNS = ["op", "calls", "self ms", "total ms", "GFLOP"]
 
 
@@ -254,6 +290,18 @@ def _timeline(table):
         return None
     except Exception:
         log.exception("step timeline failed")
+        return None
+
+
+@functools.lru_cache(maxsize=32)
+def _run_timeline(run_dir: str, trace_mtime_ns: int):
+    """A stored run's step timeline, parsed once per trace file version (every page load opens the
+    newest run). The run folder, not its trace file, so its last step counts as complete."""
+    if not trace_mtime_ns:
+        return None
+    try:
+        return _timeline(load_trace(run_dir))
+    except AdvisorError:  # an unreadable trace: the run's own numbers still show
         return None
 
 
@@ -293,9 +341,7 @@ def run_view(run: RunInfo):
     nvml_file = run.path / "nvml.json"
     samples = json.loads(nvml_file.read_text(encoding="utf-8"))["samples"] if nvml_file.is_file() else []
     trace = run.path / "trace.json.gz"
-    timeline = None
-    with contextlib.suppress(AdvisorError):  # an unreadable trace: the run's own numbers still show
-        timeline = _timeline(load_trace(str(trace))) if trace.is_file() else None
+    timeline = _run_timeline(str(run.path), trace.stat().st_mtime_ns if trace.is_file() else 0)
     figures = (phase_figure(m), measured_memory_figure(m), nvml_figure(samples), timeline)
     return (summary, *figures, top, str(trace) if trace.is_file() else None)
 
@@ -316,6 +362,7 @@ def profile_view(
     pin_memory: bool,
     compile_model: bool,
     optimizer_impl: str,
+    request: gr.Request | None = None,
 ):
     """Profile tab: runs the step in a child process, yields progress, then the run's view."""
     try:
@@ -344,25 +391,31 @@ def profile_view(
     except AdvisorError as err:
         yield (f"### Invalid setup\n{err}", *_no_run_outputs())
         return
-    _CANCEL.clear()
-    yield ("### Starting the child process…", *_no_run_outputs())
-    result = yield from _in_background(
-        lambda on_progress: profile_run(setup, options, _store(), on_progress=on_progress, cancel=_CANCEL),
-        lambda done, total, message: (
-            f"### Running: {message} ({100 * done // total} %)",
-            *(gr.skip() for _ in range(6)),
-        ),
-    )
+    cancel = JOBS.start("profile", request)
+    try:
+        yield ("### Starting the child process…", *_no_run_outputs())
+        result = yield from _in_background(
+            lambda on_progress: profile_run(setup, options, _store(), on_progress=on_progress, cancel=cancel),
+            lambda done, total, message: (
+                f"### Running: {message} ({100 * done // total} %)",
+                *(gr.skip() for _ in range(6)),
+            ),
+            cancel,
+        )
+    finally:
+        JOBS.finish("profile", request, cancel)
     if isinstance(result, str):
         yield (f"### Not run\n{result}", *_no_run_outputs())
         return
     yield run_view(result)
 
 
-def _in_background(job, progress_view):
+def _in_background(job, progress_view, cancel: threading.Event):
     """Run ``job(on_progress)`` in a thread, yielding ``progress_view(done, total, message)`` for each
     progress report; returns the job's result, or a message where it raised (an AdvisorError's own,
-    or a short one for a crash, whose traceback goes to the log). The server never sees the raise."""
+    or a short one for a crash, whose traceback goes to the log). The server never sees the raise.
+    If the page goes away (Gradio stops the generator), the job is cancelled and waited for, so the
+    device is free before the next queued job starts."""
     updates: queue.Queue = queue.Queue()
     result: dict = {}
 
@@ -377,15 +430,22 @@ def _in_background(job, progress_view):
         finally:
             updates.put(None)
 
-    threading.Thread(target=work, daemon=True).start()
-    while (item := updates.get()) is not None:
-        yield progress_view(*item)
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    try:
+        while (item := updates.get()) is not None:
+            yield progress_view(*item)
+    except GeneratorExit:
+        cancel.set()
+        thread.join()
+        raise
     return result["value"]
 
 
-def cancel_profile() -> str:
-    _CANCEL.set()
-    return "### Cancelling…"
+def cancel_profile(request: gr.Request | None = None) -> str:
+    if JOBS.cancel("profile", request):
+        return "### Cancelling…"
+    return "Nothing of yours is running here to cancel."
 
 
 def open_run(run_id: str | None):
@@ -396,6 +456,9 @@ def open_run(run_id: str | None):
         return run_view(_store().load(run_id))
     except AdvisorError as err:
         return (f"### Cannot open run\n{err}", *_no_run_outputs())
+    except Exception:
+        log.exception("open_run failed")
+        return ("### Internal error\nThe run could not be shown; see the server log.", *_no_run_outputs())
 
 
 def _run_dropdown(label: str, **kwargs) -> gr.Dropdown:
@@ -405,18 +468,12 @@ def _run_dropdown(label: str, **kwargs) -> gr.Dropdown:
     return gr.Dropdown(choices=[], label=label, interactive=True, allow_custom_value=True, **kwargs)
 
 
-def run_choices() -> gr.Dropdown:
-    """The stored runs, newest first and selected (so the tab opens on the latest run)."""
+def run_choices(index: int = 0) -> gr.Dropdown:
+    """The stored runs, newest first, with the ``index``-th newest selected (0: the tab opens on the
+    latest run; 1 on the History tab's run A, so A and B start as the two latest)."""
     runs, _ = _store().list_runs()
     ids = [r.run_id for r in runs]
-    return gr.Dropdown(choices=ids, value=ids[0] if ids else None)
-
-
-def second_run_choices() -> gr.Dropdown:
-    """The stored runs with the second newest selected: History opens on the two latest, the older as A."""
-    runs, _ = _store().list_runs()
-    ids = [r.run_id for r in runs]
-    return gr.Dropdown(choices=ids, value=ids[1] if len(ids) > 1 else None)
+    return gr.Dropdown(choices=ids, value=ids[index] if len(ids) > index else None)
 
 
 def build_profile_tab() -> tuple[dict, gr.Dropdown]:
@@ -487,9 +544,26 @@ def _no_analysis():
     return None, None, None, pd.DataFrame(columns=_TABLE_COLUMNS), pd.DataFrame()
 
 
-def analyze_view(upload: str | None, run_id: str | None, progress=gr.Progress()):  # noqa: B008 (Gradio injects it)
+class _Cancelled(AdvisorError):
+    """The user cancelled the job between two of its stages."""
+
+
+def analyze_view(
+    upload: str | None,
+    run_id: str | None,
+    on_stage=None,
+    cancel: threading.Event | None = None,
+):
     """Analyze tab: (summary, temporal figure, category figure, step-timeline figure, top table,
-    details table) of an uploaded trace, or else of a stored run's trace."""
+    details table) of an uploaded trace, or else of a stored run's trace. ``on_stage(done, total,
+    message)`` hears of each stage; a set ``cancel`` stops before the next one."""
+
+    def stage(done: int, message: str) -> None:
+        if cancel is not None and cancel.is_set():
+            raise _Cancelled("cancelled by the user")
+        if on_stage is not None:
+            on_stage(done, 3, message)
+
     try:
         if upload:
             path, label = upload, os.path.basename(upload)
@@ -500,10 +574,13 @@ def analyze_view(upload: str | None, run_id: str | None, progress=gr.Progress())
                 "Upload a trace (Kineto .json / .json.gz, a .zip of rank files, or an nsys .sqlite) or pick a run.",
                 *_no_analysis(),
             )
-        progress(0.05, desc="Loading the trace")
+        stage(0, f"loading {label}")
         table = load_trace(path)
-        progress(0.6, desc=f"Analyzing {len(table):,} events")
+        stage(1, f"analyzing {len(table):,} events")
         report = analyze(table, run_id=label)
+        stage(2, "drawing")
+    except _Cancelled:
+        return ("### Analysis cancelled", *_no_analysis())
     except AdvisorError as err:
         return (f"### Cannot analyze this trace\n{err}", *_no_analysis())
     except Exception:
@@ -539,6 +616,30 @@ def analyze_view(upload: str | None, run_id: str | None, progress=gr.Progress())
     )
 
 
+def analyze_job(upload: str | None, run_id: str | None, request: gr.Request | None = None):
+    """The Analyze tab's action: analyze_view in the background, its stages shown as they pass, and
+    cancellable (the stage in progress finishes, the next does not start)."""
+    cancel = JOBS.start("analyze", request)
+    try:
+        result = yield from _in_background(
+            lambda on_stage: analyze_view(upload, run_id, on_stage, cancel),
+            lambda done, total, message: (
+                f"### Analyzing: {message} ({done} of {total} stages done)",
+                *(gr.skip() for _ in range(5)),
+            ),
+            cancel,
+        )
+    finally:
+        JOBS.finish("analyze", request, cancel)
+    yield result if isinstance(result, tuple) else (f"### Cannot analyze this trace\n{result}", *_no_analysis())
+
+
+def cancel_analysis(request: gr.Request | None = None) -> str:
+    if JOBS.cancel("analyze", request):
+        return "### Cancelling after the stage in progress…"
+    return "No analysis of yours is running here to cancel."
+
+
 def build_analyze_tab() -> gr.Dropdown:
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
@@ -568,9 +669,9 @@ def build_analyze_tab() -> gr.Dropdown:
                 pd.DataFrame(), label="Idle time by stream (GPU) / step phases (CPU)", interactive=False
             )
     outputs = [summary, temporal, categories, timeline, top, details]
-    clicked = button.click(analyze_view, [upload, runs], outputs, api_name="analyze")
-    uploaded = upload.upload(analyze_view, [upload, runs], outputs, api_visibility="undocumented")
-    cancel.click(None, cancels=[clicked, uploaded])
+    button.click(analyze_job, [upload, runs], outputs, api_name="analyze")
+    upload.upload(analyze_job, [upload, runs], outputs, api_visibility="undocumented")
+    cancel.click(cancel_analysis, None, summary, queue=False, api_visibility="undocumented")
     return runs
 
 
@@ -850,8 +951,12 @@ def wire_apply(advice: dict, size: dict, profile: dict, plan: dict) -> None:
     def on_apply(state, choice, source):
         msg, size_vals, profile_vals, rule_id = apply_recommendation(state, choice, source)
         values = [msg, rule_id if rule_id else gr.skip()]
-        values += [size_vals.get(k, gr.skip()) for k in size_keys]
-        values += [profile_vals.get(k, gr.skip()) for k in PROFILE_DEFAULTS]
+        # Each value as its widget takes it: a stored run's steps over the widget's maximum, or a degree
+        # the dropdown lacks, would fail the next click's input check.
+        values += [_follow_value(size[k], size_vals[k]) if k in size_vals else gr.skip() for k in size_keys]
+        values += [
+            _follow_value(profile[k], profile_vals[k]) if k in profile_vals else gr.skip() for k in PROFILE_DEFAULTS
+        ]
         values += [_follow_value(plan[k], size_vals[k]) if k in size_vals else gr.skip() for k in plan_keys]
         return values
 
@@ -968,6 +1073,9 @@ def history_view(model: str | None, status: str | None, device: str | None, text
         pvm = predicted_vs_measured(store)
     except AdvisorError as err:
         return f"### Cannot list runs\n{err}", pd.DataFrame(columns=_HISTORY_SHOWN), None
+    except Exception:
+        log.exception("history_view failed")
+        return "### Internal error\nThe runs could not be listed; see the server log.", pd.DataFrame(), None
     shown = table[_HISTORY_SHOWN].round(3)
     line = f"**{len(table)} run{'s' * (len(table) != 1)}** in `{store.root.name}/` match"
     return line, shown, predicted_measured_figure(pvm) if len(pvm) else None
@@ -977,7 +1085,11 @@ def history_filters():
     """The filter dropdowns' choices from the store (models, statuses, device types)."""
     from advisor.history import filter_choices, run_table
 
-    c = filter_choices(run_table(_store()))
+    try:
+        c = filter_choices(run_table(_store()))
+    except Exception:  # the filters stay at "any"; history_view reports what is wrong
+        log.exception("history_filters failed")
+        return tuple(gr.skip() for _ in range(3))
     return tuple(gr.Dropdown(choices=[_ANY, *values], value=_ANY) for values in (c.models, c.statuses, c.devices))
 
 
@@ -1001,38 +1113,41 @@ def compare_view(run_a: str | None, run_b: str | None):
     return f"### A `{run_a}` vs B `{run_b}`\n{c.summary}", diff, c.metrics.round(3), figure
 
 
-_CANCEL_CALIBRATION = threading.Event()
-
-
-def calibrate_view(sweep_runs: float):
+def calibrate_view(sweep_runs: float, request: gr.Request | None = None):
     """History tab: calibrate this machine (a sweep of short profiled steps, then the fit), yielding
     progress, then the fitted calibration's report."""
     from advisor.calibrate import calibrate_machine, format_calibration
 
     n = _as_int(sweep_runs)
-    _CANCEL_CALIBRATION.clear()
-    yield "### Starting the calibration…"
-    result = yield from _in_background(
-        lambda on_progress: calibrate_machine(_store(), n, on_progress=on_progress, cancel=_CANCEL_CALIBRATION),
-        lambda done, total, message: f"### Calibrating: run {done} of {total} ({100 * done // total} %)\n{message}",
-    )
+    cancel = JOBS.start("calibrate", request)
+    try:
+        yield "### Starting the calibration…"
+        result = yield from _in_background(
+            lambda on_progress: calibrate_machine(_store(), n, on_progress=on_progress, cancel=cancel),
+            lambda done, total, message: f"### Calibrating: {done} of {total} runs done\n{message}",
+            cancel,
+        )
+    finally:
+        JOBS.finish("calibrate", request, cancel)
     if isinstance(result, str):
         yield f"### Not calibrated\n{result}"
         return
     cal, path, sweep = result
     head = f"### Calibrated on {cal.n_runs} runs"
-    if _CANCEL_CALIBRATION.is_set():
-        head += f" (sweep cancelled after {len(sweep)} of {n} runs)"
+    if len(sweep) < n:
+        head += f" (sweep cancelled: {len(sweep)} of {n} runs made, the last one cancelled)"
     yield f"{head}\n```\n{format_calibration(cal, path)}\n```"
 
 
-def cancel_calibration() -> str:
-    _CANCEL_CALIBRATION.set()
-    return "### Cancelling after the run in flight…"
+def cancel_calibration(request: gr.Request | None = None) -> str:
+    if JOBS.cancel("calibrate", request):
+        return "### Cancelling the run in flight…"
+    return "No calibration of yours is running here to cancel."
 
 
-def build_history_tab() -> list:
-    """The History tab; returns the widgets to fill on page load (filters, then the run pickers)."""
+def build_history_tab() -> dict:
+    """The History tab; returns by name the widgets to fill on page load: the filters (model, status,
+    device dropdowns, then the search box), the list's outputs and the two run pickers."""
     with gr.Row():
         model = gr.Dropdown([_ANY], value=_ANY, label="Model", elem_id="history-model")
         status = gr.Dropdown([_ANY], value=_ANY, label="Status")
@@ -1040,7 +1155,9 @@ def build_history_tab() -> list:
         text = gr.Textbox(label="Search id, model, message", max_lines=1)
         refresh = gr.Button("Refresh", size="sm")
     count = gr.Markdown(elem_id="history-count")
-    table = gr.Dataframe(pd.DataFrame(columns=_HISTORY_SHOWN), label="Runs (click a header to sort)", interactive=False)
+    table = gr.Dataframe(
+        pd.DataFrame(columns=_HISTORY_SHOWN), label="Runs (sort or filter with ⋮ on a column header)", interactive=False
+    )
     with gr.Row():
         run_a = _run_dropdown("Run A", elem_id="history-a")
         run_b = _run_dropdown("Run B", elem_id="history-b")
@@ -1082,7 +1199,7 @@ def build_history_tab() -> list:
         api_visibility="undocumented",
     )
     button.click(compare_view, [run_a, run_b], [summary, diff, metrics, phases], api_name="compare")
-    return [model, status, device, run_a, run_b, filters, [count, table, pvm]]
+    return {"filters": filters, "outputs": [count, table, pvm], "run_a": run_a, "run_b": run_b}
 
 
 # --- One spec across tabs ------------------------------------------------------------------------
@@ -1095,7 +1212,7 @@ the others (the Profile tab keeps its own device: it runs on this machine)."""
 
 def _follow_value(component: gr.components.Component, value):
     """``value`` as ``component`` takes it, or gr.skip() where it has no such choice (fp8 on the
-    Profile tab) or is below its minimum (a global batch of 0 on the Plan tab)."""
+    Profile tab) or is out of its range (a global batch of 0 on the Plan tab)."""
     if value is None:
         return gr.skip()
     if isinstance(component, gr.CheckboxGroup):
@@ -1105,9 +1222,10 @@ def _follow_value(component: gr.components.Component, value):
         allowed = {v for _, v in choices}
         if not set(value if isinstance(value, list) else [value]) <= allowed:
             return gr.skip()
-    minimum = getattr(component, "minimum", None)
-    if isinstance(component, gr.Number) and minimum is not None and value < minimum:
-        return gr.skip()
+    if isinstance(component, gr.Number):
+        low, high = getattr(component, "minimum", None), getattr(component, "maximum", None)
+        if (low is not None and value < low) or (high is not None and value > high):
+            return gr.skip()
     return value
 
 
@@ -1133,7 +1251,10 @@ def link_tabs(*tabs: dict) -> None:
 
 
 def _hardware_key(hw) -> str | None:
-    """The HARDWARE key of a device spec (by name), or None for a device the presets lack."""
+    """The HARDWARE key of a device spec: "cpu" for any CPU host (its name carries the core count of
+    the machine that ran it), else the preset of the same name; None for a device the presets lack."""
+    if hw.kind == "cpu":
+        return "cpu"
     for key, make in HARDWARE.items():
         if make().name == hw.name:
             return key
@@ -1193,7 +1314,7 @@ def build_app() -> gr.Blocks:
         with gr.Tab("Plan"):
             plan = build_plan_tab()
         with gr.Tab("History"):
-            model_f, status_f, device_f, run_a, run_b, filters, history_out = build_history_tab()
+            history = build_history_tab()
         link_tabs(size, profile, plan)
         wire_apply(advice, size, profile, plan)
         size_inputs = [size[k] for k in SIZE_KEYS]
@@ -1202,11 +1323,11 @@ def build_app() -> gr.Blocks:
         demo.load(advice_view, advice["advise_inputs"], advice["outputs"], api_visibility="undocumented").then(
             apply_choices, advice["state"], advice["apply_choice"], api_visibility="undocumented"
         )
-        for picker in (runs, analyze_runs, advice["runs"], run_b):
+        for picker in (runs, analyze_runs, advice["runs"], history["run_b"]):
             demo.load(run_choices, None, picker, api_visibility="undocumented")
-        demo.load(second_run_choices, None, run_a, api_visibility="undocumented")
-        demo.load(history_filters, None, [model_f, status_f, device_f], api_visibility="undocumented")
-        demo.load(history_view, filters, history_out, api_visibility="undocumented")
+        demo.load(lambda: run_choices(1), None, history["run_a"], api_visibility="undocumented")
+        demo.load(history_filters, None, history["filters"][:3], api_visibility="undocumented")
+        demo.load(history_view, history["filters"], history["outputs"], api_visibility="undocumented")
     return demo
 
 

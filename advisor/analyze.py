@@ -32,8 +32,10 @@ def load_trace(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> pd.Da
     """The event table of any supported trace at ``path`` (see the module docstring)."""
     p = Path(path)
     if p.is_dir():
-        inner = p / "trace.json.gz"
-        if inner.is_file() and (p / "run.json").is_file():  # one of our run directories
+        if (p / "run.json").is_file():  # one of our run directories: one trace, or one per rank
+            inner = p / "ranks" if (p / "ranks").is_dir() else p / "trace.json.gz"
+            if not inner.exists():
+                raise TraceError(f"run {p.name} has no trace (its status says why)")
             df = load_kineto(inner, max_bytes=max_bytes)
             df.attrs["own_run"] = True
             return df

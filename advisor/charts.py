@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import plotly.graph_objects as go
 
 from advisor.estimator import Estimate, MemoryBreakdown
@@ -234,9 +236,10 @@ def _plotly_text(text: str) -> str:
 
 
 def _lane_key(lane: str) -> tuple:
-    """Lanes in reading order: the step, its phases, then the others by their numbers (stream 7 before 23)."""
+    """Lanes in reading order: the step, its phases, then the others by their numbers (stream 7 before
+    23; a stream of -1, where the trace gives none, first), words before numbers at each position."""
     head = {"step": 0, "phase": 1}.get(lane, 2)
-    return (head, *(int(w) if w.isdigit() else w for w in lane.split()))
+    return (head, *((0, int(w), "") if re.fullmatch(r"-?\d+", w) else (1, 0, w) for w in lane.split()))
 
 
 def timeline_figure(df) -> go.Figure:

@@ -167,8 +167,6 @@ class PlanPoint:
     memory_gib: float
     """Memory per GPU (GiB)."""
     tokens_per_s: float
-    fits: bool
-    """In device and host memory (every point of a plan does; kept so a point stands alone)."""
     in_top: bool
     """Among the plan's top entries."""
 
@@ -669,7 +667,7 @@ def _points(fits: list[Estimate], ranked: list[Estimate], limit: int = MAX_POINT
         rest = [rest[i] for i in np.argpartition(-speed, room - 1)[:room]] if room else []
     chosen = sorted([*ranked, *rest], key=_rank_key)
     return [
-        PlanPoint(layout_label(est.setup), est.memory.total_bytes / GiB, est.tokens_per_s, est.fits, id(est) in top)
+        PlanPoint(layout_label(est.setup), est.memory.total_bytes / GiB, est.tokens_per_s, id(est) in top)
         for est in chosen
     ]
 

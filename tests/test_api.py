@@ -306,3 +306,12 @@ def test_compare_two_stored_runs(served):
     assert figure["type"] == "plotly"
     bad = served.client.predict(samples[0], "../../etc", api_name="/compare")[0]
     assert bad.startswith("### Cannot compare\nrun id '../../etc' is not valid")
+
+
+def test_calibrate_says_why_it_cannot_fit_on_too_few_runs(served):
+    # With no sweep, the fit uses the store's runs of this device: a handful of tiny setups at most.
+    message = served.client.predict(0, api_name="/calibrate")
+    assert message.startswith("### Not calibrated\ncalibration needs measured runs of at least 8 different setups")
+    with pytest.raises(gradio_client.exceptions.AppError, match="Value 500 is greater than maximum value 200"):
+        served.client.predict(500, api_name="/calibrate")  # the widget's own bound, checked by the server
+    _still_serves(served.client)

@@ -339,14 +339,14 @@ def test_cli_plan_hf_config_no_offload_and_errors(capsys):
 
 
 def _check_points(res) -> None:
-    """Every top entry is a highlighted point with its own numbers; all points fit; fastest first."""
+    """Every top entry is a highlighted point with its own numbers; all points fit in device memory;
+    fastest first."""
     top = {layout_label(e.setup): e.estimate for e in res.top}
     highlighted = {p.label: p for p in res.points if p.in_top}
     assert highlighted.keys() == top.keys() and len(highlighted) == len(res.top)
     for label, est in top.items():
         assert highlighted[label].tokens_per_s == est.tokens_per_s
         assert highlighted[label].memory_gib == est.memory.total_bytes / 2**30
-    assert all(p.fits for p in res.points)
     assert all(p.memory_gib <= res.request.hardware.memory_bytes / 2**30 for p in res.points)
     speeds = [p.tokens_per_s for p in res.points]
     # Ranked as the top is: by tokens/s to 12 digits (_speed), so neighbours may differ in the last bits.

@@ -189,3 +189,17 @@ def test_timeline_figure_has_one_trace_per_name_and_lanes_in_order():
     bar = fig.data[0]
     assert bar.orientation == "h" and list(bar.base) == [0.0] and bar.x[0] == pytest.approx(66.839371)
     assert "ProfilerStep#5" in fig.layout.title.text
+
+
+def test_lanes_read_step_phase_then_streams_by_number():
+    from advisor.charts import _lane_key
+
+    lanes = ["GPU stream 23", "GPU stream 7", "step", "phase", "GPU stream -1", "CPU ops"]
+    assert sorted(lanes, key=_lane_key) == [
+        "step",
+        "phase",
+        "CPU ops",
+        "GPU stream -1",
+        "GPU stream 7",
+        "GPU stream 23",
+    ]
