@@ -123,6 +123,10 @@ def _options_from_args(args: argparse.Namespace) -> RunOptions:
         layers=args.layers,
         timeout_s=args.timeout,
         nsys=args.nsys,
+        nproc=args.nproc,
+        nnodes=args.nnodes,
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_id=args.rdzv_id,
         inject=args.inject,
     )
 
@@ -143,14 +147,16 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_dryrun(args: argparse.Namespace) -> int:
-    from advisor.dryrun import dry_run, format_dry_run
+    from advisor.dryrun import dry_run, dry_run_distributed, format_dry_run
 
     setup = setup_from_args(args)
-    result = dry_run(
-        setup,
-        offload_optimizer=setup.parallel.offload != "none",
-        target="cpu" if setup.hardware.kind == "cpu" else "cuda",
-    )
+    target = "cpu" if setup.hardware.kind == "cpu" else "cuda"
+    if setup.gpus > 1:
+        # Per rank, on a fake process group; this CLI process is already a child of its own (no default
+        # process group to collide with), so it runs here rather than in a further child.
+        result = dry_run_distributed(setup, target=target, isolate=False)
+    else:
+        result = dry_run(setup, offload_optimizer=setup.parallel.offload != "none", target=target)
     print(json.dumps(result.as_dict(), indent=2) if args.json else format_dry_run(result))
     return 0
 
@@ -405,6 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--layers", type=int, default=0, help="proxy mode: run N layers, extrapolate to the full depth")
     r.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is stopped")
     r.add_argument("--nsys", action="store_true", help="run the child under nsys profile (Nsight Systems)")
+    r.add_argument(
+        "--nproc", type=int, default=1, help="processes on this node: torchrun --nproc-per-node (default: %(default)s)"
+    )
+    r.add_argument("--nnodes", type=int, default=1, help="nodes in the job; each runs the same command")
+    r.add_argument("--rdzv-endpoint", default="", help="host:port every node's torchrun meets at (nnodes > 1)")
+    r.add_argument("--rdzv-id", default="", help="job id all nodes share (required when nnodes > 1)")
     r.add_argument("--traces", default=None, help="run store directory (default: traces/)")
     r.add_argument("--inject", default="", help=argparse.SUPPRESS)
     dry = sub.add_parser("dryrun", help="exact memory of the real step under fake tensors: any size, no allocation")

@@ -31,23 +31,50 @@ What the dry run cannot see, and what it does instead:
 - With optimizer offload the master weights, their gradients and the optimizer states live in host
   memory. On the CPU target host and device are one memory, so they count in the peak; on the CUDA
   target they are reported as ``host_bytes`` and left out of the device peak.
+
+Over several data-parallel ranks (``dry_run_distributed``) the same Trainer runs the model wrapped as
+the real torchrun run wraps it (``advisor.parallel.apply_fsdp``: FSDP2 per block and root), over a
+1-D DeviceMesh of a fake process group (torch's "fake" backend: collectives return at once and move
+nothing), so one process gives rank 0's bytes for any world size: the tiny model over 1024 ranks in
+about 1 s, Llama-3.1-8B (seq 4096) over 8 to 1024 ranks in 5 to 15 s on our CPUs. ``FSDPMemTracker``
+sorts the memory into sharded and unsharded parameters and gradients, all-gather and reduce-scatter
+buffers, optimizer states, activations and temporaries. Against the real step on 2 gloo ranks
+(``advisor.parallel``, measured as ``memprobe`` measures, tests/dryrun_worker.py) the per-rank peak
+of the tiny model matched within 8 bytes for ZeRO-3 bf16, ZeRO-2 fp32 and ZeRO-0 fp32, and within
+0.03 % under full and selective recompute; in 4 of 17 launches the real peak moved by one buffer the
+size of the embedding, as gloo's collective threads ran early or late. Only data parallelism runs there: tp, pp, cp, ep > 1 and
+offload are refused. ZeRO-0 cannot use the real run's DDP (its C++ reducer fails on fake tensors) and
+runs torch's FSDP2-based ``replicate`` instead, whose second copy of the parameters during forward and
+backward is the size of DDP's gradient buckets.
 """
 
 from __future__ import annotations
 
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from advisor.errors import AdvisorError
 from advisor.estimator import FRAGMENTATION_FRAC
+from advisor.model import Transformer, build_model
+from advisor.parallel import apply_fsdp
 from advisor.specs import Setup
-from advisor.step import HostOffloadOptimizer, Trainer, build_trainer, unwrap
+from advisor.step import HostOffloadOptimizer, Trainer, build_optimizer, build_trainer, unwrap
 
 TARGETS = ("cpu", "cuda")
 PHASES = ("forward", "backward", "optimizer")
@@ -64,16 +91,34 @@ _CATEGORIES = {
     "Temp": "temporaries",
     "Other": "other",
 }
+# FSDPMemTracker's (the values of torch.distributed._tools.fsdp2_mem_tracker._FSDPRefType). What a rank
+# keeps between steps is its shard: "params" and "grads" are sharded; the unsharded copies, the
+# collectives' flat buffers and the RoPE tables (tracked as the blocks' inputs) are listed apart.
+_FSDP_CATEGORIES = {
+    "Sharded Param": "params",
+    "Unsharded Param": "unsharded_params",
+    "Buffer": "buffers",
+    "Sharded Grad": "grads",
+    "Unsharded Grad": "unsharded_grads",
+    "All Gather": "all_gather",
+    "Reduce Scatter": "reduce_scatter",
+    "OptState": "optimizer",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Inputs": "other",
+}
+DISTRIBUTED_DEGREES = "dp (any world size, zero 0 to 3)"
+"""What the distributed dry run spreads over ranks; tp, pp, cp and ep must be 1."""
 
 
 @dataclass(frozen=True, slots=True)
 class DryRunResult:
-    """Memory of one steady-state training step, from fake tensors, in bytes.
+    """Memory of one steady-state training step on one device (one rank), from fake tensors, in bytes.
 
     ``peak_bytes`` is what the profiler's running sum (CPU, ``memprobe``) reports for the step, and what
     ``torch.cuda.max_memory_allocated()`` should report on a GPU (not yet checked on one). ``at_peak_bytes`` splits it by category at the moment of
-    the peak and sums to it. The state sizes (params, grads, optimizer) are full sizes, wherever the
-    peak falls.
+    the peak and sums to it. The state sizes (params, grads, optimizer) are what this rank holds (the
+    full sizes on one device, the shards under ZeRO), wherever the peak falls.
     """
 
     model: str
@@ -90,9 +135,11 @@ class DryRunResult:
     peak_phase: str
     """Where the peak falls: forward, backward or optimizer."""
     params_bytes: int
-    """Model parameters (fp32 under autocast: the step keeps fp32 parameters)."""
+    """Model parameters (fp32 under autocast: the step keeps fp32 parameters); this rank's shard, padded,
+    under ZeRO-3 and FSDP2's ZeRO-1/2."""
     grads_bytes: int
-    """All gradients on the device when the optimizer step begins (offload: before their copy to the host)."""
+    """All gradients on the device when the optimizer step begins (offload: before their copy to the
+    host; ZeRO-1/2/3: this rank's shard)."""
     optimizer_bytes: int
     """Optimizer states (AdamW: exp_avg, exp_avg_sq and a 4-byte step per parameter tensor)."""
     activations_bytes: int
@@ -102,8 +149,9 @@ class DryRunResult:
     """Short-lived tensors at the peak: backward intermediates and the optimizer step's scratch."""
     at_peak_bytes: dict[str, int]
     """Category -> bytes at the peak (params, buffers, grads, optimizer, activations, temporaries,
-    other); sums to peak_bytes. 'other' holds the cached RoPE tables and, under offload on the CPU
-    target, the master weights and their gradients."""
+    other; over several ranks also unsharded_params, unsharded_grads, all_gather, reduce_scatter);
+    sums to peak_bytes. 'other' holds the cached RoPE tables and, under offload on the CPU target,
+    the master weights and their gradients."""
     peak_by_phase_bytes: dict[str, int]
     """Highest tensor memory within each phase (forward, backward, optimizer)."""
     host_bytes: int
@@ -111,9 +159,13 @@ class DryRunResult:
     overhead_bytes: int
     """target='cuda': runtime allowance plus allocator fragmentation; 0 on the CPU."""
     wall_ms: float
-    """Time the dry run itself took."""
+    """Time the dry run itself took (over several ranks: including its child process's start)."""
     notes: tuple[str, ...] = field(default=())
     """Assumptions that apply to this run."""
+    world_size: int = 1
+    """Ranks the step is spread over (data parallel); every byte above is per rank."""
+    zero: int = 0
+    """ZeRO stage of the data parallelism; 0 for the one-device step."""
 
     @property
     def total_bytes(self) -> int:
@@ -128,16 +180,16 @@ class DryRunResult:
         return d
 
 
-class _PhasePeakTracker(MemTracker):
-    """MemTracker that keeps the snapshot at the highest memory of each phase (forward, backward,
-    optimizer) instead of per-module peaks.
+class _PhasePeaks:
+    """Mixin for a MemTracker that keeps the snapshot at the highest memory of each phase (forward,
+    backward, optimizer) instead of per-module peaks.
 
     Upstream ``_update_peak_stats`` walks every tracked module after every op: the dry run of
     Llama-3.1-8B took 15 s with it and 3 s without on our CPUs. The per-module tables are not used here.
     """
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
         self.phase_peaks: dict[str, dict] = {}
 
     def _update_peak_stats(self, peak_state) -> None:
@@ -146,6 +198,14 @@ class _PhasePeakTracker(MemTracker):
             best = self.phase_peaks.get(phase)
             if best is None or snap["Total"] > best["Total"]:
                 self.phase_peaks[phase] = dict(snap)
+
+
+class _PhasePeakTracker(_PhasePeaks, MemTracker):
+    """MemTracker (one device) keeping per-phase peaks."""
+
+
+class _FSDPPhasePeakTracker(_PhasePeaks, FSDPMemTracker):
+    """FSDPMemTracker (one rank of an FSDP2 or replicate() model) keeping per-phase peaks."""
 
 
 class _DataDependentStandIns(TorchDispatchMode):
@@ -188,19 +248,19 @@ def _fake_batches(setup: Setup, tracker: MemTracker | None = None) -> Iterator[t
         yield torch.zeros((t.micro_batch, t.seq_len + 1), dtype=torch.int64)
 
 
-def _categories(snap: dict) -> dict[str, int]:
-    """A MemTracker snapshot (keys: _MemRefType members and 'Total') under our category names."""
-    out = dict.fromkeys(_CATEGORIES.values(), 0)
+def _categories(snap: dict, names: dict[str, str]) -> dict[str, int]:
+    """A tracker snapshot (keys: reference-type members and 'Total') under our category names."""
+    out = dict.fromkeys(names.values(), 0)
     for key, value in snap.items():
         name = getattr(key, "value", key)
-        if name in _CATEGORIES:
-            out[_CATEGORIES[name]] += int(value)
+        if name in names:
+            out[names[name]] += int(value)
     return out
 
 
-def _current(tracker: MemTracker) -> dict[str, int]:
+def _current(tracker: MemTracker, names: dict[str, str]) -> dict[str, int]:
     snaps = list(tracker.get_tracker_snapshot("current").values())
-    return _categories(snaps[0] if snaps else {})
+    return _categories(snaps[0] if snaps else {}, names)
 
 
 def _check_inputs(setup: Setup, target: str) -> None:
@@ -213,6 +273,31 @@ def _check_inputs(setup: Setup, target: str) -> None:
             f"target='cuda' takes its runtime allowance from a GPU spec; the setup's hardware is "
             f"{setup.hardware.name!r} (choose a GPU preset such as h100, or use target='cpu')"
         )
+
+
+def _check_distributed(setup: Setup, offload_optimizer: bool) -> None:
+    p = setup.parallel
+    others = [f"{name}={getattr(p, name)}" for name in ("tp", "pp", "cp", "ep") if getattr(p, name) > 1]
+    if others:
+        raise AdvisorError(
+            f"the distributed dry run supports {DISTRIBUTED_DEGREES} only; the layout has {', '.join(others)} "
+            f"(tensor, pipeline, context and expert parallelism are not run on the fake process group: set them "
+            f"to 1, or use `advisor size` for the estimate)"
+        )
+    if p.offload != "none" or offload_optimizer:
+        raise AdvisorError(
+            f"offload={p.offload if p.offload != 'none' else 'optimizer'!r}: the distributed dry run runs FSDP2 "
+            f"without CPU offload; use offload none, or dp=1 for the single-device offloaded step"
+        )
+    if setup.train.precision == "fp8":
+        raise AdvisorError(
+            "precision='fp8': fp8 training needs NVIDIA TransformerEngine (transformer_engine.pytorch) on a Hopper or "
+            "newer GPU; the dry run's step supports fp32, bf16 and fp16"
+        )
+    if setup.train.precision == "fp16" and p.zero:
+        # As the real run (advisor.parallel.check_supported): a GradScaler's inf check must see every
+        # gradient shard, which torch's GradScaler does not do for sharded gradients.
+        raise AdvisorError(f"precision='fp16' with zero={p.zero}: fp16 loss scaling runs with zero=0 only; use bf16")
 
 
 def _external(trainer: Trainer) -> list:
@@ -268,72 +353,94 @@ def _notes(setup: Setup, target: str, offload: bool, runtime_bytes: int, frag_by
     return tuple(notes)
 
 
-def dry_run(
-    setup: Setup, *, optimizer_impl: str | None = None, offload_optimizer: bool = False, target: str = "cpu"
-) -> DryRunResult:
-    """Memory of one steady-state training step of ``setup`` on one device, in bytes, without allocating.
-
-    ``optimizer_impl`` and ``offload_optimizer`` are those of ``step.build_trainer``. ``target`` is
-    'cpu' (what ``memprobe`` measures on this machine) or 'cuda' (the same step plus CUDA's runtime
-    allowance and fragmentation, offloaded state left out of the device peak). Raises AdvisorError for
-    what the single-process step cannot run (fp8, several GPUs, fp16 with offload) and bad names.
-    """
-    _check_inputs(setup, target)
-    start = time.perf_counter()
-    spec = setup.model
-    with FakeTensorMode():
-        trainer = build_trainer(
-            setup, torch.device("cpu"), optimizer_impl=optimizer_impl, offload_optimizer=offload_optimizer
+def _distributed_notes(setup: Setup) -> tuple[str, ...]:
+    n, zero = setup.parallel.dp, setup.parallel.zero
+    where = (
+        f"rank 0's, whose shards are the largest (FSDP2 pads each parameter's dim 0 to a multiple of {n})"
+        if zero
+        else "every rank's"
+    )
+    notes = [
+        f"{n} data-parallel ranks on a fake process group (one process, collectives move no data); the bytes are {where}"
+    ]
+    if zero == 0:
+        notes.append(
+            "zero 0 runs torch's replicate() (DDP built on FSDP2) in place of the real run's DDP, whose C++ reducer "
+            "fails on fake tensors: full parameters, gradients and optimizer states on every rank; replicate's "
+            "second copy of the parameters in forward and backward stands for DDP's flat gradient buckets, the same "
+            "size under fp32 parameters (against the real 2-rank DDP step the peaks agreed within 8 bytes in most launches)"
         )
-        with _DataDependentStandIns(spec.n_experts):
-            trainer.step(_fake_batches(setup))  # warm-up: creates the optimizer state and the RoPE cache
+    elif zero == 1:
+        notes.append(
+            "zero 1 runs as zero 2, as in the real run: FSDP2 always reduce-scatters gradients "
+            "(reshard_after_forward=False); ZeRO-1's full gradients would add (1 - 1/dp) x 4 bytes per parameter"
+        )
+    if zero == 3 and setup.train.precision != "fp32":
+        notes.append(
+            "autocast over FSDP2's fp32 parameters (the real run has no MixedPrecisionPolicy): each linear keeps the "
+            "16-bit copy of its gathered weight until its backward, and under full recompute autocast's cache keeps "
+            "them until the forward ends (fairscale#650), so up to 2 bytes per parameter of the whole model, "
+            f"{2 * setup.model.n_params / GiB:.2f} GiB, are not divided by the sharding"
+        )
+    return tuple(notes)
 
-        tracker = _PhasePeakTracker()
-        tracker.track_external(*_external(trainer))
-        model = unwrap(trainer.model)
-        offload = isinstance(trainer.optimizer, HostOffloadOptimizer)
-        torch_opt = trainer.optimizer.inner if offload else trainer.optimizer
-        backward_start: list[dict[str, int]] = []
-        pre_optimizer: list[dict[str, int]] = []
 
-        def on_loss(module, args, loss: torch.Tensor) -> None:
-            # The loss's gradient arrives first in backward, after autocast has dropped its weight cache.
-            loss.register_hook(lambda grad: backward_start.append(_current(tracker)))
+def _tracked_step(
+    trainer: Trainer, tracker: MemTracker, setup: Setup, names: dict[str, str]
+) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
+    """Runs one step under ``tracker``; returns the categories when each micro-batch's backward begins
+    and when the optimizer step begins."""
+    model = unwrap(trainer.model)
+    opt = trainer.optimizer
+    torch_opt = opt.inner if isinstance(opt, HostOffloadOptimizer) else opt
+    backward_start: list[dict[str, int]] = []
+    pre_optimizer: list[dict[str, int]] = []
 
-        hooks = [
-            model.register_forward_hook(on_loss),
-            torch_opt.register_step_pre_hook(lambda *_: pre_optimizer.append(_current(tracker))),
-        ]
-        try:
-            with tracker, _DataDependentStandIns(spec.n_experts):
-                trainer.step(_fake_batches(setup, tracker))
-        finally:
-            for h in hooks:
-                h.remove()
-        # Offloaded host state besides the optimizer states: fp32 master weights and their gradients.
-        host_other = sum(2 * m.numel() * m.element_size() for m in trainer.optimizer.master) if offload else 0
+    def on_loss(module, args, loss: torch.Tensor) -> None:
+        # The loss's gradient arrives first in backward, after autocast has dropped its weight cache.
+        loss.register_hook(lambda grad: backward_start.append(_current(tracker, names)))
 
-    before_opt = pre_optimizer[-1]
-    params = before_opt["params"] + before_opt["buffers"]
-    grads = before_opt["grads"]
-    states = before_opt["optimizer"]
-    host = host_other + states if offload else 0
+    hooks = [
+        model.register_forward_hook(on_loss),
+        torch_opt.register_step_pre_hook(lambda *_: pre_optimizer.append(_current(tracker, names))),
+    ]
+    try:
+        with tracker, _DataDependentStandIns(setup.model.n_experts):
+            trainer.step(_fake_batches(setup, tracker))
+    finally:
+        for h in hooks:
+            h.remove()
+    return backward_start, pre_optimizer
+
+
+def _phases(tracker: _PhasePeaks, names: dict[str, str], states_bytes: int) -> dict[str, dict[str, int]]:
+    """The categories at the highest memory of each phase."""
     phases: dict[str, dict[str, int]] = {}
     for phase in PHASES:
-        snap = _categories(tracker.phase_peaks.get(phase, {}))
+        snap = _categories(tracker.phase_peaks.get(phase, {}), names)
         # MemTracker files the optimizer step's scratch as optimizer state: move it to temporaries.
-        scratch = max(snap["optimizer"] - states, 0)
+        scratch = max(snap["optimizer"] - states_bytes, 0)
         snap["optimizer"] -= scratch
         snap["temporaries"] += scratch
         phases[phase] = snap
-    if offload and target == "cuda":
-        # The host's tensors leave the device view: master weights and their gradients ("other"), the
-        # states; during the host optimizer step the GPU holds only the parameters and their gradients.
-        for snap in phases.values():
-            snap["other"] = max(snap["other"] - host_other, 0)
-            snap["optimizer"] = 0
-        phases["optimizer"] = dict.fromkeys(_CATEGORIES.values(), 0) | {"params": params, "grads": grads}
-        states = 0
+    return phases
+
+
+def _result(
+    setup: Setup,
+    target: str,
+    phases: dict[str, dict[str, int]],
+    before_opt: dict[str, int],
+    backward_start: list[dict[str, int]],
+    *,
+    states_bytes: int,
+    host_bytes: int,
+    notes: tuple[str, ...],
+    start: float,
+    world_size: int = 1,
+    zero: int = 0,
+) -> DryRunResult:
+    spec = setup.model
     by_phase = {phase: sum(snap.values()) for phase, snap in phases.items()}
     peak_phase = max(PHASES, key=lambda p: by_phase[p])
     peak = by_phase[peak_phase]
@@ -350,18 +457,213 @@ def dry_run(
         n_params=spec.n_params,
         peak_bytes=peak,
         peak_phase=peak_phase,
-        params_bytes=params,
-        grads_bytes=grads,
-        optimizer_bytes=states,
+        params_bytes=before_opt["params"] + before_opt["buffers"],
+        grads_bytes=before_opt["grads"],
+        optimizer_bytes=states_bytes,
         activations_bytes=max(snap["activations"] for snap in backward_start),
         temporaries_bytes=phases[peak_phase]["temporaries"],
         at_peak_bytes=phases[peak_phase],
         peak_by_phase_bytes=by_phase,
-        host_bytes=host,
+        host_bytes=host_bytes,
         overhead_bytes=runtime + frag,
         wall_ms=(time.perf_counter() - start) * 1e3,
-        notes=_notes(setup, target, offload, runtime, frag),
+        notes=_notes(setup, target, host_bytes > 0, runtime, frag) + notes,
+        world_size=world_size,
+        zero=zero,
     )
+
+
+def dry_run(
+    setup: Setup, *, optimizer_impl: str | None = None, offload_optimizer: bool = False, target: str = "cpu"
+) -> DryRunResult:
+    """Memory of one steady-state training step of ``setup`` on one device, in bytes, without allocating.
+
+    ``optimizer_impl`` and ``offload_optimizer`` are those of ``step.build_trainer``. ``target`` is
+    'cpu' (what ``memprobe`` measures on this machine) or 'cuda' (the same step plus CUDA's runtime
+    allowance and fragmentation, offloaded state left out of the device peak). A setup on several
+    devices goes to ``dry_run_distributed`` (per-rank bytes, in a child process). Raises AdvisorError
+    for what the step cannot run (fp8, fp16 with offload) and bad names.
+    """
+    _check_inputs(setup, target)
+    if setup.gpus > 1:
+        _check_distributed(setup, offload_optimizer)
+        return dry_run_distributed(setup, optimizer_impl=optimizer_impl, target=target)
+    start = time.perf_counter()
+    with FakeTensorMode():
+        trainer = build_trainer(
+            setup, torch.device("cpu"), optimizer_impl=optimizer_impl, offload_optimizer=offload_optimizer
+        )
+        with _DataDependentStandIns(setup.model.n_experts):
+            trainer.step(_fake_batches(setup))  # warm-up: creates the optimizer state and the RoPE cache
+
+        tracker = _PhasePeakTracker()
+        tracker.track_external(*_external(trainer))
+        backward_start, pre_optimizer = _tracked_step(trainer, tracker, setup, _CATEGORIES)
+        offload = isinstance(trainer.optimizer, HostOffloadOptimizer)
+        # Offloaded host state besides the optimizer states: fp32 master weights and their gradients.
+        host_other = sum(2 * m.numel() * m.element_size() for m in trainer.optimizer.master) if offload else 0
+
+    before_opt = pre_optimizer[-1]
+    states = before_opt["optimizer"]
+    phases = _phases(tracker, _CATEGORIES, states)
+    host = host_other + states if offload else 0
+    if offload and target == "cuda":
+        # The host's tensors leave the device view: master weights and their gradients ("other"), the
+        # states; during the host optimizer step the GPU holds only the parameters and their gradients.
+        for snap in phases.values():
+            snap["other"] = max(snap["other"] - host_other, 0)
+            snap["optimizer"] = 0
+        params = before_opt["params"] + before_opt["buffers"]
+        phases["optimizer"] = dict.fromkeys(_CATEGORIES.values(), 0) | {"params": params, "grads": before_opt["grads"]}
+        states = 0
+    return _result(
+        setup, target, phases, before_opt, backward_start, states_bytes=states, host_bytes=host, notes=(), start=start
+    )
+
+
+def _apply_data_parallel(model: Transformer, mesh: DeviceMesh, zero: int) -> None:
+    """The real run's data parallelism over ``mesh`` (``advisor.parallel``): each block its own unit
+    (one all-gather or all-reduce per block), then the root for the embedding, final norm and head.
+
+    zero 3: FSDP2 ``fully_shard`` with reshard_after_forward (parameters gathered again in backward);
+    zero 1 and 2: without (gathered parameters kept until the block's backward). zero 0: the real run
+    uses classic DDP, whose C++ reducer does not run on fake tensors, so here it is ``replicate``,
+    torch's DDP built on FSDP2, over the same units.
+    """
+    if zero:
+        apply_fsdp(model, mesh, reshard_after_forward=zero == 3, cpu_offload=False)
+        return
+    for unit in [*model.blocks, model]:
+        replicate(unit, mesh=mesh)
+
+
+def _distributed_trainer(
+    setup: Setup, mesh: DeviceMesh, optimizer_impl: str | None, fake_mode: FakeTensorMode
+) -> Trainer:
+    """The Trainer of ``advisor.step`` over a data-parallel model: autocast over fp32 parameters as on one
+    device, the optimizer built over the sharded (DTensor) parameters, which are fake CPU tensors of
+    ``fake_mode`` (it must allow non-fake inputs: ``to_empty`` reads the meta ones).
+
+    The model is sharded on the meta device, outside the fake mode: sharding splits every parameter
+    into world-size chunks, each a fake op under FakeTensorMode, and ``fully_shard`` of the tiny model
+    over 1024 ranks took 4 s on our CPUs that way, 0.25 s on meta tensors, with the same bytes at every
+    point of the step (checked at 8 and 1024 ranks).
+    """
+    t = setup.train
+    model = build_model(setup.model, t.recompute, device="meta", flash=t.flash_attention)
+    model.train()
+    _apply_data_parallel(model, mesh, setup.parallel.zero)
+    with fake_mode:
+        model.to_empty(device="cpu")
+        optimizer = build_optimizer(list(model.parameters()), t.optimizer, optimizer_impl or t.optimizer_impl)
+    autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[t.precision]
+    return Trainer(
+        setup=setup,
+        device=torch.device("cpu"),
+        model=model,
+        optimizer=optimizer,
+        scaler=torch.amp.GradScaler("cpu") if t.precision == "fp16" else None,
+        autocast_dtype=autocast,
+        grad_accum=setup.grad_accum,
+    )
+
+
+def _dry_run_distributed_here(setup: Setup, optimizer_impl: str | None, target: str) -> DryRunResult:
+    """The distributed dry run in this process: it owns the default process group while it runs."""
+    # Importing the module registers the "fake" backend with torch.distributed.
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_available():
+        raise AdvisorError("this torch build has no torch.distributed: the distributed dry run needs it")
+    if dist.is_initialized():
+        raise AdvisorError(
+            "a default process group is already initialized in this process; run the distributed dry run "
+            "with isolate=True (a child process of its own)"
+        )
+    start = time.perf_counter()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=setup.parallel.dp)
+    try:
+        mesh = init_device_mesh("cpu", (setup.parallel.dp,), mesh_dim_names=("dp",))
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        trainer = _distributed_trainer(setup, mesh, optimizer_impl, fake_mode)
+        with fake_mode:
+            with _DataDependentStandIns(setup.model.n_experts):
+                trainer.step(_fake_batches(setup))  # warm-up: creates the optimizer state and the RoPE cache
+            tracker = _FSDPPhasePeakTracker(trainer.model, trainer.optimizer)
+            rope = unwrap(trainer.model)._rope
+            if rope is not None:
+                tracker.track_inputs(rope)  # every block takes the tables as an input
+            backward_start, pre_optimizer = _tracked_step(trainer, tracker, setup, _FSDP_CATEGORIES)
+    finally:
+        dist.destroy_process_group()
+    before_opt = pre_optimizer[-1]
+    states = before_opt["optimizer"]
+    return _result(
+        setup,
+        target,
+        _phases(tracker, _FSDP_CATEGORIES, states),
+        before_opt,
+        backward_start,
+        states_bytes=states,
+        host_bytes=0,
+        notes=_distributed_notes(setup),
+        start=start,
+        world_size=setup.parallel.dp,
+        zero=setup.parallel.zero,
+    )
+
+
+def _child_main(request_path: str, answer_path: str) -> None:
+    """Entry point of the child process: reads the pickled (setup, optimizer_impl, target), writes the
+    pickled DryRunResult, or an AdvisorError's message (SpecError's arguments would not survive pickling)."""
+    setup, optimizer_impl, target = pickle.loads(Path(request_path).read_bytes())
+    try:
+        answer: DryRunResult | str = _dry_run_distributed_here(setup, optimizer_impl, target)
+    except AdvisorError as err:
+        answer = str(err)
+    Path(answer_path).write_bytes(pickle.dumps(answer))
+
+
+def dry_run_distributed(
+    setup: Setup, *, optimizer_impl: str | None = None, target: str = "cpu", isolate: bool = True
+) -> DryRunResult:
+    """Per-rank memory of one steady-state step of ``setup`` spread over ``setup.parallel.dp`` ranks, in
+    bytes, in one process and without allocating.
+
+    The step is ``advisor.step``'s Trainer over the project's model, each block and the root wrapped in
+    FSDP2 (zero 1 to 3) or replicate() (zero 0) over a 1-D DeviceMesh of a fake process group, tracked
+    by FSDPMemTracker. ``isolate`` (default) runs it in a child Python process: the fake process group
+    is the process's default group while it runs, so a caller that has one, or runs two at once in
+    threads, would collide, and a crash inside torch takes only the child down; the child's start
+    (imports) adds 3 to 5 s on our 2 shared cores (tiny, 8 ranks: 3.2 s against 0.5 s in process). It
+    is a plain subprocess, not multiprocessing's spawn, which re-runs the caller's main script (and
+    fails where that script is stdin). ``isolate=False`` runs here (the CLI, a process of its own). Raises AdvisorError for tp, pp, cp or ep > 1, offload, fp8, fp16 with
+    zero >= 1, bad names, and a child that died.
+    """
+    _check_inputs(setup, target)
+    _check_distributed(setup, offload_optimizer=False)
+    if not isolate:
+        return _dry_run_distributed_here(setup, optimizer_impl, target)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="advisor-dryrun-") as tmp:
+        request, answer = Path(tmp) / "request.pickle", Path(tmp) / "answer.pickle"
+        request.write_bytes(pickle.dumps((setup, optimizer_impl, target)))
+        code = f"from advisor.dryrun import _child_main; _child_main({str(request)!r}, {str(answer)!r})"
+        # The child imports this very package, wherever the caller found it.
+        path = os.pathsep.join(filter(None, (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH"))))
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=os.environ | {"PYTHONPATH": path}
+        )
+        if proc.returncode != 0 or not answer.exists():
+            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise AdvisorError(
+                f"the distributed dry run's child process failed (exit status {proc.returncode}): {last}; run "
+                f"`python -m advisor dryrun` with the same flags to see its whole output"
+            )
+        value = pickle.loads(answer.read_bytes())
+    if isinstance(value, str):
+        raise AdvisorError(value)
+    return replace(value, wall_ms=(time.perf_counter() - start) * 1e3)
 
 
 def format_dry_run(result: DryRunResult) -> str:
@@ -372,6 +674,10 @@ def format_dry_run(result: DryRunResult) -> str:
         f"recompute {r.recompute}, micro-batch {r.micro_batch} x seq {r.seq_len} x accum {r.grad_accum} "
         f"({r.wall_ms / 1e3:.1f} s, nothing allocated)"
     )
+    per_rank = r.world_size > 1
+    if per_rank:
+        layout = "replicate (DDP)" if r.zero == 0 else f"FSDP2, ZeRO-{r.zero}"
+        head += f"\nPer rank of {r.world_size} data-parallel ranks ({layout}), on a fake process group"
     out = [head, "", f"Peak tensor memory {r.peak_bytes / GiB:10.3f} GiB, in the {r.peak_phase} phase"]
     out.append(f"At the peak{'':27s}GiB      %")
     for name, nbytes in r.at_peak_bytes.items():
@@ -380,7 +686,7 @@ def format_dry_run(result: DryRunResult) -> str:
     if r.target == "cuda":
         out.append(f"  {'+ CUDA runtime + fragmentation':32s}{r.overhead_bytes / GiB:9.3f}")
         out.append(f"  {'= device total':32s}{r.total_bytes / GiB:9.3f}")
-    out += ["", "State and activations, full size     GiB"]
+    out += ["", f"State and activations, {'per rank' if per_rank else 'full size'}{'':5s}GiB"]
     for label, nbytes in (
         ("parameters", r.params_bytes),
         ("gradients (at optimizer step)", r.grads_bytes),

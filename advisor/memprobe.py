@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
+from advisor.model import Transformer
 from advisor.step import HostOffloadOptimizer, Trainer, unwrap
 
 
@@ -30,7 +32,8 @@ def unique_storage_bytes(tensors: Iterable[torch.Tensor | None], device_type: st
 
 
 def live_state_tensors(trainer: Trainer) -> list[torch.Tensor | None]:
-    """Tensors that outlive a step: parameters, gradients, optimizer state, cached RoPE tables."""
+    """Tensors that outlive a step: parameters, gradients, optimizer state, cached RoPE tables (this
+    rank's shards under a parallel layout)."""
     model = unwrap(trainer.model)
     out: list[torch.Tensor | None] = []
     for p in model.parameters():
@@ -41,9 +44,12 @@ def live_state_tensors(trainer: Trainer) -> list[torch.Tensor | None]:
     else:
         for st in opt.state.values():
             out += [v for v in st.values() if torch.is_tensor(v)]
-    if model._rope is not None:
-        out += list(model._rope)
-    return out
+    # The model may sit under DDP or be several pipeline stages (advisor.parallel), each with its tables.
+    for m in model.modules():
+        if isinstance(m, Transformer) and m._rope is not None:
+            out += list(m._rope)
+    # FSDP and TP hold DTensors, whose own storage is not this rank's memory: count the local shards.
+    return [t.to_local() if isinstance(t, DTensor) else t for t in out]
 
 
 def peak_from_memory_events(events: Iterable, device_type: str) -> tuple[int, int]:

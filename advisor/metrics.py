@@ -77,6 +77,16 @@ class StepMetrics:
     proxy_note: str | None = None
     nvml: dict[str, Any] = field(default_factory=dict)
     """NVML summary: means/maxima of utilisation, power, clocks, throttle share; or why unavailable."""
+    world_size: int | None = None
+    """Processes that ran the step (1: a single process; more: torch.distributed under torchrun)."""
+    layout: str | None = None
+    """The parallel layout that ran: 'dp2 tp1 pp1, ZeRO-3 (FSDP2, reshard after forward)'."""
+    rank_step_time_ms: list = field(default_factory=list)
+    """Median unprofiled step time of each rank, by rank."""
+    rank_peak_memory_bytes: list = field(default_factory=list)
+    """Peak memory of each rank, by rank (peak_memory_bytes is the largest)."""
+    losses: list = field(default_factory=list)
+    """Training loss after each step, where the step records it (the distributed step does)."""
     # --- from the trace analysis (advisor.analysis); None where the trace has no GPU events ---
     n_ranks: int | None = None
     gpu_idle_pct: float | None = None

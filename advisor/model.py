@@ -44,7 +44,7 @@ class Attention(nn.Module):
         super().__init__()
         h, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
         self.flash = flash
-        self.n_heads, self.n_kv, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
+        self.head_dim = spec.head_dim
         self.q_proj = nn.Linear(h, q, bias=spec.qkv_bias)
         self.k_proj = nn.Linear(h, kv, bias=spec.qkv_bias)
         self.v_proj = nn.Linear(h, kv, bias=spec.qkv_bias)
@@ -55,13 +55,16 @@ class Attention(nn.Module):
         self.selective_recompute = selective_recompute
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # Head counts come from the tensors: under tensor parallelism each rank holds n_heads / tp query
+        # and n_kv_heads / tp key/value heads (parallel.apply_tp), the same grouping ratio.
+        n_heads, n_kv = q.shape[1], k.shape[1]
         if self.flash:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=n_kv != n_heads)
         # Unfused ("math") attention as models without SDPA write it: the s x s scores and
         # probabilities of every head are materialised and saved for backward.
-        if self.n_kv != self.n_heads:
-            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+        if n_kv != n_heads:
+            k = k.repeat_interleave(n_heads // n_kv, dim=1)
+            v = v.repeat_interleave(n_heads // n_kv, dim=1)
         s = q.shape[-2]
         scores = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5
         mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
@@ -69,9 +72,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope and rope is not None:
@@ -81,7 +84,7 @@ class Attention(nn.Module):
             y = checkpoint(self._core, q, k, v, use_reentrant=False)
         else:
             y = self._core(q, k, v)
-        return self.o_proj(y.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
+        return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
 class MLP(nn.Module):
@@ -187,24 +190,37 @@ class Transformer(nn.Module):
         return cos[:s], sin[:s]
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        # A pipeline stage is a Transformer with the parts of other stages set to None
+        # (parallel.split_pipeline): without the embedding its input is the previous stage's hidden
+        # states (batch, seq, hidden), without the head it returns its own.
         s = tokens.shape[1]
-        x = self.embed(tokens)
-        if self.pos is not None:
-            x = x + self.pos(torch.arange(s, device=tokens.device))
+        if self.embed is None:
+            x = tokens
+        else:
+            x = self.embed(tokens)
+            if self.pos is not None:
+                x = x + self.pos(torch.arange(s, device=tokens.device))
         rope = self._rope_for(s, tokens.device)
         for block in self.blocks:
             if self.recompute == "full" and self.training:
                 x = checkpoint(block, x, rope, use_reentrant=False)
             else:
                 x = block(x, rope)
+        if self.head is None:
+            return x
         logits = self.head(self.norm(x))
         if targets is None:
             return logits
-        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        loss = lm_loss(logits, targets)
         if self.spec.is_moe:
             aux = sum(b.mlp.aux_loss for b in self.blocks if isinstance(b.mlp, MoE))
             loss = loss + self.MOE_AUX_WEIGHT * aux
         return loss
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (computed in fp32) of logits (batch, seq, vocab) against targets."""
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def build_model(

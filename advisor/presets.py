@@ -366,8 +366,10 @@ def cpu_host() -> HardwareSpec:
     (1024 FLOP per cycle per core against 64, Intel's AMX overview). fp16 has a vectorised GEMM in PyTorch's
     CPU build only with AVX512_FP16 or AMX-FP16; without them it falls back to a scalar loop, measured
     here at 1/70 of fp32 (512^3 matmul on an AVX512-BF16 EPYC: 2.5 vs 176 GFLOP/s; bf16 625), taken
-    as 1/50. DRAM ~10 GB/s per core. These are rough: the calibration (``python -m advisor
-    calibrate``) learns this machine's real rates.
+    as 1/50. DRAM ~10 GB/s per core. Processes on one host talk through gloo over loopback: a 2-process
+    all-reduce of 4-64 MiB measured 1.2-1.5 GB/s bus bandwidth here, taken as 1.6 GB/s of link (the
+    estimator applies its 0.8 collective efficiency). These are rough: the calibration (``python -m
+    advisor calibrate``) learns this machine's real rates.
     """
     cores = os.cpu_count() or 1
     try:
@@ -387,7 +389,8 @@ def cpu_host() -> HardwareSpec:
         peak_fp16_flops=peak * fp16,
         peak_fp8_flops=0.0,
         mem_bw_bytes_per_s=10 * GB * cores,
-        gpus_per_node=1,
+        gpus_per_node=cores,  # ranks on this host share it; gloo connects them over loopback
+        intra_node_bw_bytes_per_s=1.6 * GB,
         host_link="none",
         host_memory_bytes=int(memory),
         host_mem_bw_bytes_per_s=10 * GB * cores,

@@ -15,6 +15,7 @@ import gzip
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import sys
@@ -36,6 +37,8 @@ from advisor.specs import Setup
 from advisor.step import build_trainer, make_loader, resolve_device
 
 INJECTIONS = ("oom", "crash", "hang", "error")
+_ENDPOINT_RE = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$")
+_RDZV_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,16 @@ class RunOptions:
     nsys: bool = False
     """Run the child under ``nsys profile`` (needs Nsight Systems on the PATH)."""
     timeout_s: float = 600.0
+    nproc: int = 1
+    """Processes on this node (torchrun --nproc-per-node); more than one runs the step on
+    torch.distributed (gloo on a CPU, NCCL on GPUs) with the Setup's parallel layout."""
+    nnodes: int = 1
+    """Nodes in the job (torchrun --nnodes); each node runs the same command."""
+    rdzv_endpoint: str = ""
+    """host:port of the rendezvous when nnodes > 1 (torchrun --rdzv-endpoint); every node names the same."""
+    rdzv_id: str = ""
+    """Job id every node's torchrun shares (--rdzv-id); required when nnodes > 1 (each node's run has
+    its own run id, so it cannot stand in)."""
     inject: str = ""
     """Test hook: make the child fail on purpose (oom, crash, hang, error)."""
 
@@ -84,6 +97,11 @@ class RunOptions:
             (0 < self.timeout_s <= 24 * 3600, "timeout_s", "a number of seconds in (0, 86400]"),
             (self.inject in ("", *INJECTIONS), "inject", "one of " + ", ".join(INJECTIONS)),
             (0.01 <= self.nvml_interval_s <= 10, "nvml_interval_s", "0.01 to 10 seconds"),
+            (isinstance(self.nproc, int) and 1 <= self.nproc <= 64, "nproc", "an integer from 1 to 64"),
+            (isinstance(self.nnodes, int) and 1 <= self.nnodes <= 4096, "nnodes", "an integer from 1 to 4096"),
+            (self.nnodes == 1 or _ENDPOINT_RE.match(self.rdzv_endpoint), "rdzv_endpoint", "host:port when nnodes > 1"),
+            (self.nnodes == 1 or self.rdzv_id, "rdzv_id", "a job id shared by every node when nnodes > 1"),
+            (not self.rdzv_id or _RDZV_ID_RE.match(self.rdzv_id), "rdzv_id", "letters, digits, '.', '_', '-'"),
         ]
         for ok, name, allowed in checks:
             if not ok:
@@ -91,6 +109,11 @@ class RunOptions:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def world_size(self) -> int:
+        """Processes in the job: nproc x nnodes."""
+        return self.nproc * self.nnodes
 
 
 def proxy_setup(setup: Setup, layers: int) -> Setup:
@@ -159,15 +182,20 @@ def write_top_ops(prof, path: Path, device_type: str, limit: int = 30) -> None:
     path.write_text(json.dumps(rows[:limit], indent=1), encoding="utf-8")
 
 
-def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -> StepMetrics:
-    """Run the profiled step of ``setup`` and write trace, metrics and NVML samples into ``run_dir``.
+def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -> StepMetrics | None:
+    """Run the profiled step of ``setup`` and write trace, metrics and NVML samples into ``run_dir``;
+    returns the run's StepMetrics (None on the ranks other than 0 of a distributed run, whose rank 0
+    writes the merged metrics).
 
-    ``setup.hardware`` must describe this machine's device (its peaks give the MFU).
+    ``setup.hardware`` must describe this machine's device (its peaks give the MFU). Under torchrun
+    (WORLD_SIZE > 1) every rank runs the step of its part of the layout and writes its trace to
+    ``ranks/rank-<r>.trace.json.gz``.
     """
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return _run_distributed(setup, options, run_dir, run_id)
     full = setup
     setup = proxy_setup(setup, options.layers)
     device = resolve_device(options.device)
-    cuda = device.type == "cuda"
     trainer = build_trainer(
         setup,
         device,
@@ -175,30 +203,111 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
         compile_model=options.compile,
         seed=options.seed,
     )
-    timed = 1 + options.steps  # the first unprofiled step warms up and is not timed
-    total_steps = timed + options.warmup + options.steps
     loader = make_loader(
         setup,
-        total_steps * trainer.grad_accum,
+        _total_steps(options) * trainer.grad_accum,
         options.num_workers,
         options.pin_memory,
         options.seed,
         delay_ms=options.data_delay_ms,
     )
-    batches = iter(loader)
+    sampler = _sampler(options, device)
+    measured = _profile_steps(trainer, iter(loader), options, device, run_dir / "trace.json.gz", progress=True)
+    sampler.stop()
+    write_top_ops(measured.prof, run_dir / "top_ops.json", device.type)
+    (run_dir / "nvml.json").write_text(
+        json.dumps({"summary": sampler.summary(), "samples": sampler.samples}, indent=1), encoding="utf-8"
+    )
+    ranks = [_rank_result(trainer, measured, options)]
+    metrics = _metrics(full, setup, options, ranks, sampler.summary(), sampler.device_name, run_id, device)
+    metrics = with_trace_analysis(metrics, run_dir / "trace.json.gz")
+    metrics.save(run_dir / "metrics.json")
+    return metrics
+
+
+def _run_distributed(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -> StepMetrics | None:
+    """One rank of a torchrun job: its part of the layout under the same schedule, its trace in
+    ``ranks/``; rank 0 gathers every rank's measurements, merges them with the analysis of all the
+    ranks' traces it can see (this node's, or all on a shared file system) and writes metrics.json."""
+    import torch.distributed as dist
+
+    from advisor.parallel import build_parallel_trainer, init_parallel, rank_loader
+
+    if options.layers:
+        raise AdvisorError("layers: proxy mode is for a single process; profile the full depth with --nproc")
+    device_type = resolve_device(options.device).type
+    info = init_parallel(setup, device_type)
+    try:
+        device = info.device
+        trainer = build_parallel_trainer(setup, device, info, seed=options.seed, compile_model=options.compile)
+        loader = rank_loader(
+            setup, info, _total_steps(options), options.num_workers, options.pin_memory, options.seed,
+            delay_ms=options.data_delay_ms,
+        )  # fmt: skip
+        sampler = _sampler(options, device)
+        ranks_dir = run_dir / "ranks"
+        ranks_dir.mkdir(exist_ok=True)
+        trace = ranks_dir / f"rank-{info.rank}.trace.json.gz"
+        measured = _profile_steps(trainer, iter(loader), options, device, trace, progress=info.rank == 0)
+        sampler.stop()
+        mine = _rank_result(trainer, measured, options, info.rank) | {"nvml": sampler.summary()}
+        gathered: list[Any] = [None] * info.world_size if info.rank == 0 else []
+        dist.gather_object(mine, gathered if info.rank == 0 else None, dst=0)
+        if info.rank != 0:
+            return None
+        write_top_ops(measured.prof, run_dir / "top_ops.json", device.type)
+        (run_dir / "nvml.json").write_text(
+            json.dumps(
+                {"summary": sampler.summary(), "samples": sampler.samples, "ranks": [r["nvml"] for r in gathered]}
+            ),
+            encoding="utf-8",
+        )
+        metrics = _metrics(setup, setup, options, gathered, sampler.summary(), sampler.device_name, run_id, device)
+        metrics = with_trace_analysis(metrics, ranks_dir)
+        metrics.save(run_dir / "metrics.json")
+        return metrics
+    finally:
+        dist.destroy_process_group()
+
+
+def _total_steps(options: RunOptions) -> int:
+    """One untimed warm-up step, the timed steps, the profiler's warm-up and active steps."""
+    return 1 + options.steps + options.warmup + options.steps
+
+
+def _sampler(options: RunOptions, device: torch.device) -> NvmlSampler:
+    sampler = NvmlSampler(interval_s=options.nvml_interval_s, device_index=device.index or 0)
+    if device.type == "cuda":
+        sampler.start()
+    else:
+        sampler.unavailable_reason = "NVML unavailable: the run is on the CPU"
+    return sampler
+
+
+@dataclass
+class _Measured:
+    """What the step loop measured: unprofiled and profiled step times (ms), peak memory, the profiler."""
+
+    step_ms: list[float]
+    profiled_ms: list[float]
+    peak_bytes: int
+    reserved_bytes: int | None
+    skipped_timed: int
+    prof: Any
+
+
+def _profile_steps(trainer, batches, options: RunOptions, device: torch.device, trace_gz: Path, *, progress: bool):
+    """The schedule of the module docstring on ``trainer``; writes the active steps' trace to ``trace_gz``."""
+    cuda = device.type == "cuda"
+    timed = 1 + options.steps  # the first unprofiled step warms up and is not timed
+    total_steps = _total_steps(options)
+    first_active = timed + options.warmup
+    trace_path = trace_gz.with_suffix("")  # the profiler writes plain JSON; gzipped below
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    trace_path = run_dir / "trace.json"
     step_ms: list[float] = []
     profiled_ms: list[float] = []
     skipped_timed = 0
     baseline_bytes = 0
-    first_active = timed + options.warmup
-
-    sampler = NvmlSampler(interval_s=options.nvml_interval_s)
-    if cuda:
-        sampler.start()
-    else:
-        sampler.unavailable_reason = "NVML unavailable: the run is on the CPU"
     with profile(
         activities=activities,
         schedule=schedule(wait=timed, warmup=options.warmup, active=options.steps, repeat=1),
@@ -228,32 +337,19 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
             elif i >= first_active:
                 profiled_ms.append(elapsed_ms)
             prof.step()
-            _progress(i + 1, total_steps, f"step {i + 1}/{total_steps}")
+            if progress:
+                _progress(i + 1, total_steps, f"step {i + 1}/{total_steps}")
         if cuda:
             torch.cuda.profiler.stop()
-    sampler.stop()
-
     if cuda:
-        peak_bytes = torch.cuda.max_memory_allocated()
-        reserved = torch.cuda.max_memory_reserved()
+        peak_bytes, reserved = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
     else:
         rise, _ = peak_from_memory_events(prof.profiler.kineto_results.events(), "cpu")
         peak_bytes, reserved = baseline_bytes + rise, None
-    write_top_ops(prof, run_dir / "top_ops.json", device.type)
-    with open(trace_path, "rb") as src, gzip.open(run_dir / "trace.json.gz", "wb", compresslevel=6) as dst:
+    with open(trace_path, "rb") as src, gzip.open(trace_gz, "wb", compresslevel=6) as dst:
         shutil.copyfileobj(src, dst)
     trace_path.unlink()
-    (run_dir / "nvml.json").write_text(
-        json.dumps({"summary": sampler.summary(), "samples": sampler.samples}, indent=1), encoding="utf-8"
-    )
-    metrics = _metrics(
-        full, setup, options, trainer, step_ms, profiled_ms, peak_bytes, reserved, sampler, run_id, device
-    )
-    if metrics.fp16_skipped_steps is not None:
-        metrics = replace(metrics, fp16_skipped_steps=skipped_timed)
-    metrics = with_trace_analysis(metrics, run_dir / "trace.json.gz")
-    metrics.save(run_dir / "metrics.json")
-    return metrics
+    return _Measured(step_ms, profiled_ms, int(peak_bytes), reserved, skipped_timed, prof)
 
 
 # The figures the trace analysis adds to a profiled run's metrics (step and phase times stay those of
@@ -295,20 +391,51 @@ def with_trace_analysis(metrics: StepMetrics, trace: Path) -> StepMetrics:
     return replace(metrics, **{f: getattr(found, f) for f in _ANALYSIS_FIELDS})
 
 
+def _rank_result(trainer, measured: _Measured, options: RunOptions, rank: int = 0) -> dict[str, Any]:
+    """One rank's measurements as plain values (what a distributed run gathers on rank 0)."""
+    return {
+        "rank": rank,
+        "step_ms": measured.step_ms,
+        "profiled_ms": measured.profiled_ms,
+        "phases": {k: statistics.fmean(v[1 : 1 + options.steps]) for k, v in trainer.phase_ms.items()},
+        "peak_bytes": measured.peak_bytes,
+        "reserved_bytes": measured.reserved_bytes,
+        "state": trainer.state_bytes(),
+        "skipped_timed": measured.skipped_timed,
+        "skipped_total": trainer.skipped_steps,
+        "losses": list(getattr(trainer, "losses", [])),
+    }
+
+
 def _metrics(
-    full, setup, options, trainer, step_ms, profiled_ms, peak_bytes, reserved, sampler, run_id, device
+    full: Setup,
+    setup: Setup,
+    options: RunOptions,
+    ranks: list[dict[str, Any]],
+    nvml_summary: dict,
+    device_name: str | None,
+    run_id: str,
+    device: torch.device,
 ) -> StepMetrics:
+    """The run's StepMetrics from every rank's measurements (one entry for a single process). The
+    slowest rank sets the step time (the ranks synchronise every step); phase times are the mean over
+    ranks, peak memory the largest rank's; MFU divides by every rank's peak."""
     hw, t = setup.hardware, setup.train
-    phases = {k: statistics.fmean(v[1 : 1 + options.steps]) for k, v in trainer.phase_ms.items()}
-    profiled = statistics.median(profiled_ms)
+    world = len(ranks)
+    step_ms = max((r["step_ms"] for r in ranks), key=statistics.median)
     step = statistics.median(step_ms)
+    profiled = max(statistics.median(r["profiled_ms"]) for r in ranks)
+    phases = {k: statistics.fmean(r["phases"][k] for r in ranks) for k in ranks[0]["phases"]}
+    peak_bytes = max(r["peak_bytes"] for r in ranks)
+    reserved = None if ranks[0]["reserved_bytes"] is None else max(r["reserved_bytes"] for r in ranks)
     tokens = setup.tokens_per_step
     est_run = estimate(setup)
     model_flops = model_flops_per_token(setup.model, t.seq_len) * tokens
     hw_flops = est_run.hardware_flops_per_step
-    peak = hw.peak_flops(t.precision)
-    state = trainer.state_bytes()
+    peak = hw.peak_flops(t.precision) * world
+    state = ranks[0]["state"]
     note = None
+    time_scale = 1.0
     extrapolated = setup is not full
     if extrapolated:
         # Scale by the estimator's full/proxy ratios: the measured proxy keeps this machine's
@@ -333,7 +460,7 @@ def _metrics(
         run_id=run_id,
         source="profile",
         device_type=device.type,
-        device_name=sampler.device_name or hw.name,
+        device_name=device_name or hw.name,
         model_name=full.model.name,
         n_params=full.model.n_params,
         n_layers_run=setup.model.n_layers,
@@ -343,7 +470,7 @@ def _metrics(
         precision=t.precision,
         recompute=t.recompute,
         optimizer=f"{t.optimizer} ({t.optimizer_impl})",
-        fp16_skipped_steps=trainer.skipped_steps if t.precision == "fp16" else None,
+        fp16_skipped_steps=ranks[0]["skipped_timed"] if t.precision == "fp16" else None,
         tokens_per_step=tokens,
         steps_measured=len(step_ms),
         step_time_ms=step,
@@ -373,5 +500,21 @@ def _metrics(
         estimate_peak_memory_bytes=est_run.memory.total_bytes,
         extrapolated=extrapolated,
         proxy_note=note,
-        nvml=sampler.summary(),
+        nvml=nvml_summary,
+        world_size=world,
+        layout=_layout(setup),
+        rank_step_time_ms=[statistics.median(r["step_ms"]) * time_scale for r in ranks],
+        rank_peak_memory_bytes=[int(r["peak_bytes"]) for r in ranks],
+        losses=ranks[-1]["losses"],
     )
+
+
+def _layout(setup: Setup) -> str:
+    """The parallel layout in words: 'dp2 tp1 pp1, ZeRO-3 (FSDP2, reshard after forward)'."""
+    p = setup.parallel
+    text = f"dp{p.dp} tp{p.tp}{' (sequence parallel)' if p.sequence_parallel else ''} pp{p.pp}"
+    if p.vpp > 1:
+        text += f" x{p.vpp} virtual"
+    if p.dp > 1:
+        text += ", DDP" if p.zero == 0 else f", ZeRO-{p.zero} (FSDP2{', reshard after forward' * (p.zero == 3)})"
+    return text

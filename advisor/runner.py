@@ -44,10 +44,22 @@ def local_device_type(device: str) -> str:
     return resolve_device(device).type
 
 
-def on_this_machine(setup: Setup, device: str) -> Setup:
+def on_this_machine(setup: Setup, device: str, nproc: int = 1) -> Setup:
     """The setup as the profiled step runs it: this machine's device as its hardware, and the eager
-    PyTorch implementation (autocast over fp32 parameters) that the step is."""
+    PyTorch implementation (autocast over fp32 parameters) that the step is. ``nproc`` CPU processes
+    share the host: each gets its share of the cores' FLOP/s, bandwidth and memory (torchrun gives each
+    one thread)."""
     hw = local_hardware(local_device_type(device))
+    if hw.kind == "cpu" and nproc > 1:
+        hw = replace(
+            hw,
+            name=f"{hw.name} / {nproc} processes",
+            memory_bytes=hw.memory_bytes // nproc,
+            peak_fp32_flops=hw.peak_fp32_flops / nproc,
+            peak_bf16_flops=hw.peak_bf16_flops / nproc,
+            peak_fp16_flops=hw.peak_fp16_flops / nproc,
+            mem_bw_bytes_per_s=hw.mem_bw_bytes_per_s / nproc,
+        )
     try:
         return replace(setup, hardware=hw, train=replace(setup.train, framework="pytorch"))
     except AdvisorError as err:
@@ -86,8 +98,20 @@ def preflight(setup: Setup, options: RunOptions) -> None:
     raise AdvisorError(msg)
 
 
+def launcher(options: RunOptions) -> list[str]:
+    """How the child starts: plain ``python`` for one process, else torchrun with ``nproc`` processes on
+    this node (``--standalone`` on one node; a c10d rendezvous every node joins on several)."""
+    if options.world_size == 1:
+        return [sys.executable]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(options.nproc)]
+    if options.nnodes == 1:
+        return [*cmd, "--standalone"]
+    rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", options.rdzv_endpoint, "--rdzv-id", options.rdzv_id]
+    return [*cmd, "--nnodes", str(options.nnodes), *rdzv]
+
+
 def _child_command(run_dir: Path, options: RunOptions) -> list[str]:
-    cmd = [sys.executable, "-m", "advisor", "_child", "--run-dir", str(run_dir)]
+    cmd = [*launcher(options), "-m", "advisor", "_child", "--run-dir", str(run_dir)]
     if options.nsys:
         cmd = nsys_prefix(run_dir / "nsys") + cmd
     return cmd
@@ -124,9 +148,27 @@ def profile_cli_args(setup: Setup, options: RunOptions) -> list[str]:
     args += ["--precision", t.precision, "--optimizer", t.optimizer, "--recompute", t.recompute]
     if not t.flash_attention:
         args.append("--no-flash")
+    if setup.gpus > 1:
+        args += ["--gpus", str(setup.gpus)]
+        args += [a for flag, v in (("--tp", p.tp), ("--pp", p.pp), ("--vpp", p.vpp)) if v > 1 for a in (flag, str(v))]
+        if p.sequence_parallel:
+            args.append("--sp")
+    if p.zero:
+        args += ["--zero", str(p.zero)]
     if p.offload != "none":
-        args += ["--zero", str(p.zero), "--offload", p.offload]
+        args += ["--offload", p.offload]
     args += ["--device", options.device, "--steps", str(options.steps), "--warmup", str(options.warmup)]
+    if options.nproc > 1:
+        args += ["--nproc", str(options.nproc)]
+    if options.nnodes > 1:
+        args += [
+            "--nnodes",
+            str(options.nnodes),
+            "--rdzv-endpoint",
+            options.rdzv_endpoint,
+            "--rdzv-id",
+            options.rdzv_id,
+        ]
     if options.layers:
         args += ["--layers", str(options.layers)]
     if t.optimizer_impl != "fused":
@@ -156,13 +198,19 @@ def profile_run(
     store = store or RunStore()
     if options.nsys and shutil.which("nsys") is None:
         raise AdvisorError(NSYS_HELP)
-    setup = on_this_machine(setup, options.device)
+    setup = on_this_machine(setup, options.device, options.nproc)
     if options.memory_budget_gib:
         hw = setup.hardware
         budget = int(options.memory_budget_gib * 2**30)
         setup = replace(
             setup,
             hardware=replace(hw, memory_bytes=budget, name=f"{hw.name}, {options.memory_budget_gib:g} GiB budget"),
+        )
+    if setup.gpus != options.world_size:
+        raise AdvisorError(
+            f"the layout needs {setup.gpus} processes (dp {setup.parallel.dp} x tp {setup.parallel.tp} x pp "
+            f"{setup.parallel.pp} x cp {setup.parallel.cp}) but nproc({options.nproc}) x nnodes({options.nnodes}) = "
+            f"{options.world_size}: set --gpus to the world size, or --nproc / --nnodes to the layout"
         )
     preflight(setup, options)
     run_id = new_run_id(setup.model.name)

@@ -9,12 +9,14 @@ NVTX range (Nsight Systems) and a ``record_function`` range (torch.profiler) of 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.profiler import record_function
 from torch.utils.data import DataLoader, Dataset
 
@@ -74,8 +76,9 @@ def make_loader(
     return DataLoader(data, batch_size=t.micro_batch, shuffle=False, num_workers=num_workers, pin_memory=pin_memory)
 
 
-def build_optimizer(params: list[torch.Tensor], kind: str, impl: str) -> torch.optim.Optimizer:
-    """AdamW (lr 3e-4, wd 0.1), SGD (momentum 0.9) or Adafactor, as a for-loop, foreach or fused kernel."""
+def build_optimizer(params: list[torch.Tensor] | list[dict], kind: str, impl: str) -> torch.optim.Optimizer:
+    """AdamW (lr 3e-4, wd 0.1), SGD (momentum 0.9) or Adafactor, as a for-loop, foreach or fused kernel,
+    over a list of parameters or of parameter groups (dicts with "params")."""
     if impl not in OPTIMIZER_IMPLS:
         raise AdvisorError(f"optimizer_impl={impl!r}: must be one of {', '.join(OPTIMIZER_IMPLS)}")
     flags = {"foreach": impl == "foreach"}
@@ -140,29 +143,45 @@ class Trainer:
     phase_ms: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
     skipped_steps: int = 0
     """Optimizer steps the fp16 GradScaler skipped for inf/NaN gradients (it lowers the scale each time)."""
+    losses: list[float] = field(default_factory=list)
+    """Each step's loss: the mean over its micro-batches (and, in a parallel step, over the data-parallel
+    ranks), so a layout's losses can be checked against the single-process step's."""
 
     def autocast(self):
         if self.autocast_dtype is None:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
+    def micro_batch_context(self, last: bool) -> AbstractContextManager:
+        """Context of one micro-batch's forward and backward; ``last`` marks the step's final one (the
+        parallel step turns DDP's gradient all-reduce off on the others)."""
+        return nullcontext()
+
+    def reduce_loss(self, loss_sum: torch.Tensor) -> float:
+        """The step's loss from this process's sum of micro-batch losses / grad_accum (NaN in a dry run)."""
+        # The dry run steps under FakeTensorMode, where the loss has a shape but no value.
+        return math.nan if isinstance(loss_sum, FakeTensor) else loss_sum.item()
+
     def step(self, batches: Iterator[torch.Tensor]) -> None:
-        """One optimizer step over grad_accum micro-batches; appends per-phase times (ms)."""
+        """One optimizer step over grad_accum micro-batches; appends per-phase times (ms) and the loss."""
         times = dict.fromkeys(PHASES, 0.0)
         clock = _Clock(self.device)
+        micro_losses = []  # detached views of each loss: no memory beyond what the step holds anyway
         with phase("step"):
-            for _ in range(self.grad_accum):
+            for i in range(self.grad_accum):
                 with phase("data"):
                     t0 = clock.mark()
                     batch = next(batches).to(self.device, non_blocking=True)
                     tokens, targets = batch[:, :-1], batch[:, 1:]
                     t1 = clock.mark()
-                with phase("forward"), self.autocast():
-                    loss = self.model(tokens, targets) / self.grad_accum
-                t2 = clock.mark()
-                with phase("backward"):
-                    (self.scaler.scale(loss) if self.scaler else loss).backward()
-                t3 = clock.mark()
+                with self.micro_batch_context(last=i == self.grad_accum - 1):
+                    with phase("forward"), self.autocast():
+                        loss = self.model(tokens, targets) / self.grad_accum
+                    t2 = clock.mark()
+                    with phase("backward"):
+                        (self.scaler.scale(loss) if self.scaler else loss).backward()
+                    t3 = clock.mark()
+                micro_losses.append(loss.detach())
                 times["data"] += clock.ms(t0, t1)
                 times["forward"] += clock.ms(t1, t2)
                 times["backward"] += clock.ms(t2, t3)
@@ -181,6 +200,8 @@ class Trainer:
         times["optimizer"] = clock.ms(t4, t5)
         for k, v in times.items():
             self.phase_ms[k].append(v)
+        # Read after the clock's final sync so that logging the loss adds no host sync inside the step.
+        self.losses.append(self.reduce_loss(torch.stack(micro_losses).sum()))
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes of parameters and optimizer state, split by where they live (device vs host)."""

@@ -1,18 +1,29 @@
 """The dry run against the measured CPU step, against hand-counted bytes, and against the estimator."""
 
+import json
+import math
+import os
 import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from advisor.dryrun import dry_run, format_dry_run
+from advisor.cli import main
+from advisor.dryrun import dry_run, dry_run_distributed, format_dry_run
 from advisor.errors import AdvisorError
 from advisor.estimator import estimate
 from advisor.memprobe import measure_step_peak_bytes
-from advisor.presets import get_hardware
+from advisor.model import build_model
+from advisor.presets import get_hardware, get_model
 from advisor.sizing import make_setup
 from advisor.step import build_trainer, make_loader
+from tests import dryrun_worker
 
+ROOT = Path(__file__).resolve().parent.parent
 N_8B = 8_030_261_248
 TINY_N = 4_999_424
 TINY_TENSORS = 38  # embedding (tied head) + 4 blocks x (q, k, v, o, gate, up, down, 2 norms) + final norm
@@ -141,3 +152,187 @@ def test_bad_input_raises_advisor_error(gpu, precision, target, message):
 def test_non_setup_raises_advisor_error():
     with pytest.raises(AdvisorError, match=r"expected an advisor\.specs\.Setup"):
         dry_run("llama-3.1-8b")  # type: ignore[arg-type]
+
+
+# --- the distributed dry run: data parallelism at any world size on a fake process group -----------
+
+TINY_ROOT_PARAMS = 8192 * 256 + 256  # embedding (tied head) and final norm: the root FSDP unit
+TINY_BLOCK_PARAMS = 2 * 256 * 256 + 2 * 128 * 256 + 3 * 688 * 256 + 2 * 256
+
+
+def sharded_bytes(n: int) -> int:
+    """fp32 bytes of rank 0's shards of the tiny model's parameters (the tied head once): FSDP2 splits
+    each parameter's dim 0 into n chunks of ceil(dim0 / n) rows, padding the last ones."""
+    shapes = [p.shape for p in build_model(get_model("tiny"), device="meta").parameters()]
+    assert len(shapes) == TINY_TENSORS
+    return 4 * sum(-(-shape[0] // n) * math.prod(shape[1:]) for shape in shapes)
+
+
+def dp_setup(gpus: int, zero: int, **kw):
+    return tiny(seq=128, micro_batch=2, precision=kw.pop("precision", "fp32"), gpus=gpus, zero=zero, **kw)
+
+
+@pytest.mark.parametrize(("n", "hand_count"), [(8, 2_499_712), (64, 314_512), (1024, 43_812)])
+def test_zero3_shards_parameters_gradients_and_adamw_state_by_the_padded_count(n, hand_count):
+    # 8 divides every dim 0: 4 x TINY_N / 8. At 64 gate's and up's 688 rows pad to 11 x 64; at 1024 every
+    # matrix keeps 1 row on rank 0 (the embedding 8).
+    assert sharded_bytes(n) == hand_count
+    start = time.perf_counter()
+    dry = dry_run_distributed(dp_setup(n, 3), isolate=False)
+    print(f"\n{n} ranks, ZeRO-3: {time.perf_counter() - start:.2f} s, peak {dry.peak_bytes / 2**20:.2f} MiB per rank")
+    assert (dry.world_size, dry.zero) == (n, 3)
+    assert dry.params_bytes == dry.grads_bytes == hand_count
+    assert dry.optimizer_bytes == 2 * hand_count + 4 * TINY_TENSORS  # exp_avg, exp_avg_sq, 4-byte step
+
+
+def test_zero3_peak_holds_the_root_and_one_gathered_block_and_falls_with_world_size():
+    single = dry_run(tiny(seq=128, micro_batch=2, precision="fp32"))
+    by_n = {n: dry_run_distributed(dp_setup(n, 3), isolate=False) for n in (8, 64)}
+    for dry in by_n.values():
+        # Backward begins: the root's parameters are still gathered (FSDP2 keeps the root's after
+        # forward), the last block's are being gathered again (the flat all-gather buffer), and the
+        # loss's gradient buffers are alive (2 x fp32 logits, b x s x vocab).
+        assert dry.peak_phase == "backward"
+        assert dry.at_peak_bytes["unsharded_params"] == 4 * TINY_ROOT_PARAMS == 8_389_632
+        assert dry.at_peak_bytes["temporaries"] == 2 * 2 * 128 * 8192 * 4
+        # Each rank runs a full micro-batch: the saved activations are those of one device.
+        assert dry.activations_bytes == single.activations_bytes
+    assert by_n[8].at_peak_bytes["all_gather"] == 4 * TINY_BLOCK_PARAMS == 2_902_016
+    # 64 ranks: gate's and up's 688 rows (dim 0) pad to 704, so the gather buffer grows by 2 x 16 x 256.
+    assert by_n[64].at_peak_bytes["all_gather"] == 4 * (TINY_BLOCK_PARAMS + 2 * 16 * 256)
+    # Per-rank memory falls by the shards' difference (parameters and AdamW's two moments), less the
+    # larger padded gather buffer.
+    d8, d64 = by_n[8], by_n[64]
+    saved = 3 * (sharded_bytes(8) - sharded_bytes(64)) - 4 * 2 * 16 * 256
+    assert d8.peak_bytes - d64.peak_bytes == saved == 6_522_832
+
+
+def test_zero2_keeps_every_gathered_parameter_and_peaks_above_zero3():
+    z3, z2, z1 = (dry_run_distributed(dp_setup(8, zero), isolate=False) for zero in (3, 2, 1))
+    # reshard_after_forward=False: every block's fp32 parameters stay gathered until its backward.
+    assert z2.at_peak_bytes["unsharded_params"] == 4 * TINY_N
+    assert z2.params_bytes == z3.params_bytes == sharded_bytes(8)
+    assert z2.peak_bytes - z3.peak_bytes == 4 * (TINY_N - TINY_ROOT_PARAMS) - 4 * TINY_BLOCK_PARAMS > 0
+    # FSDP2 has no ZeRO-1 (gradients are always reduce-scattered): zero 1 runs as zero 2, and says so.
+    assert z1.peak_bytes == z2.peak_bytes and any("zero 1 runs as zero 2" in n for n in z1.notes)
+
+
+def test_zero0_replicates_the_state_and_holds_a_second_parameter_copy():
+    single = dry_run(tiny(seq=128, micro_batch=2, precision="fp32"))
+    dry = dry_run_distributed(dp_setup(8, 0), isolate=False)
+    assert (dry.params_bytes, dry.grads_bytes) == (4 * TINY_N, 4 * TINY_N)
+    assert dry.optimizer_bytes == 8 * TINY_N + 4 * TINY_TENSORS
+    # The one-device step plus replicate()'s gathered copy of the parameters (DDP's flat gradient
+    # buckets in the real run: the same 4 x TINY_N, measured equal below).
+    assert dry.peak_bytes == single.peak_bytes + 4 * TINY_N
+
+
+def test_distributed_state_agrees_with_the_estimator_and_the_peak_is_reported_beside_it():
+    for zero in (3, 2, 0):
+        setup = dp_setup(8, zero, framework="pytorch")  # the estimator's eager autocast step
+        dry, est = dry_run_distributed(setup, isolate=False), estimate(setup).memory
+        # The estimator counts ZeRO-2's weights whole; FSDP2 keeps the shard between steps and gathers
+        # the whole from forward to each block's backward (unsharded_params).
+        assert est.weights_bytes == (sharded_bytes(8) if zero == 3 else 4 * TINY_N)
+        assert dry.params_bytes == (sharded_bytes(8) if zero else 4 * TINY_N)
+        assert dry.grads_bytes == est.grads_bytes
+        assert dry.optimizer_bytes == est.optimizer_bytes + 4 * TINY_TENSORS
+        est_tensor = est.total_bytes - est.overhead_bytes
+        # Not asserted. Measured: ZeRO-3 1.052 (the estimator's buffers are two gathered blocks; the step
+        # holds the root's gathered embedding), ZeRO-2 0.591 and ZeRO-0 0.710 (the estimator's two 25 MB
+        # DDP buckets exceed the tiny model's 20 MB of gradients). Llama-3.1-8B, seq 4096, bf16, 8 ranks:
+        # ZeRO-3 1.055, ZeRO-2 1.047, ZeRO-0 1.025.
+        print(
+            f"\ntiny, 8 ranks, ZeRO-{zero}: dry run {dry.peak_bytes / 2**20:.2f} MiB, estimator "
+            f"{est_tensor / 2**20:.2f} MiB, ratio {dry.peak_bytes / est_tensor:.3f}"
+        )
+
+
+@pytest.mark.skipif(
+    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+    reason="needs torch.distributed with the gloo backend",
+)
+def test_distributed_dry_run_matches_the_real_two_rank_gloo_step(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += ["-m", "tests.dryrun_worker", str(tmp_path), *dryrun_worker.LAYOUTS]
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    measured = json.loads((tmp_path / "peaks.json").read_text(encoding="utf-8"))
+    for name, peak in measured.items():
+        dry = dry_run_distributed(dryrun_worker.layout_setup(name), isolate=False)
+        print(f"\n{name}: measured {peak} B, dry run {dry.peak_bytes} B, {100 * (dry.peak_bytes / peak - 1):+.4f} %")
+        # Measured over 17 launches: equal to within 8 bytes for all three (ZeRO-0: the real run's DDP
+        # against the dry run's replicate), except 4 in which the real peak moved by one tensor the size
+        # of the root unit (embedding and final norm, fp32): up under ZeRO-3 bf16, down under DDP. The
+        # collectives run on gloo's threads, so whether that buffer is alive at the peak depends on
+        # timing; the dry run has one order, the usual one.
+        # Under load (the full suite on 2 cores) other buffers can move too, so the test holds the
+        # issue's target, 8 %, and prints the exact offset.
+        assert abs(dry.peak_bytes / peak - 1) <= 0.08
+
+
+def test_isolated_run_and_dry_run_dispatch_leave_no_process_group_and_report_errors():
+    setup = dp_setup(8, 3)
+    here = dry_run_distributed(setup, isolate=False)
+    assert not torch.distributed.is_initialized()
+    start = time.perf_counter()
+    child = dry_run(setup)  # several GPUs: per rank, in a child process
+    print(
+        f"\nisolated in a child process: {time.perf_counter() - start:.2f} s (in process: {here.wall_ms / 1e3:.2f} s)"
+    )
+    assert (child.peak_bytes, child.at_peak_bytes, child.world_size) == (here.peak_bytes, here.at_peak_bytes, 8)
+    with pytest.raises(AdvisorError, match=r"optimizer_impl='bogus': must be one of"):
+        dry_run_distributed(setup, optimizer_impl="bogus")  # raised in the child, reported here
+    with pytest.raises(AdvisorError, match=r"optimizer_impl='bogus'"):
+        dry_run_distributed(setup, optimizer_impl="bogus", isolate=False)
+    assert not torch.distributed.is_initialized()  # destroyed on the error too
+
+
+def test_in_process_run_refuses_a_caller_that_has_a_process_group():
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    torch.distributed.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        with pytest.raises(AdvisorError, match="a default process group is already initialized"):
+            dry_run_distributed(dp_setup(8, 3), isolate=False)
+        assert torch.distributed.get_world_size() == 2  # the caller's group is untouched
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_distributed_text_and_json_forms():
+    dry = dry_run_distributed(dp_setup(8, 3, precision="bf16", recompute="full"), isolate=False)
+    text = format_dry_run(dry)
+    assert "Per rank of 8 data-parallel ranks (FSDP2, ZeRO-3)" in text and "unsharded_params" in text
+    assert "fairscale#650" in text  # autocast's 16-bit copies of gathered weights are not sharded
+    d = dry.as_dict()
+    assert (d["world_size"], d["zero"], d["params_bytes"]) == (8, 3, sharded_bytes(8))
+    assert sum(d["at_peak_bytes"].values()) == d["peak_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"gpus": 16, "tp": 2}, r"supports dp \(any world size, zero 0 to 3\) only; the layout has tp=2"),
+        ({"gpus": 16, "pp": 2, "cp": 2}, r"the layout has pp=2, cp=2"),
+        ({"gpus": 8, "zero": 3, "precision": "fp16"}, r"precision='fp16' with zero=3: .* use bf16"),
+        ({"gpus": 8, "zero": 3, "precision": "fp8"}, r"fp8 training needs NVIDIA TransformerEngine"),
+        ({"gpus": 8, "zero": 3, "offload": "optimizer"}, r"offload='optimizer': the distributed dry run runs FSDP2"),
+    ],
+)
+def test_unsupported_layouts_raise_advisor_error(kw, message):
+    setup = make_setup(model="tiny", gpu="h100", seq=64, **({"precision": "bf16"} | kw))
+    with pytest.raises(AdvisorError, match=message):
+        dry_run_distributed(setup)
+
+
+def test_cli_dryrun_reports_per_rank_bytes_for_several_gpus(capsys):
+    argv = ["dryrun", "--model", "tiny", "--gpu", "h100", "--gpus", "64", "--zero", "3", "--seq", "128"]
+    assert main([*argv, "--micro-batch", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["world_size"], out["zero"], out["target"]) == (64, 3, "cuda")
+    assert out["params_bytes"] == sharded_bytes(64) and out["total_bytes"] > out["peak_bytes"]
+    assert not torch.distributed.is_initialized()
+    assert main([*argv[:-2], "--tp", "2", "--seq", "128"]) == 2
+    assert "the layout has tp=2" in capsys.readouterr().err
