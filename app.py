@@ -230,7 +230,14 @@ PROFILE_DEFAULTS = {
     "pin_memory": False,
     "compile_model": False,
     "optimizer_impl": "foreach",
+    "nproc": 1,
+    "tp": 1,
+    "pp": 1,
+    "zero": 0,
+    "sequence_parallel": False,
 }
+"""The Profile tab's inputs, in profile_view's parameter order; nproc > 1 runs the step under torchrun
+with the layout dp = nproc / (tp x pp), ZeRO 0 = DDP, 1-2 = FSDP2 without and 3 with resharding."""
 
 
 class Jobs:
@@ -330,6 +337,14 @@ def run_view(run: RunInfo):
     )
     if m.get("proxy_note"):
         summary += f"\n\n**{m['proxy_note']}**"
+    if (m.get("world_size") or 1) > 1:
+        mems = ", ".join(f"{b / 2**30:.3f}" for b in m["rank_peak_memory_bytes"])
+        steps = ", ".join(f"{t:.1f}" for t in m["rank_step_time_ms"])
+        skew = m.get("step_skew_pct")
+        summary += (
+            f"\n\n**{m['world_size']} processes: {m['layout']}.** Peak memory by rank (GiB): {mems}; "
+            f"step by rank (ms): {steps}" + ("" if skew is None else f"; the slowest rank is {skew:.1f} % behind")
+        )
     summary += f"\n\nWith Nsight Systems:\n```\n{rec.get('nsys_command', '')}\n```"
     top_file = run.path / "top_ops.json"
     rows = json.loads(top_file.read_text(encoding="utf-8")) if top_file.is_file() else []
@@ -341,6 +356,8 @@ def run_view(run: RunInfo):
     nvml_file = run.path / "nvml.json"
     samples = json.loads(nvml_file.read_text(encoding="utf-8"))["samples"] if nvml_file.is_file() else []
     trace = run.path / "trace.json.gz"
+    if not trace.is_file():  # a distributed run: one trace per rank, rank 0's offered for download
+        trace = run.path / "ranks" / "rank-0.trace.json.gz"
     timeline = _run_timeline(str(run.path), trace.stat().st_mtime_ns if trace.is_file() else 0)
     figures = (phase_figure(m), measured_memory_figure(m), nvml_figure(samples), timeline)
     return (summary, *figures, top, str(trace) if trace.is_file() else None)
@@ -362,13 +379,26 @@ def profile_view(
     pin_memory: bool,
     compile_model: bool,
     optimizer_impl: str,
+    nproc: float = 1,
+    tp: int | str = 1,
+    pp: int | str = 1,
+    zero: int | str = 0,
+    sequence_parallel: bool = False,
     request: gr.Request | None = None,
 ):
-    """Profile tab: runs the step in a child process, yields progress, then the run's view."""
+    """Profile tab: runs the step in a child process (nproc > 1: torchrun with that many), yields
+    progress, then the run's view."""
     try:
+        n = _as_int(nproc) or 1
+        single_offload = bool(offload) and n == 1  # one process: ZeRO-Offload; several: FSDP2's offload
         setup = make_setup(
             model=model,
             gpu="cpu" if device == "cpu" else "h100",
+            gpus=n,
+            tp=_as_int(tp),
+            pp=_as_int(pp),
+            zero=1 if single_offload else _as_int(zero),
+            sequence_parallel=bool(sequence_parallel),
             seq=_as_int(seq),
             micro_batch=_as_int(micro_batch),
             global_batch=_as_int(global_batch) or 0,
@@ -377,11 +407,11 @@ def profile_view(
             optimizer=optimizer,
             optimizer_impl=optimizer_impl,
             framework="pytorch",
-            zero=1 if offload else 0,
             offload="optimizer" if offload else "none",
         )
         options = RunOptions(
             device=device,
+            nproc=n,
             steps=_as_int(steps),
             layers=_as_int(layers) or 0,
             num_workers=_as_int(num_workers) or 0,
@@ -501,6 +531,19 @@ def build_profile_tab() -> tuple[dict, gr.Dropdown]:
             with gr.Row():
                 num_workers = gr.Number(value=d["num_workers"], precision=0, minimum=0, label="DataLoader workers")
                 pin_memory = gr.Checkbox(value=d["pin_memory"], label="pin_memory")
+            with gr.Accordion("Distributed (torchrun: gloo on the CPU, NCCL on GPUs)", open=False):
+                with gr.Row():
+                    nproc = gr.Number(
+                        value=d["nproc"], precision=0, minimum=1, maximum=64, label="Processes", elem_id="profile-nproc"
+                    )
+                    ptp = _degree_dropdown([1, 2, 4, 8], d["tp"], "TP")
+                    ppp = _degree_dropdown([1, 2, 4, 8], d["pp"], "PP")
+                    pzero = _degree_dropdown([0, 1, 2, 3], d["zero"], "ZeRO / FSDP2", elem_id="profile-zero")
+                psp = gr.Checkbox(value=d["sequence_parallel"], label="Sequence parallel (with TP)")
+                gr.Markdown(
+                    "<small>dp = processes / (tp x pp); ZeRO 0 is DDP, 1-2 FSDP2 without resharding, 3 with. "
+                    "Several nodes: the CLI's `--nnodes --rdzv-endpoint --rdzv-id` (README).</small>"
+                )
             with gr.Row():
                 run_btn = gr.Button("Run profiled step", variant="primary", elem_id="profile-run")
                 cancel_btn = gr.Button("Cancel")
@@ -525,6 +568,7 @@ def build_profile_tab() -> tuple[dict, gr.Dropdown]:
     widgets |= {"precision": precision, "recompute": recompute, "optimizer": optimizer, "offload": offload}
     widgets |= {"device": device, "steps": steps, "layers": layers, "num_workers": num_workers}
     widgets |= {"pin_memory": pin_memory, "compile_model": compile_model, "optimizer_impl": optimizer_impl}
+    widgets |= {"nproc": nproc, "tp": ptp, "pp": ppp, "zero": pzero, "sequence_parallel": psp}
     inputs = [widgets[k] for k in PROFILE_DEFAULTS]  # profile_view's parameter order
     outputs = [summary, phases, memory, nvml, timeline, top_ops, trace]
     run_btn.click(profile_view, inputs, outputs, api_name="profile", concurrency_limit=1, concurrency_id="device")
@@ -1278,7 +1322,8 @@ def size_values(setup) -> dict:
 
 
 def profile_values(setup, options: dict | None) -> dict:
-    """The Profile tab's widget values (PROFILE_DEFAULTS keys) for ``setup`` and a run's options."""
+    """The Profile tab's widget values (PROFILE_DEFAULTS keys) for ``setup`` and a run's options; the
+    distributed layout only with a run's options."""
     t = setup.train
     values = {k: getattr(t, k) for k in ("micro_batch", "global_batch", "recompute", "optimizer", "optimizer_impl")}
     values |= {"seq": t.seq_len, "offload": setup.parallel.offload == "optimizer"}
@@ -1290,9 +1335,12 @@ def profile_values(setup, options: dict | None) -> dict:
     for key, name in (("device", "device"), ("steps", "steps"), ("layers", "layers"), ("compile", "compile_model")):
         if key in opts:
             values[name] = opts[key]
-    for key in ("num_workers", "pin_memory"):
+    for key in ("num_workers", "pin_memory", "nproc"):
         if key in opts:
             values[key] = opts[key]
+    if options is not None:  # a stored run's own layout (a Size tab setup's GPUs are not this machine's)
+        p = setup.parallel
+        values |= {"tp": str(p.tp), "pp": str(p.pp), "zero": str(p.zero), "sequence_parallel": p.sequence_parallel}
     return values
 
 

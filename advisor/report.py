@@ -113,6 +113,11 @@ def format_run(record: dict, metrics: dict | None, path) -> str:
         ]
         if m.get("proxy_note"):
             out.append(f"  {m['proxy_note']}")
+        if (m.get("world_size") or 1) > 1:
+            mems = ", ".join(f"{b / 2**30:.3f}" for b in m["rank_peak_memory_bytes"])
+            out.append(f"  {m['world_size']} processes: {m['layout']}")
+            out.append(f"  peak memory by rank (GiB): {mems}")
+            out.append("  step by rank (ms): " + ", ".join(f"{t:.1f}" for t in m["rank_step_time_ms"]))
         nv = m.get("nvml") or {}
         if nv.get("nvml_available"):
             out.append(
@@ -121,6 +126,9 @@ def format_run(record: dict, metrics: dict | None, path) -> str:
             )
         else:
             out.append(f"  {nv.get('nvml_reason', 'NVML unavailable')}")
-    out.append("  trace: trace.json.gz (open in https://ui.perfetto.dev)")
+    if ((metrics or {}).get("world_size") or 1) > 1:
+        out.append("  traces: ranks/rank-<r>.trace.json.gz, one per rank (open in https://ui.perfetto.dev)")
+    else:
+        out.append("  trace: trace.json.gz (open in https://ui.perfetto.dev)")
     out.append(f"  with Nsight Systems: {record.get('nsys_command', '')}")
     return "\n".join(out)
