@@ -5,6 +5,10 @@ fp32 vs bf16, activation checkpointing none / selective / full, each a real prof
 process. Writes ``bench/results/gpu_check_<gpu>.md`` and ``.json``: measured peak memory, the
 estimator's and the dry run's predictions, step time, tokens/s and MFU. ``--device cpu --quick``
 runs two tiny configurations on the CPU (the test suite does, so the script cannot rot).
+
+The distributed part (NCCL on GPUs, gloo on the CPU) profiles DDP, FSDP2 with resharding and tensor
+parallel 2 with sequence parallel on every visible GPU under torchrun; with one GPU it is skipped
+and says so. ``--distributed N`` sets the process count (0 skips it).
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--traces", default=None, help="run store (default: a folder beside --out)")
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument(
+        "--distributed", type=int, default=None, help="processes for the distributed part (default: every GPU; 0: skip)"
+    )
     args = ap.parse_args()
     device = local_device_type(args.device)
     out = Path(args.out)
@@ -97,13 +104,77 @@ def main() -> int:
                         "device_name": m.get("device_name"),
                     }
                 )
+    rows += distributed_rows(device, store, args, t_start)
     device_name = next((r["device_name"] for r in rows if r.get("device_name")), device)
     slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
     stem = out / f"gpu_check_{slug}{'_quick' if args.quick else ''}"
     stem.with_suffix(".json").write_text(json.dumps(rows, indent=2), encoding="utf-8")
     stem.with_suffix(".md").write_text(_markdown(rows, device_name, time.perf_counter() - t_start), encoding="utf-8")
     print(stem.with_suffix(".md").read_text(encoding="utf-8"))
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 1
+
+
+def _processes(device: str, requested: int | None) -> tuple[int, str]:
+    """(processes for the distributed part, why it is skipped when 0)."""
+    if requested == 0:
+        return 0, "skipped: --distributed 0"
+    if device == "cuda":
+        import torch
+
+        n = torch.cuda.device_count() if requested is None else requested
+        if torch.cuda.device_count() < max(n, 2):
+            have = torch.cuda.device_count()
+            return 0, f"skipped: the NCCL part needs 2 or more GPUs and this machine has {have}"
+        return n, ""
+    return (requested, "") if requested else (0, "skipped: on the CPU only with --distributed N")
+
+
+def distributed_rows(device: str, store: RunStore, args, t_start: float) -> list[dict]:
+    """The distributed part: DDP, FSDP2 ZeRO-3 and TP 2 + SP on n processes, measured beside the
+    estimator (and the dry run for the data-parallel layouts); one 'skipped' row saying why when it
+    cannot run here."""
+    n, why = _processes(device, args.distributed)
+    if not n:
+        print(f"distributed part {why}", flush=True)
+        return [{"config": "distributed (NCCL / gloo)", "status": "skipped", "message": why}]
+    model, seq, micro, precision = ("tiny", 128, 2, "fp32") if args.quick else ("gpt2-124m", 1024, 4, "bf16")
+    layouts = [("DDP", {"zero": 0}), ("FSDP2 ZeRO-3", {"zero": 3})]
+    if n % 2 == 0:
+        layouts.append(("TP2+SP FSDP2", {"zero": 3, "tp": 2, "sequence_parallel": True}))
+    rows = []
+    for name, layout in layouts:
+        setup = make_setup(model=model, gpu="cpu", gpus=n, seq=seq, micro_batch=micro, precision=precision, **layout)
+        label = f"{name} x{n} {model} s{seq} b{micro} {precision}"
+        print(f"[{time.perf_counter() - t_start:6.1f} s] {label}", flush=True)
+        try:
+            local = on_this_machine(setup, device, n)
+            est = estimate(local)
+            run = profile_run(setup, RunOptions(device=device, steps=args.steps, warmup=1, nproc=n), store)
+        except AdvisorError as err:
+            rows.append({"config": label, "status": "refused", "message": str(err)})
+            continue
+        m = run.metrics() or {}
+        dry = _dry_run_peak(local) if layout.get("tp", 1) == 1 else None
+        rows.append(
+            {
+                "config": label,
+                "status": run.status,
+                "message": run.record.get("message", ""),
+                "run_id": run.run_id,
+                "measured_peak_bytes": m.get("peak_memory_bytes"),
+                "rank_peak_bytes": m.get("rank_peak_memory_bytes"),
+                "reserved_peak_bytes": m.get("reserved_memory_bytes"),
+                "estimate_peak_bytes": est.memory.total_bytes,
+                "estimate_allocated_bytes": est.memory.total_bytes - est.memory.overhead_bytes,
+                "dry_run_peak_bytes": dry,
+                "step_time_ms": m.get("step_time_ms"),
+                "estimate_step_time_ms": est.step_time_ms,
+                "tokens_per_s": m.get("tokens_per_s"),
+                "mfu_frac": m.get("mfu_frac"),
+                "device_name": m.get("device_name"),
+            }
+        )
+    return rows
 
 
 def _gib(x: float | None) -> str:
@@ -126,7 +197,7 @@ def _markdown(rows: list[dict], device_name: str, wall_s: float) -> str:
     ]
     for r in rows:
         if r["status"] != "ok":
-            lines.append(f"| {r['config']} | {r['status']}: {r.get('message', '')} |||||||||| ")
+            lines.append(f"| {r['config']} | {r['status']}: {r.get('message', '')} | | | | | | | | | |")
             continue
         meas = r["measured_peak_bytes"]
         lines.append(

@@ -22,12 +22,49 @@ def test_gpu_check_quick_mode_on_the_cpu(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     (result,) = tmp_path.glob("gpu_check_*_quick.json")
     rows = json.loads(result.read_text())
-    assert [r["config"] for r in rows] == ["tiny s128 b2 fp32 none", "tiny s128 b2 fp32 full"]
-    for r in rows:
+    single, distributed = rows[:2], rows[2:]
+    assert [r["config"] for r in single] == ["tiny s128 b2 fp32 none", "tiny s128 b2 fp32 full"]
+    # The distributed part runs on the CPU only when asked (--distributed N): here it says why not.
+    assert distributed == [
+        {
+            "config": "distributed (NCCL / gloo)",
+            "status": "skipped",
+            "message": "skipped: on the CPU only with --distributed N",
+        }
+    ]
+    for r in single:
         assert r["status"] == "ok"
         # On the CPU the dry run reproduces the measured peak (see bench/results/dryrun_accuracy_cpu.md).
         assert r["dry_run_peak_bytes"] == pytest.approx(r["measured_peak_bytes"], rel=0.01)
     assert (tmp_path / result.name.replace(".json", ".md")).read_text().count("| ok |") == 2
+
+
+def test_gpu_check_distributed_part_on_two_cpu_processes(tmp_path):
+    # The same code path as the NCCL part on several GPUs, on gloo: DDP, FSDP2 ZeRO-3, TP 2 + SP.
+    cmd = [sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--quick", "--steps", "1"]
+    cmd += ["--distributed", "2", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (result,) = tmp_path.glob("gpu_check_*_quick.json")
+    rows = json.loads(result.read_text())[2:]
+    assert [r["config"] for r in rows] == [
+        "DDP x2 tiny s128 b2 fp32",
+        "FSDP2 ZeRO-3 x2 tiny s128 b2 fp32",
+        "TP2+SP FSDP2 x2 tiny s128 b2 fp32",
+    ]
+    assert all(r["status"] == "ok" and len(r["rank_peak_bytes"]) == 2 for r in rows)
+    ddp, fsdp, _ = rows
+    assert fsdp["measured_peak_bytes"] < ddp["measured_peak_bytes"]  # sharded states take less per rank
+    assert fsdp["dry_run_peak_bytes"] == pytest.approx(fsdp["measured_peak_bytes"], rel=0.08)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="checks the message of a machine with fewer than 2 GPUs")
+def test_the_nccl_part_says_why_it_is_skipped_with_fewer_than_two_gpus():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check
+
+    n, why = gpu_check._processes("cuda", None)
+    assert n == 0 and why.startswith("skipped: the NCCL part needs 2 or more GPUs and this machine has")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU path is tested above")
