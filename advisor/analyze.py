@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from advisor import analysis as A
+from advisor.collectives import collective_table
 from advisor.errors import TraceError
 from advisor.metrics import StepMetrics
 from advisor.trace_kineto import DEFAULT_MAX_BYTES, load_kineto
@@ -120,6 +121,7 @@ def analyze(df: pd.DataFrame, run_id: str = "trace", *, trim_last_step: bool = T
         "rank_skew": A.rank_skew(df, phases=phases, temporal=temporal),
         "top_ops": host_ops.head(10),
         "gemm_precision": A.gemm_precision(df),
+        "collectives": collective_table(df),
     }
     return TraceReport(_summary(df, tables, run_id, host_self_ns=int(host_ops["time_ns"].sum())), tables)
 
@@ -147,6 +149,30 @@ def _gemm_pct(table: pd.DataFrame, math: str) -> float:
     return round(float(table.loc[table["math"] == math, "time_pct"].sum()), 3)
 
 
+def _comm_pcts(df: pd.DataFrame, t: dict[str, pd.DataFrame]) -> tuple[float | None, float | None]:
+    """(collective time, exposed collective time) as % of each rank's step time (its profiler steps'
+    total, else its span), mean over ranks; None without collectives. Kinds that overlap each count
+    their shared stretch, so the exposed share is capped at 100."""
+    coll = t["collectives"]
+    if coll.empty:
+        return None, None
+    phases = t["phases"]
+    steps = phases[phases["phase"] == "step"].set_index("rank")["total_ns"] if not phases.empty else pd.Series()
+    time_pct, exposed_pct = [], []
+    for rank, group in coll.groupby("rank"):
+        if rank in steps.index:
+            base_ms = float(steps[rank]) / 1e6
+        else:
+            mine = df[df["rank"] == rank]
+            base_ms = float((mine["start_ns"] + mine["dur_ns"]).max() - mine["start_ns"].min()) / 1e6
+        if base_ms > 0:
+            time_pct.append(min(100.0, 100 * group["time_ms"].sum() / base_ms))
+            exposed_pct.append(min(100.0, 100 * group["exposed_ms"].sum() / base_ms))
+    if not time_pct:
+        return None, None
+    return sum(time_pct) / len(time_pct), sum(exposed_pct) / len(exposed_pct)
+
+
 def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_self_ns: int) -> StepMetrics:
     ranks = sorted(int(r) for r in df["rank"].unique())
     gpu = bool(kind_mask(df, *GPU_KINDS).any())
@@ -160,6 +186,7 @@ def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_sel
     devices = df.attrs.get("gpu_names") or []  # a list (Kineto) or {device id: name} (nsys)
     names = list(devices.values()) if isinstance(devices, dict) else list(devices)
     device_name = names[0] if names else None
+    comm_time_pct, comm_exposed_pct = _comm_pcts(df, t)
     return StepMetrics(
         run_id=run_id,
         source="trace",
@@ -175,6 +202,8 @@ def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_sel
         gpu_compute_pct=_mean(t["temporal_breakdown"], "compute_pct"),
         gpu_non_compute_pct=_mean(t["temporal_breakdown"], "non_compute_pct"),
         comm_overlap_pct=_mean(t["comm_comp_overlap"], "overlap_pct"),
+        comm_time_pct=comm_time_pct,
+        comm_exposed_pct=comm_exposed_pct,
         idle_host_wait_pct=_mean(t["idle_split"], "host_wait_pct"),
         idle_kernel_wait_pct=_mean(t["idle_split"], "kernel_wait_pct"),
         idle_other_pct=_mean(t["idle_split"], "other_pct"),
@@ -219,6 +248,10 @@ def format_report(report: TraceReport, name: str) -> str:
         out.append(f"Tiny kernels (<10 us): {100 * (m.tiny_kernel_frac or 0):.0f} % of launches")
         if m.launch_bound:
             out.append("Verdict: launch/host-bound: the GPU mostly waits for the host to launch work")
+    if m.comm_time_pct is not None:
+        out.append(
+            f"Collectives: {m.comm_time_pct:.1f} % of the step, {m.comm_exposed_pct:.1f} % exposed (no compute beside them)"
+        )
     if m.step_time_ms is not None:
         phases = ", ".join(
             f"{k} {getattr(m, f'{k}_ms'):.1f} ms"

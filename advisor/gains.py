@@ -219,6 +219,15 @@ def exposed_communication(target: str, g: GainInput) -> Gain | None:
     return _share_gain(target, g, share, f"{share:.1f} % of the GPU span is communication with no compute beside it")
 
 
+@register("exposed_collectives")
+def exposed_collectives(target: str, g: GainInput) -> Gain | None:
+    """Collective time with no compute beside it on its rank (measured per rank, CPU or GPU), hidden."""
+    share = g.ctx.get("comm_exposed_pct")
+    if share is None:
+        return None
+    return _share_gain(target, g, share, f"{share:.1f} % of the step waits for collectives")
+
+
 @register("host_idle")
 def host_idle(target: str, g: GainInput) -> Gain | None:
     """GPU idle time spent waiting for the host to launch work, removed (CUDA graphs, torch.compile)."""

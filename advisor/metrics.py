@@ -96,6 +96,14 @@ class StepMetrics:
     """Communication and memory kernels not overlapped by computation."""
     comm_overlap_pct: float | None = None
     """Share of communication time overlapped by computation (None without communication)."""
+    comm_time_pct: float | None = None
+    """Collectives' own time (NCCL kernels, gloo ranges) as % of the step, mean over ranks."""
+    comm_exposed_pct: float | None = None
+    """Collective time with no compute beside it on its rank, % of the step, mean over ranks (see
+    advisor.collectives.collective_table)."""
+    pipeline_wait_ms: float | None = None
+    """Pipeline parallel: time a stage waits in the schedule (the bubble and its peers' sends), mean
+    over ranks."""
     idle_host_wait_pct: float | None = None
     """Of the GPU's idle time: waiting for the host to launch work."""
     idle_kernel_wait_pct: float | None = None
