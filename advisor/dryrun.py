@@ -317,7 +317,7 @@ def _external(trainer: Trainer) -> list:
 def _notes(setup: Setup, target: str, offload: bool, runtime_bytes: int, frag_bytes: int) -> tuple[str, ...]:
     t, m = setup.train, setup.model
     notes = []
-    if t.precision != "fp32":
+    if t.precision != "fp32" and not (setup.gpus > 1 and setup.parallel.zero):  # FSDP2: _distributed_notes
         notes.append(
             f"{t.precision} runs as torch.autocast over fp32 parameters: 4-byte parameters, gradients and no "
             f"master copy; autocast's 16-bit weight copies live through forward and backward (in activations)"
@@ -375,12 +375,12 @@ def _distributed_notes(setup: Setup) -> tuple[str, ...]:
             "zero 1 runs as zero 2, as in the real run: FSDP2 always reduce-scatters gradients "
             "(reshard_after_forward=False); ZeRO-1's full gradients would add (1 - 1/dp) x 4 bytes per parameter"
         )
-    if zero == 3 and setup.train.precision != "fp32":
+    if zero and setup.train.precision != "fp32":
+        precision = setup.train.precision
         notes.append(
-            "autocast over FSDP2's fp32 parameters (the real run has no MixedPrecisionPolicy): each linear keeps the "
-            "16-bit copy of its gathered weight until its backward, and under full recompute autocast's cache keeps "
-            "them until the forward ends (fairscale#650), so up to 2 bytes per parameter of the whole model, "
-            f"{2 * setup.model.n_params / GiB:.2f} GiB, are not divided by the sharding"
+            f"{precision} on FSDP2 runs under the real run's MixedPrecisionPolicy (param_dtype {precision}, reduce_dtype "
+            "fp32, advisor.parallel.apply_fsdp): fp32 shards, gradients and optimizer states; 16-bit gathers, forward "
+            "and backward, so autocast makes no copies of the weights"
         )
     return tuple(notes)
 
@@ -521,17 +521,18 @@ def dry_run(
     )
 
 
-def _apply_data_parallel(model: Transformer, mesh: DeviceMesh, zero: int) -> None:
+def _apply_data_parallel(model: Transformer, mesh: DeviceMesh, zero: int, precision: str) -> None:
     """The real run's data parallelism over ``mesh`` (``advisor.parallel``): each block its own unit
     (one all-gather or all-reduce per block), then the root for the embedding, final norm and head.
 
     zero 3: FSDP2 ``fully_shard`` with reshard_after_forward (parameters gathered again in backward);
-    zero 1 and 2: without (gathered parameters kept until the block's backward). zero 0: the real run
+    zero 1 and 2: without (gathered parameters kept until the block's backward); bf16 and fp16 gather
+    16-bit weights (the real run's MixedPrecisionPolicy). zero 0: the real run
     uses classic DDP, whose C++ reducer does not run on fake tensors, so here it is ``replicate``,
     torch's DDP built on FSDP2, over the same units.
     """
     if zero:
-        apply_fsdp(model, mesh, reshard_after_forward=zero == 3, cpu_offload=False)
+        apply_fsdp(model, mesh, reshard_after_forward=zero == 3, cpu_offload=False, precision=precision)
         return
     for unit in [*model.blocks, model]:
         replicate(unit, mesh=mesh)
@@ -540,8 +541,8 @@ def _apply_data_parallel(model: Transformer, mesh: DeviceMesh, zero: int) -> Non
 def _distributed_trainer(
     setup: Setup, mesh: DeviceMesh, optimizer_impl: str | None, fake_mode: FakeTensorMode
 ) -> Trainer:
-    """The Trainer of ``advisor.step`` over a data-parallel model: autocast over fp32 parameters as on one
-    device, the optimizer built over the sharded (DTensor) parameters, which are fake CPU tensors of
+    """The Trainer of ``advisor.step`` over a data-parallel model: autocast as on one device (over FSDP2's
+    16-bit gathered weights under bf16, as in the real run), the optimizer built over the sharded (DTensor) parameters, which are fake CPU tensors of
     ``fake_mode`` (it must allow non-fake inputs: ``to_empty`` reads the meta ones).
 
     The model is sharded on the meta device, outside the fake mode: sharding splits every parameter
@@ -552,7 +553,7 @@ def _distributed_trainer(
     t = setup.train
     model = build_model(setup.model, t.recompute, device="meta", flash=t.flash_attention)
     model.train()
-    _apply_data_parallel(model, mesh, setup.parallel.zero)
+    _apply_data_parallel(model, mesh, setup.parallel.zero, t.precision)
     with fake_mode:
         model.to_empty(device="cpu")
         optimizer = build_optimizer(list(model.parameters()), t.optimizer, optimizer_impl or t.optimizer_impl)

@@ -37,8 +37,15 @@ MEM_BW_EFFICIENCY_FRAC = 0.90
 # Caching-allocator fragmentation: reserved minus allocated memory, as a share of allocated
 # (PyTorch "CUDA semantics: memory management"; 3-8 % on steady training steps).
 FRAGMENTATION_FRAC = 0.05
-# PyTorch DDP default bucket_cap_mb=25, two buckets in flight.
+# PyTorch DDP's gradient buckets (torch/nn/parallel/distributed.py): bucket_cap_mb defaults to 25 MiB,
+# and the bucket rebuilt after the first iteration for the gradients that arrive first is capped at
+# dist._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB. A bucket closes once it reaches its cap, so a tensor larger
+# than the cap is a bucket of its own and ceil-counting by the cap bounds the number of buckets from above.
 DDP_BUCKET_BYTES = 25 * 2**20
+DDP_FIRST_BUCKET_BYTES = 2**20
+# Gradient buffers a Megatron-LM / DeepSpeed-style step keeps in flight beside its gradients, as a
+# number of DDP_BUCKET_BYTES buckets (never more than the gradients themselves).
+BUCKETS_IN_FLIGHT = 2
 # Fixed cost of one NCCL collective (launch, ring set-up, protocol hand-offs): small-message
 # all-reduce / all-gather times in nccl-tests on 8-GPU NVLink nodes are 10-30 us. Paid per bucket
 # (DDP, ZeRO-1/2) or per layer and pass (ZeRO-3 / FSDP units).
@@ -254,15 +261,16 @@ def zero_model_state_bytes(
     )
 
 
-def _stage_params(setup: Setup, first: bool, last: bool) -> tuple[float, float, float, float]:
-    """(dense, expert, block, matmul) parameters one GPU of a stage holds after TP/PP/EP.
+def _stage_params(setup: Setup, first: bool, last: bool) -> tuple[float, float, float, float, float]:
+    """(dense, expert, block, matmul, root) parameters one GPU of a stage holds after TP/PP/EP.
 
     Megatron split: attention heads and MLP columns by tp (KV heads replicated when tp > n_kv_heads),
     vocabulary-parallel embedding and head, norms, routers and row-parallel biases replicated, routed
     experts split by ep and each by tp. The first stage holds the embedding, the last the final norm
     and the head (a copy of the embedding when tied and pp > 1). ``block`` is one block's weights
     gathered in full over DP (ZeRO-3 buffers); ``matmul`` the weights that enter a matrix multiply
-    (what autocast keeps 16-bit copies of).
+    (what autocast keeps 16-bit copies of); ``root`` the stage's weights outside the blocks (embedding,
+    final norm, head: the root FSDP unit of ``advisor.parallel.apply_fsdp``), included in ``dense``.
     """
     m, p = setup.model, setup.parallel
     t = p.tp
@@ -298,14 +306,22 @@ def _stage_params(setup: Setup, first: bool, last: bool) -> tuple[float, float, 
         expert_mm = (local_experts + m.n_shared_experts) * mats * h * m.expert_ffn_hidden / t
         matmul += layers * moe_frac * (attn_mm + m.router_params + expert_mm)
         block = max(dense_layer, moe_shared + local_experts * mlp(m.expert_ffn_hidden))
+    root = 0.0
     if first:
-        dense += m.vocab * h / t + (m.max_positions * h if m.position == "learned" else 0)
+        root += m.vocab * h / t + (m.max_positions * h if m.position == "learned" else 0)
     if last:
-        dense += m.norm_params
+        root += m.norm_params
         matmul += m.vocab * h / t
         if not m.tied_embeddings or (p.pp > 1 and not first):
-            dense += m.vocab * h / t
-    return dense, expert, block, matmul
+            root += m.vocab * h / t
+    return dense + root, expert, block, matmul, root
+
+
+def _eager_fsdp2(setup: Setup) -> bool:
+    """Whether the step is the eager PyTorch one on FSDP2 (``advisor.parallel.apply_fsdp``): framework
+    'pytorch', ZeRO >= 1, several GPUs. Under bf16/fp16 its MixedPrecisionPolicy gathers 16-bit weights,
+    so forward and backward run on them: no autocast weight copies, a 16-bit residual stream."""
+    return setup.train.framework == "pytorch" and setup.parallel.zero >= 1 and setup.gpus > 1
 
 
 # --- activations ---------------------------------------------------------------------------------
@@ -324,10 +340,13 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
     is applied by the caller (tokens per GPU). Full recompute keeps only the block input.
 
     The eager PyTorch step (framework 'pytorch') saves more, measured tensor by tensor with
-    saved_tensors_hooks (bench/results/dryrun_accuracy_cpu.md): under autocast the residual stream and
-    the norm inputs stay fp32 (4h) and every linear saves its own 16-bit copy of its input (q, k, v,
-    and gate/up: 5 per Llama block instead of 2); SDPA saves its output besides the o_proj input
-    (+e*q); on a CPU nn.RMSNorm is a composite that also keeps its fp32 normalised input (4h per norm).
+    saved_tensors_hooks (bench/results/dryrun_accuracy_cpu.md): under autocast over fp32 parameters the
+    residual stream and the norm inputs stay fp32 (4h) and every linear saves its own 16-bit copy of its
+    input (q, k, v, and gate/up: 5 per Llama block instead of 2); SDPA saves its output besides the
+    o_proj input (+e*q); on a CPU nn.RMSNorm is a composite that keeps the fp32 upcast of its input and
+    its fp32 normalised input (8h per norm). On FSDP2 with 16-bit gathered weights (``_eager_fsdp2``)
+    the residual stream and the norm outputs are 16-bit, so q, k, v share one input copy and gate/up
+    another, as in Megatron (measured the same way on the tiny block).
     """
     m, tr, p = setup.model, setup.train, setup.parallel
     t = p.tp
@@ -336,7 +355,8 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
     drop = 1.0 if tr.dropout else 0.0
     mode = tr.recompute if recompute is None else recompute
     eager = tr.framework == "pytorch"
-    resid = 4.0 if tr.autocast else e  # bytes of one residual-stream element
+    casts = tr.autocast and not _eager_fsdp2(setup)  # autocast over fp32 parameters
+    resid = 4.0 if casts else e  # bytes of one residual-stream element
 
     if mode == "full":
         x = resid * h
@@ -344,10 +364,10 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
 
     # Norm inputs, norm outputs feeding linears, output dropout masks.
     mlp_inputs = 2 if m.mlp == "swiglu" else 1
-    linear_inputs = (3 + mlp_inputs) * e * h if tr.autocast else 2 * e * h
+    linear_inputs = (3 + mlp_inputs) * e * h if casts else 2 * e * h
     replicated = 2 * resid * h + linear_inputs + 2 * drop * h
     if eager and m.norm == "rmsnorm" and setup.hardware.kind == "cpu":
-        replicated += 2 * 4.0 * h
+        replicated += 2 * (4.0 - resid) * h + 2 * 4.0 * h
     split = e * (q + kv) + e * kv + e * q  # Q and K for QK^T, V, output-projection input
     if eager:
         split += e * q  # SDPA's own saved output
@@ -387,7 +407,7 @@ def _activation_memory(
         work_moe = activation_bytes_per_token(setup, moe=True, recompute="none")[0] if m.is_moe else 0.0
         working = max(work_dense, work_moe) * tokens_mb
     e = 4.0 if tr.precision == "fp32" else 2.0
-    resid = 4.0 if tr.autocast else e
+    resid = 4.0 if tr.autocast and not _eager_fsdp2(setup) else e
     if first and tr.dropout:
         acts += m.hidden * tokens_mb * in_flight / (p.tp if p.sequence_parallel else 1)  # embedding dropout mask
     if last:
@@ -422,6 +442,14 @@ def _ring_gather_s(nbytes: float, n: int, bw: float) -> float:
     return 0.0 if n <= 1 or nbytes <= 0 or bw <= 0 else (n - 1) / n * nbytes / bw
 
 
+def _ddp_bucket_count(grad_bytes: float) -> int:
+    """Gradient buckets (one collective each) of ``grad_bytes``: a first bucket of
+    DDP_FIRST_BUCKET_BYTES, then DDP_BUCKET_BYTES each (an upper bound, see DDP_BUCKET_BYTES)."""
+    if grad_bytes <= 0:
+        return 0
+    return 1 + math.ceil(max(grad_bytes - DDP_FIRST_BUCKET_BYTES, 0.0) / DDP_BUCKET_BYTES)
+
+
 # --- the estimate -------------------------------------------------------------------------------
 
 
@@ -440,15 +468,26 @@ def estimate(setup: Setup) -> Estimate:
     offload_params = p.offload == "optimizer+params"
 
     # --- memory of the first and the last stage ---
-    # Gradients outlive the step where a framework keeps gradient buffers (Megatron's main_grad, DDP and
-    # ZeRO buckets) or micro-batches accumulate into them; the eager single-device step frees them.
-    persistent_grads = tr.framework == "megatron" or mb > 1 or dense_shard > 1
+    # The eager step (framework 'pytorch') runs data parallelism as advisor.parallel does: torch DDP for
+    # ZeRO-0, FSDP2 for ZeRO-1/2/3 (_eager_fsdp2), whose ranks keep only their shards between uses.
+    eager = tr.framework == "pytorch"
+    fsdp2 = _eager_fsdp2(setup)
+    ddp = eager and p.zero == 0 and dense_shard > 1
+    # Gradients outlive the step where a framework keeps gradient buffers (Megatron's main_grad) or
+    # micro-batches accumulate into them; the eager step frees them (zero_grad(set_to_none=True)), under
+    # DDP and FSDP2 too (DDP's own copy in its buckets is counted with the buffers).
+    persistent_grads = not eager or mb > 1
+    # FSDP2 gathers fp32 weights, or 16-bit ones under its MixedPrecisionPolicy; unsharded gradients
+    # come in the gathered weights' dtype and are reduce-scattered from an fp32 copy (reduce_dtype).
+    gather_e = 2.0 if tr.autocast else 4.0
 
     def stage_memory(first: bool, last: bool, in_flight: float) -> tuple[MemoryBreakdown, float, float]:
-        """The stage's memory at its fuller moment: when backward begins (activations and loss
-        buffers alive) or during the optimizer step (all gradients and the optimizer's scratch)."""
-        dense, expert, block, matmul = _stage_params(setup, first, last)
-        state = (tr.precision, tr.optimizer, p.zero)
+        """The stage's memory at its fullest moment: when backward begins (activations and loss
+        buffers alive), later in backward (loss buffers freed: a recomputed block, FSDP2's gathers and
+        reduce-scatters) or during the optimizer step (all gradients and the optimizer's scratch)."""
+        dense, expert, block, matmul, root = _stage_params(setup, first, last)
+        # FSDP2 shards weights, gradients and optimizer states at every stage (ZeRO-1 runs as ZeRO-2).
+        state = (tr.precision, tr.optimizer, 3 if fsdp2 else p.zero)
         dw, dg, do = zero_model_state_bytes(dense, *state, dense_shard, m.hidden, tr.fp32_grads, tr.autocast)
         ew, eg, eo = zero_model_state_bytes(expert, *state, expert_shard, m.hidden, tr.fp32_grads, tr.autocast)
         weights, grads, opt = dw + ew, dg + eg, do + eo
@@ -463,20 +502,43 @@ def estimate(setup: Setup) -> Estimate:
             host += weights
             weights = 0.0
         saved, working = _activation_memory(setup, tokens_mb, in_flight, first, last)
-        # autocast's 16-bit weight copies: saved by every linear for its backward; under full recompute
-        # only the head's survives the forward, and the recomputed block makes its own.
-        head_cast = 2.0 * m.vocab * m.hidden / t if tr.autocast and last else 0.0
-        block_cast = 2.0 * (matmul - m.vocab * m.hidden / t * last) if tr.autocast else 0.0
+        # autocast's 16-bit copies of fp32 weights: saved by every linear for its backward; under full
+        # recompute only the head's survives the forward, and the recomputed block makes its own.
+        casts = tr.autocast and not fsdp2
+        head_cast = 2.0 * m.vocab * m.hidden / t if casts and last else 0.0
+        block_cast = 2.0 * (matmul - m.vocab * m.hidden / t * last) if casts else 0.0
         if tr.recompute == "full":
             block_cast /= m.n_layers / pp
             working += block_cast
         else:
             saved += block_cast
-        comm = 0.0
-        if p.zero >= 3 or offload_params:
-            comm += 2 * block * 2.0 + block * grad_e  # two gathered blocks (prefetch) + one grad block
+        # Communication buffers when backward begins, later in backward, and at the optimizer step.
+        grad_bytes = dense * grad_e + expert * grad_e
+        late_extra = 0.0
+        if fsdp2:
+            # fully_shard on the root keeps the root's weights gathered from forward to the end of
+            # backward (FSDP2 never reshards the root after forward), and the head's unsharded gradient
+            # from its backward to then. ZeRO-3 regathers each block for backward: the last one is
+            # prefetched when backward begins; later a block is gathered and the next one prefetched.
+            # ZeRO-1/2 keep every gathered block until its backward. Later in backward the previous
+            # block's gradients are reduce-scattered from an fp32 buffer (the block's own unsharded
+            # gradients take the place of its freed activations). Measured in the distributed dry run.
+            reduce_scatter = block * 4.0
+            begin = (root + block) * gather_e if p.zero >= 3 else (dense + expert) * gather_e
+            late = begin + (block * gather_e if p.zero >= 3 else 0.0) + reduce_scatter
+            late_extra = gather_e * m.vocab * m.hidden / t if last else 0.0
+            at_step = 0.0
+        elif ddp:
+            # torch DDP allocates every bucket's flat gradient buffer up front and keeps it: with the
+            # default gradient_as_bucket_view=False that is a second copy of all gradients ("the saved
+            # memory size will be equal to the total gradients size", DistributedDataParallel docs).
+            begin = late = at_step = grad_bytes
+        elif p.zero >= 3 or offload_params:
+            begin = late = at_step = 2 * block * 2.0 + block * grad_e  # two gathered blocks (prefetch) + one grad block
         elif dense_shard > 1 or offload_opt:
-            comm += 2 * DDP_BUCKET_BYTES
+            begin = late = at_step = min(BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES, grad_bytes)
+        else:
+            begin = late = at_step = 0.0
         # The loss backward holds the fp32 gradient of the log-softmax and of the logits: 8 bytes per
         # logit in every precision (measured, bench/results/dryrun_accuracy_cpu.md).
         loss = 8.0 * m.vocab / t * tokens_mb if last else 0.0
@@ -485,12 +547,11 @@ def estimate(setup: Setup) -> Estimate:
         scratch = {"foreach": 4.0 * shard_params, "fused": 0.0, "for-loop": 4.0 * m.vocab * m.hidden / t}
         opt_scratch = 0.0 if offload_opt else scratch[tr.optimizer_impl]
         # Backward begins with the loss buffers; a recomputed block comes after they are freed.
-        if working > loss + head_cast:
-            acts, buf = saved + working, comm
-        else:
-            acts, buf = saved + head_cast, comm + loss
-        backward = (weights, grads if persistent_grads else 0.0, opt, acts, buf)
-        step = (weights, grads, opt, 0.0, comm + opt_scratch)
+        g = grads if persistent_grads else 0.0
+        backward_begins = (weights, g, opt, saved + head_cast, begin + loss)
+        backward_later = (weights, g, opt, saved + working, late + late_extra)
+        step = (weights, grads, opt, 0.0, at_step + opt_scratch)
+        backward = backward_begins if sum(backward_begins) >= sum(backward_later) else backward_later
         w, g, o, a, buf = backward if sum(backward) >= sum(step) else step
         moment = "backward" if (w, g, o, a, buf) == backward else "optimizer step"
         overhead = hw.runtime_overhead_bytes + (FRAGMENTATION_FRAC * (w + g + o + a + buf) if hw.kind == "gpu" else 0.0)
@@ -598,7 +659,7 @@ def estimate(setup: Setup) -> Estimate:
         bw_exp = _group_bw(setup, t, expert_shard)
         gbytes_d, gbytes_e = dense_gpu * grad_e, expert_gpu * grad_e
         wbytes_d, wbytes_e = dense_gpu * 2.0, expert_gpu * 2.0
-        buckets = math.ceil((gbytes_d + gbytes_e) / DDP_BUCKET_BYTES)
+        buckets = _ddp_bucket_count(gbytes_d + gbytes_e)
         if p.zero == 0:
             in_bwd_window = (
                 _ring_all_reduce_s(gbytes_d, dense_shard, bw_dense)
@@ -627,7 +688,7 @@ def estimate(setup: Setup) -> Estimate:
                 in_step_window = mb * (passes * gather_s + reduce_s + (passes + 1) * units * lat)
                 dp_fixed_s = (gather_s + reduce_s) / units + 2 * lat
 
-    # Pipeline bubble: (p-1)/(v*m) of the ideal per-stage time [Narayanan].    # Pipeline bubble: (p-1)/(v*m) of the ideal per-stage time [Narayanan].
+    # Pipeline bubble: (p-1)/(v*m) of the ideal per-stage time [Narayanan].
     bubble_s = (pp - 1) / (v * mb) * step_work_s if pp > 1 else 0.0
 
     # Optimizer step: memory-bound, ~28 bytes per parameter for AdamW (read grad, master, m, v; write

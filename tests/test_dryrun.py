@@ -227,25 +227,41 @@ def test_zero0_replicates_the_state_and_holds_a_second_parameter_copy():
     assert dry.peak_bytes == single.peak_bytes + 4 * TINY_N
 
 
-def test_distributed_state_agrees_with_the_estimator_and_the_peak_is_reported_beside_it():
-    for zero in (3, 2, 0):
-        setup = dp_setup(8, zero, framework="pytorch")  # the estimator's eager autocast step
-        dry, est = dry_run_distributed(setup, isolate=False), estimate(setup).memory
-        # The estimator counts ZeRO-2's weights whole; FSDP2 keeps the shard between steps and gathers
-        # the whole from forward to each block's backward (unsharded_params).
-        assert est.weights_bytes == (sharded_bytes(8) if zero == 3 else 4 * TINY_N)
-        assert dry.params_bytes == (sharded_bytes(8) if zero else 4 * TINY_N)
-        assert dry.grads_bytes == est.grads_bytes
-        assert dry.optimizer_bytes == est.optimizer_bytes + 4 * TINY_TENSORS
-        est_tensor = est.total_bytes - est.overhead_bytes
-        # Not asserted. Measured: ZeRO-3 1.052 (the estimator's buffers are two gathered blocks; the step
-        # holds the root's gathered embedding), ZeRO-2 0.591 and ZeRO-0 0.710 (the estimator's two 25 MB
-        # DDP buckets exceed the tiny model's 20 MB of gradients). Llama-3.1-8B, seq 4096, bf16, 8 ranks:
-        # ZeRO-3 1.055, ZeRO-2 1.047, ZeRO-0 1.025.
-        print(
-            f"\ntiny, 8 ranks, ZeRO-{zero}: dry run {dry.peak_bytes / 2**20:.2f} MiB, estimator "
-            f"{est_tensor / 2**20:.2f} MiB, ratio {dry.peak_bytes / est_tensor:.3f}"
-        )
+def test_distributed_state_and_peak_agree_with_the_estimator():
+    for precision in ("fp32", "bf16"):
+        for zero in (3, 2, 0):
+            setup = dp_setup(8, zero, framework="pytorch", precision=precision)  # the estimator's eager step
+            dry, est = dry_run_distributed(setup, isolate=False), estimate(setup).memory
+            # FSDP2 keeps only the shard of every parameter between uses, for ZeRO-2 too (8 divides every
+            # dim 0: no padding); DDP the whole. Backward begins after zero_grad(set_to_none=True): no
+            # gradients in either, and the estimator's moment is the dry run's peak.
+            assert est.weights_bytes == dry.params_bytes == (4 * TINY_N / 8 if zero else 4 * TINY_N)
+            assert est.moment == "backward" and dry.peak_phase == "backward"
+            assert est.grads_bytes == dry.at_peak_bytes["grads"] == 0
+            assert dry.optimizer_bytes == est.optimizer_bytes + 4 * TINY_TENSORS
+            # The estimator's buffers: the loss's fp32 buffers (8 x b x s x vocab = 16 MiB) plus DDP's
+            # buckets (a second copy of all gradients, 4 x TINY_N), or FSDP2's gathered weights (ZeRO-2: all
+            # of them; ZeRO-3: the root and the block prefetched for backward), 2 bytes each under bf16's
+            # MixedPrecisionPolicy.
+            gather = 2 if precision == "bf16" else 4
+            gathered = {0: 4 * TINY_N, 2: gather * TINY_N, 3: gather * (TINY_ROOT_PARAMS + TINY_BLOCK_PARAMS)}
+            assert est.buffers_bytes == 8 * 2 * 128 * 8192 + gathered[zero]
+            if zero:
+                in_dry = dry.at_peak_bytes["unsharded_params"] + dry.at_peak_bytes["all_gather"]
+            else:
+                in_dry = dry.at_peak_bytes["unsharded_params"]  # replicate()'s copy stands for DDP's buckets
+            assert in_dry == gathered[zero]
+            # Measured (est / dry run): fp32 0.996, 0.996, 0.998 and bf16 0.991, 0.992, 0.997 for ZeRO-3, 2
+            # and 0, the rest being small activations the estimator leaves out (RoPE casts, norm statistics).
+            # Llama-3.1-8B, seq 4096, bf16, ZeRO-3: 0.870 at 8 and 0.836 at 64 ranks on the H100 spec, 0.997 at
+            # both with the CPU's composite RMSNorm terms (12 h bytes per layer and token) that the dry run's
+            # CPU tensors have and the estimator leaves out on GPUs.
+            est_tensor = est.total_bytes - est.overhead_bytes
+            print(
+                f"\ntiny, 8 ranks, {precision}, ZeRO-{zero}: dry run {dry.peak_bytes / 2**20:.2f} MiB, estimator "
+                f"{est_tensor / 2**20:.2f} MiB, ratio {est_tensor / dry.peak_bytes:.3f}"
+            )
+            assert est_tensor == pytest.approx(dry.peak_bytes, rel=0.01)
 
 
 @pytest.mark.skipif(
@@ -305,7 +321,7 @@ def test_distributed_text_and_json_forms():
     dry = dry_run_distributed(dp_setup(8, 3, precision="bf16", recompute="full"), isolate=False)
     text = format_dry_run(dry)
     assert "Per rank of 8 data-parallel ranks (FSDP2, ZeRO-3)" in text and "unsharded_params" in text
-    assert "fairscale#650" in text  # autocast's 16-bit copies of gathered weights are not sharded
+    assert "MixedPrecisionPolicy" in text  # bf16 gathers: autocast makes no unsharded 16-bit weight copies
     d = dry.as_dict()
     assert (d["world_size"], d["zero"], d["params_bytes"]) == (8, 3, sharded_bytes(8))
     assert sum(d["at_peak_bytes"].values()) == d["peak_bytes"]
