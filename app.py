@@ -584,8 +584,18 @@ MAX_UPLOAD = "500mb"
 _TABLE_COLUMNS = ["name", "category", "time ms", "count", "share %"]
 
 
+_COLLECTIVE_COLUMNS = ["rank", "kind", "calls", "time_ms", "exposed_ms"]
+
+
 def _no_analysis():
-    return None, None, None, pd.DataFrame(columns=_TABLE_COLUMNS), pd.DataFrame()
+    return (
+        None,
+        None,
+        None,
+        pd.DataFrame(columns=_TABLE_COLUMNS),
+        pd.DataFrame(),
+        pd.DataFrame(columns=_COLLECTIVE_COLUMNS),
+    )
 
 
 class _Cancelled(AdvisorError):
@@ -599,7 +609,7 @@ def analyze_view(
     cancel: threading.Event | None = None,
 ):
     """Analyze tab: (summary, temporal figure, category figure, step-timeline figure, top table,
-    details table) of an uploaded trace, or else of a stored run's trace. ``on_stage(done, total,
+    details table, collectives table) of an uploaded trace, or else of a stored run's trace. ``on_stage(done, total,
     message)`` hears of each stage; a set ``cancel`` stops before the next one."""
 
     def stage(done: int, message: str) -> None:
@@ -657,6 +667,7 @@ def analyze_view(
         _timeline(table),
         top.round(3),
         details.round(3),
+        t["collectives"][_COLLECTIVE_COLUMNS].round(3),
     )
 
 
@@ -669,7 +680,7 @@ def analyze_job(upload: str | None, run_id: str | None, request: gr.Request | No
             lambda on_stage: analyze_view(upload, run_id, on_stage, cancel),
             lambda done, total, message: (
                 f"### Analyzing: {message} ({done} of {total} stages done)",
-                *(gr.skip() for _ in range(5)),
+                *(gr.skip() for _ in range(6)),
             ),
             cancel,
         )
@@ -712,7 +723,13 @@ def build_analyze_tab() -> gr.Dropdown:
             details = gr.Dataframe(
                 pd.DataFrame(), label="Idle time by stream (GPU) / step phases (CPU)", interactive=False
             )
-    outputs = [summary, temporal, categories, timeline, top, details]
+            collectives = gr.Dataframe(
+                pd.DataFrame(columns=_COLLECTIVE_COLUMNS),
+                label="Collectives per rank: time, and exposed time with no compute beside it",
+                interactive=False,
+                elem_id="analyze-collectives",
+            )
+    outputs = [summary, temporal, categories, timeline, top, details, collectives]
     button.click(analyze_job, [upload, runs], outputs, api_name="analyze")
     upload.upload(analyze_job, [upload, runs], outputs, api_visibility="undocumented")
     cancel.click(cancel_analysis, None, summary, queue=False, api_visibility="undocumented")

@@ -150,7 +150,7 @@ def test_advise_on_the_size_setup_that_does_not_fit(served):
 
 @pytest.mark.skipif(not KINETO_RANK0.is_file(), reason=f"real traces live in {TRACES} (absent here)")
 def test_analyze_an_uploaded_real_trace(served):
-    summary, temporal, categories, timeline, top, idle = served.client.predict(
+    summary, temporal, categories, timeline, top, idle, collectives = served.client.predict(
         gradio_client.handle_file(str(KINETO_RANK0)), None, api_name="/analyze"
     )
     # HTA's reference for this rank (../shared/traces/README.md): idle 53.56, compute 17.71,
@@ -161,6 +161,11 @@ def test_analyze_an_uploaded_real_trace(served):
     first = _rows(top)[0]
     assert first["name"].startswith("ncclKernel_SendRecv") and first["category"] == "communication"
     assert {r["idle_category"] for r in _rows(idle)} <= {"host_wait", "kernel_wait", "other"}
+    # The NCCL kernels of the one complete step kept (HTA drops the last, cut-off one): 2 all-reduces,
+    # 1 all-gather, 2 all-to-alls, half of the two steps' counts in tests/test_collectives.py.
+    calls = {r["kind"]: r["calls"] for r in _rows(collectives)}
+    assert calls == {"all_reduce": 2, "all_gather": 1, "all_to_all": 2}
+    assert all(0 <= r["exposed_ms"] <= r["time_ms"] for r in _rows(collectives))
 
 
 def test_profile_runs_a_tiny_cpu_step_into_the_store(served, profiled):

@@ -161,7 +161,7 @@ TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 @pytest.mark.skipif(not TRACES.is_dir(), reason="real traces live in ../shared/traces (absent here)")
 def test_analyze_tab_on_an_uploaded_real_trace():
-    summary, temporal, categories, timeline, top, details = app.analyze_view(
+    summary, temporal, categories, timeline, top, details, collectives = app.analyze_view(
         str(TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite"), None
     )
     assert "2 rank(s), cuda" in summary
@@ -170,14 +170,17 @@ def test_analyze_tab_on_an_uploaded_real_trace():
     assert "attention" in set(categories.data[0].y)
     assert top.iloc[0]["name"].startswith("void flash::flash_fwd_kernel") and top.iloc[0]["category"] == "attention"
     assert set(details["idle_category"]) == {"host_wait", "kernel_wait", "other"}
+    # nsys keeps no c10d ops to name its 33 NCCL kernels per GPU by: they count as "other" collectives.
+    assert collectives.set_index("rank")["calls"].to_dict() == {0: 33, 1: 33}
     # nsys captures have no ProfilerStep ranges: the timeline spans the whole capture of rank 0.
     assert timeline.layout.title.text == "whole trace (no ProfilerStep): 299.9 ms"
 
 
 def test_analyze_tab_on_a_stored_cpu_run_and_on_bad_input(tmp_path):
-    summary, temporal, categories, timeline, top, details = app.analyze_view(None, SAMPLE_RUNS[0])
+    summary, temporal, categories, timeline, top, details, collectives = app.analyze_view(None, SAMPLE_RUNS[0])
     assert "1 rank(s), cpu" in summary and temporal is None and categories is None
     assert top.iloc[0]["name"] == "aten::mm" and "forward" in set(details["phase"])
+    assert collectives.empty  # one process: nothing to communicate
     # The run's last step, ProfilerStep#5, lasted 66.839 ms in its trace; its phases have a lane.
     assert timeline.layout.title.text == "ProfilerStep#5: 66.8 ms"
     assert [t.name for t in timeline.data if set(t.y) == {"phase"}] == ["data", "forward", "backward", "optimizer"]
