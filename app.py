@@ -1034,18 +1034,44 @@ def wire_apply(advice: dict, size: dict, profile: dict, plan: dict) -> None:
 _PLAN_COLUMNS = ["rank", "layout", "tokens/s", "step ms", "MFU %", "memory GiB", "memory %"]
 
 
-def plan_view(model: str, gpu: str, gpus: float, seq: float, global_batch: float, precisions: list, offload: bool):
+@functools.lru_cache(maxsize=16)
+def _measured_link(store_root: str, hardware_name: str, newest_run: str):
+    """The newest distributed run's measured collective bandwidth on this device (advisor.commbw), read
+    once per store state (``newest_run`` changes when a run is added)."""
+    from advisor.commbw import link_for
+    from advisor.presets import get_hardware
+
+    return link_for(RunStore(store_root), get_hardware(hardware_name))
+
+
+def plan_view(
+    model: str,
+    gpu: str,
+    gpus: float,
+    seq: float,
+    global_batch: float,
+    precisions: list,
+    offload: bool,
+    measured_comm: bool = True,
+):
     """Plan tab: (summary, ranked layouts, explanation, memory vs tokens/s figure of every layout that
-    fits) for a model on N devices."""
+    fits) for a model on N devices; with ``measured_comm``, collectives run at the bandwidth measured by
+    this device's newest distributed run, where the store has one."""
     from advisor.planner import PlanRequest, layout_label, plan
 
     empty = pd.DataFrame(columns=_PLAN_COLUMNS)
     try:
         from advisor.presets import get_hardware, get_model
 
+        link = None
+        if measured_comm:
+            store = _store()
+            runs, _ = store.list_runs()
+            link = _measured_link(str(store.root), gpu, runs[0].run_id if runs else "")
         req = PlanRequest(
             model=get_model(model),
             hardware=get_hardware(gpu),
+            measured_link=link,
             gpus=_as_int(gpus),
             seq_len=_as_int(seq),
             global_batch=_as_int(global_batch),
@@ -1096,6 +1122,9 @@ def build_plan_tab() -> dict:
                 )
             precisions = gr.CheckboxGroup(list(PRECISIONS), value=[d["precision"]], label="Precisions to try")
             offload = gr.Checkbox(value=True, label="Try CPU offload")
+            measured = gr.Checkbox(
+                value=True, label="Communication at the bandwidth a stored distributed run measured on this device"
+            )
             button = gr.Button("Plan", variant="primary", elem_id="plan-run")
         with gr.Column(scale=2):
             summary = gr.Markdown("Pick a model, a device and a GPU count, then press Plan.", elem_id="plan-summary")
@@ -1104,7 +1133,7 @@ def build_plan_tab() -> dict:
             explain = gr.Markdown()
     button.click(
         plan_view,
-        [model, gpu, gpus, seq, global_batch, precisions, offload],
+        [model, gpu, gpus, seq, global_batch, precisions, offload, measured],
         [summary, table, explain, scatter],
         api_name="plan",
     )

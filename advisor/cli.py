@@ -253,15 +253,29 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     model = load_hf_config(args.hf_config) if args.hf_config else get_model(args.model)
     precisions = tuple(p.strip() for item in args.precision or ["bf16"] for p in item.split(",") if p.strip())
+    hardware = get_hardware(args.gpu)
+    link = None
+    if args.measured_comm == "auto":
+        from advisor.commbw import link_for
+
+        store = RunStore(args.traces)
+        link = link_for(store, hardware)
+        found = (
+            f"run {link.run_id}, {link.bus_bytes_per_s / 1e9:.2f} GB/s bus bandwidth"
+            if link
+            else f"no distributed run of {hardware.name} in {store.root}; using the datasheet link"
+        )
+        print(f"measured communication: {found}", file=sys.stderr)
     request = PlanRequest(
         model=model,
-        hardware=get_hardware(args.gpu),
+        hardware=hardware,
         gpus=args.gpus,
         seq_len=args.seq,
         global_batch=args.global_batch,
         precisions=precisions,
         allow_offload=not args.no_offload,
         top=args.top,
+        measured_link=link,
     )
     result = plan(request)
     print(json.dumps(result.as_dict(), indent=2) if args.json else format_plan(result))
@@ -288,6 +302,14 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     )
     plan.add_argument("--no-offload", action="store_true", help="do not try CPU offload")
     plan.add_argument("--top", type=int, default=10, help="layouts to list (default: %(default)s)")
+    plan.add_argument(
+        "--measured-comm",
+        choices=("auto", "off"),
+        default="auto",
+        help="auto: communication at the bus bandwidth of the newest distributed run of this device in --traces, "
+        "when there is one; off: the datasheet link (default: %(default)s)",
+    )
+    plan.add_argument("--traces", default=None, help="run store directory (default: traces/)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     plan.set_defaults(func=_cmd_plan)
 

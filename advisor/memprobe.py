@@ -52,6 +52,19 @@ def live_state_tensors(trainer: Trainer) -> list[torch.Tensor | None]:
     return [t.to_local() if isinstance(t, DTensor) else t for t in out]
 
 
+def ddp_bucket_bytes(model: torch.nn.Module) -> int:
+    """Bytes of DDP's gradient buckets (its Reducer keeps one flat buffer per bucket for the run's
+    life, outside the parameters and their gradients); 0 for a model not under DDP. The sizes come
+    from DDP's own logging data (``_get_ddp_logging_data``, private: 0 where a torch version lacks it)."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return 0
+    try:
+        sizes = str(model._get_ddp_logging_data().get("bucket_sizes", ""))
+    except (AttributeError, RuntimeError):
+        return 0
+    return sum(int(x) for x in sizes.split(",") if x.strip().isdigit())
+
+
 def peak_from_memory_events(events: Iterable, device_type: str) -> tuple[int, int]:
     """(peak, final) of the running sum of allocation events on one device type, in bytes."""
     wanted = {"cpu": torch.autograd.DeviceType.CPU, "cuda": torch.autograd.DeviceType.CUDA}[device_type]

@@ -15,7 +15,8 @@ The grid walked (every combination counts as *considered*):
 
 Sequence parallelism is always on when tp > 1 (Megatron-LM's advice: it removes the activations TP
 leaves replicated). Other step settings are the TrainSpec defaults (AdamW, fused, flash attention,
-Megatron-style step). The rules of thumb above (TP inside a node, powers of two, SP on) are checked
+Megatron-style step). Communication runs at the datasheet links, or, when the request carries a
+measurement, at the bus bandwidth a distributed run of the device reached (advisor.commbw). The rules of thumb above (TP inside a node, powers of two, SP on) are checked
 in tests/test_planner.py against a search without them: on the spaces tested, none loses the optimum.
 
 Most of the grid is never estimated. Combinations the Setup would reject are counted as *invalid*
@@ -45,11 +46,12 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
+from advisor.commbw import MeasuredLink, describe_link, same_device, with_measured_link
 from advisor.errors import AdvisorError, SpecError
 from advisor.estimator import Estimate, estimate
 from advisor.report import TIME_LABELS
@@ -104,12 +106,22 @@ class PlanRequest:
     """Also try CPU offload of the optimizer (and of the parameters under ZeRO-3)."""
     top: int = 10
     """Results to return, best first."""
+    measured_link: MeasuredLink | None = None
+    """Bus bandwidth measured on a distributed run of this device (advisor.commbw.link_for); None: the
+    datasheet link. Collectives inside a node then run at it (advisor.commbw.with_measured_link)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelSpec):
             raise AdvisorError(f"model={self.model!r}: must be a ModelSpec (advisor.presets.get_model)")
         if not isinstance(self.hardware, HardwareSpec):
             raise AdvisorError(f"hardware={self.hardware!r}: must be a HardwareSpec (advisor.presets.get_hardware)")
+        link = self.measured_link
+        if link is not None and not isinstance(link, MeasuredLink):
+            raise AdvisorError(f"measured_link={link!r}: must be a MeasuredLink (advisor.commbw.link_for) or None")
+        if link is not None and not same_device(link, self.hardware):
+            raise SpecError(
+                "measured_link", link.run_id, f"was measured on {link.device_key}, not on {self.hardware.name}"
+            )
         for name in ("gpus", "seq_len", "global_batch", "top"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -247,6 +259,8 @@ class PlanResult:
             f"with less memory, or faster with less recompute or offload. {self.estimated:,} estimates.",
             "",
         ]
+        if r.measured_link is not None:
+            lines += [describe_link(r.measured_link, r.hardware), ""]
         if not self.top:
             lines.append("**Nothing fits.** " + _closest_text(r, self.closest))
             return "\n".join(lines) + "\n"
@@ -290,6 +304,7 @@ class PlanResult:
                 "precisions": list(r.precisions),
                 "allow_offload": r.allow_offload,
                 "top": r.top,
+                "measured_link": None if r.measured_link is None else asdict(r.measured_link),
             },
             "considered": self.considered,
             "invalid": self.invalid,
@@ -356,6 +371,8 @@ def format_plan(result: PlanResult) -> str:
         f"{result.estimated:,} estimated",
         "",
     ]
+    if r.measured_link is not None:
+        lines += [describe_link(r.measured_link, r.hardware), ""]
     if not result.top:
         lines.append("Nothing fits. " + _closest_text(r, result.closest))
         return "\n".join(lines)
@@ -483,6 +500,8 @@ class _Search:
         self.fits: list[Estimate] = []  # every estimate counted in ``fitting``, for the scatter
         self.best_speeds: list[float] = []  # min-heap: tokens/s of the best listed layouts so far
         self.tokens_per_step = req.global_batch * req.seq_len
+        link = req.measured_link
+        self.hardware = req.hardware if link is None else with_measured_link(req.hardware, link)
 
     def setup(self, lay: _Layout, zero: int, offload: str, recompute: str, b: int) -> Setup:
         # The specs are shared between layouts that differ elsewhere (validated once each).
@@ -494,7 +513,7 @@ class _Search:
         par = self.parallels.get(pkey)
         if par is None:
             par = self.parallels[pkey] = layout_parallel(lay, zero, offload)
-        return Setup(self.req.model, train, par, self.req.hardware)
+        return Setup(self.req.model, train, par, self.hardware)
 
     def run(self, lay: _Layout, zero: int, offload: str, recompute: str, b: int) -> Estimate:
         key = (zero, offload, recompute, b)

@@ -29,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from advisor.errors import AdvisorError
 from advisor.estimator import estimate
-from advisor.memprobe import live_state_tensors, peak_from_memory_events, unique_storage_bytes
+from advisor.memprobe import ddp_bucket_bytes, live_state_tensors, peak_from_memory_events, unique_storage_bytes
 from advisor.metrics import StepMetrics
 from advisor.model import model_flops_per_token
 from advisor.nvml import NvmlSampler
@@ -324,6 +324,7 @@ def _profile_steps(trainer, batches, options: RunOptions, device: torch.device, 
                     torch.cuda.reset_peak_memory_stats()
                     torch.cuda.profiler.start()
                 baseline_bytes = unique_storage_bytes(live_state_tensors(trainer), device.type)
+                baseline_bytes += ddp_bucket_bytes(trainer.model)  # allocated before the profiler saw them
                 if options.inject:
                     _inject(options.inject)
             t0 = time.perf_counter()

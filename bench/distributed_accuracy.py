@@ -97,7 +97,10 @@ def analytic_comm(setup: Setup) -> dict:
     2019; every block and the root are units): per micro-batch an all-gather of the parameters in
     forward, again in backward under ZeRO-3, and a reduce-scatter of the gradients. TP (Shoeybi et al.
     2019) per block: 2 all-reduces forward and 2 backward of b x s x h activations; with SP each is an
-    all-gather plus a reduce-scatter of the same volume (Korthikanti et al. 2022). PP: per micro-batch
+    all-gather plus a reduce-scatter of the same volume (Korthikanti et al. 2022), and this layout adds
+    two all-gathers per micro-batch at the edges of the sequence-parallel region, whose ends stay
+    replicated (advisor.parallel.apply_tp): the final norm's output gathered for the head in forward,
+    the first block's input gradient gathered for the embedding in backward. PP: per micro-batch
     the activation (b x s x h) sent forward and its gradient sent back over each stage boundary, so a
     rank of a 2-stage pipeline sends m and receives m. Element size: 4 bytes (fp32 weights, gradients
     and activations in these runs).
@@ -112,7 +115,9 @@ def analytic_comm(setup: Setup) -> dict:
         return {"send": (mb, mb * act), "recv": (mb, mb * act)}
     if p.tp > 1:
         n = 4 * m.n_layers * mb
-        return {"all_gather": (n, n * act), "reduce_scatter": (n, n * act)}
+        if not p.sequence_parallel:
+            return {"all_reduce": (n, n * act)}
+        return {"all_gather": (n + 2 * mb, (n + 2 * mb) * act), "reduce_scatter": (n, n * act)}
     if p.zero == 0:
         return {"all_reduce": (None, params)}
     passes = 2 if p.zero == 3 else 1
@@ -138,22 +143,16 @@ def run_layout(model: str | ModelSpec, layout: str, store: RunStore) -> Result:
 
 
 def memory_rows(setup: Setup, metrics: dict) -> list[dict]:
-    """Per rank: measured peak, estimate, dry run (None for tp/pp) and, under DDP, the measured peak plus
-    the reducer's bucket buffers, which the CPU measurement cannot see (see the analysis)."""
+    """Per rank: measured peak (DDP's bucket buffers included: advisor.memprobe.ddp_bucket_bytes),
+    estimate, and dry run (None for tp/pp)."""
     est = estimate(setup)
     p = setup.parallel
     dry = dry_run_distributed(setup).peak_bytes if p.tp == 1 and p.pp == 1 else None
-    # DDP's flat buckets hold every gradient (gradient_as_bucket_view=False): 4 bytes per fp32 parameter,
-    # as DistributedDataParallel._get_ddp_logging_data()["bucket_sizes"] reports for tiny (19,997,696).
-    buckets = 4 * setup.model.n_params if p.dp > 1 and p.zero == 0 else None
     rows = []
     for rank, measured in enumerate(metrics["rank_peak_memory_bytes"]):
         stage = rank // (p.dp * p.tp)
         mem = est.memory_first_stage if stage == 0 else est.memory_last_stage if p.pp > 1 else est.memory
-        with_buckets = measured + buckets if buckets else None
-        rows.append(
-            {"rank": rank, "measured": measured, "estimate": mem.total_bytes, "dry": dry, "with_buckets": with_buckets}
-        )
+        rows.append({"rank": rank, "measured": measured, "estimate": mem.total_bytes, "dry": dry})
     return rows
 
 
@@ -206,20 +205,15 @@ def _err(predicted: float | None, measured: float) -> str:
 def memory_table(results: list[Result]) -> list[str]:
     out = [
         "| model | layout | rank | measured peak (MiB) | estimate (MiB) | estimate error (%) | dry run (MiB) "
-        "| dry run error (%) | DDP: measured + buckets (MiB) | dry run / estimate error vs that (%) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| dry run error (%) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         for row in r.memory:
             dry = "n/a (tp/pp)" if row["dry"] is None else f"{row['dry'] / MiB:.2f}"
-            ddp, ddp_err = "-", "-"
-            if row["with_buckets"]:
-                ddp = f"{row['with_buckets'] / MiB:.2f}"
-                ddp_err = f"{_err(row['dry'], row['with_buckets'])} / {_err(row['estimate'], row['with_buckets'])}"
             out.append(
                 f"| {r.model} | {r.layout} | {row['rank']} | {row['measured'] / MiB:.2f} | {row['estimate'] / MiB:.2f} "
-                f"| {_err(row['estimate'], row['measured'])} | {dry} | {_err(row['dry'], row['measured'])} "
-                f"| {ddp} | {ddp_err} |"
+                f"| {_err(row['estimate'], row['measured'])} | {dry} | {_err(row['dry'], row['measured'])} |"
             )
     return out
 
@@ -273,14 +267,6 @@ def summary(results: list[Result]) -> list[str]:
     out.append(
         f"- dry run vs measured peak ({len(errs)} ranks of data-parallel layouts): max |error| {max(errs):.1f} %, "
         f"target <= {DRY_RUN_TARGET_PCT:g} %: " + ("meets" if not over else f"misses ({', '.join(over)})")
-    )
-    fixed = [
-        abs(100 * (row["dry"] - (row["with_buckets"] or row["measured"])) / (row["with_buckets"] or row["measured"]))
-        for _, row in dry
-    ]
-    out.append(
-        f"- the same with DDP's bucket buffers added to its measured peak: max |error| {max(fixed):.1f} %, target <= "
-        f"{DRY_RUN_TARGET_PCT:g} %: " + ("meets" if max(fixed) <= DRY_RUN_TARGET_PCT else "misses")
     )
     est = [abs(100 * (row["estimate"] - row["measured"]) / row["measured"]) for r in results for row in r.memory]
     out.append(f"- estimator vs measured peak (all {len(est)} ranks): max |error| {max(est):.1f} % (no target)")

@@ -99,3 +99,13 @@ def test_the_profile_tab_runs_a_layout_on_several_processes(tmp_path, monkeypatc
     assert "**2 processes: dp2 tp1 pp1, DDP.**" in summary and "`: ok" in summary
     bad = list(app.profile_view(**{**values, "tp": "4"}))[-1][0]
     assert bad.startswith("### Invalid setup") and "multiple of tp x pp x cp = 4" in bad
+
+
+def test_the_plan_tab_uses_the_measured_collective_bandwidth(fsdp_run, monkeypatch):
+    app = pytest.importorskip("app")
+    store, run = fsdp_run
+    monkeypatch.setattr(app, "_store", lambda: store)
+    _, table, explain, _ = app.plan_view("tiny", "cpu", 2, 64, 4, ["fp32"], False, True)
+    assert len(table) > 0 and f"measured on run {run.run_id}" in explain
+    _, _, plain, _ = app.plan_view("tiny", "cpu", 2, 64, 4, ["fp32"], False, False)
+    assert "measured on run" not in plain
