@@ -85,25 +85,7 @@ def main() -> int:
                 except AdvisorError as err:
                     rows.append({"config": label, "status": "refused", "message": str(err)})
                     continue
-                m = run.metrics() or {}
-                rows.append(
-                    {
-                        "config": label,
-                        "status": run.status,
-                        "message": run.record.get("message", ""),
-                        "run_id": run.run_id,
-                        "measured_peak_bytes": m.get("peak_memory_bytes"),
-                        "reserved_peak_bytes": m.get("reserved_memory_bytes"),
-                        "estimate_peak_bytes": est.memory.total_bytes,
-                        "estimate_allocated_bytes": est.memory.total_bytes - est.memory.overhead_bytes,
-                        "dry_run_peak_bytes": _dry_run_peak(local),
-                        "step_time_ms": m.get("step_time_ms"),
-                        "estimate_step_time_ms": est.step_time_ms,
-                        "tokens_per_s": m.get("tokens_per_s"),
-                        "mfu_frac": m.get("mfu_frac"),
-                        "device_name": m.get("device_name"),
-                    }
-                )
+                rows.append(_row(label, run, est, _dry_run_peak(local)))
     rows += distributed_rows(device, store, args, t_start)
     device_name = next((r["device_name"] for r in rows if r.get("device_name")), device)
     slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
@@ -112,6 +94,28 @@ def main() -> int:
     stem.with_suffix(".md").write_text(_markdown(rows, device_name, time.perf_counter() - t_start), encoding="utf-8")
     print(stem.with_suffix(".md").read_text(encoding="utf-8"))
     return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 1
+
+
+def _row(label: str, run, est, dry_run_peak: float | None) -> dict:
+    """One result row: the run's measurements beside the estimator's and the dry run's predictions."""
+    m = run.metrics() or {}
+    return {
+        "config": label,
+        "status": run.status,
+        "message": run.record.get("message", ""),
+        "run_id": run.run_id,
+        "measured_peak_bytes": m.get("peak_memory_bytes"),
+        "rank_peak_bytes": m.get("rank_peak_memory_bytes"),
+        "reserved_peak_bytes": m.get("reserved_memory_bytes"),
+        "estimate_peak_bytes": est.memory.total_bytes,
+        "estimate_allocated_bytes": est.memory.total_bytes - est.memory.overhead_bytes,
+        "dry_run_peak_bytes": dry_run_peak,
+        "step_time_ms": m.get("step_time_ms"),
+        "estimate_step_time_ms": est.step_time_ms,
+        "tokens_per_s": m.get("tokens_per_s"),
+        "mfu_frac": m.get("mfu_frac"),
+        "device_name": m.get("device_name"),
+    }
 
 
 def _processes(device: str, requested: int | None) -> tuple[int, str]:
@@ -153,27 +157,7 @@ def distributed_rows(device: str, store: RunStore, args, t_start: float) -> list
         except AdvisorError as err:
             rows.append({"config": label, "status": "refused", "message": str(err)})
             continue
-        m = run.metrics() or {}
-        dry = _dry_run_peak(local) if layout.get("tp", 1) == 1 else None
-        rows.append(
-            {
-                "config": label,
-                "status": run.status,
-                "message": run.record.get("message", ""),
-                "run_id": run.run_id,
-                "measured_peak_bytes": m.get("peak_memory_bytes"),
-                "rank_peak_bytes": m.get("rank_peak_memory_bytes"),
-                "reserved_peak_bytes": m.get("reserved_memory_bytes"),
-                "estimate_peak_bytes": est.memory.total_bytes,
-                "estimate_allocated_bytes": est.memory.total_bytes - est.memory.overhead_bytes,
-                "dry_run_peak_bytes": dry,
-                "step_time_ms": m.get("step_time_ms"),
-                "estimate_step_time_ms": est.step_time_ms,
-                "tokens_per_s": m.get("tokens_per_s"),
-                "mfu_frac": m.get("mfu_frac"),
-                "device_name": m.get("device_name"),
-            }
-        )
+        rows.append(_row(label, run, est, _dry_run_peak(local) if layout.get("tp", 1) == 1 else None))
     return rows
 
 
