@@ -1,0 +1,222 @@
+"""Measured machine ceilings: the matmul FLOP/s and copy bandwidth this device really reaches.
+
+The roofline (``advisor.roofline``) judges each op against two roofs. Datasheet peaks are an upper
+bound that plain PyTorch rarely meets (a CPU's fp32 GEMM reaches ~60-90 % of its FMA peak, an HBM
+copy ~85-90 % of the datasheet bandwidth), so a short benchmark gives roofs the ops can reach:
+
+* matmul: a square ``n x n`` by ``n x n`` product, ``2 n^3`` FLOPs, best of a few timed repeats after
+  a warm-up (the best run is the ceiling; the others measure noise from other processes);
+* copy: ``dst.copy_(src)`` of a >= 256 MiB buffer, far larger than any cache, counted as
+  ``2 x size`` bytes (one read, one write), best of a few repeats.
+
+On CUDA each timing is bracketed by CUDA events after a synchronise; on the CPU by
+``time.perf_counter``. Results are saved as plain JSON beside the runs and checked when loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from advisor.errors import AdvisorError
+
+_DTYPES = ("fp32", "bf16", "fp16")
+_KEYS = ("device_name", "matmul_flops_per_s", "copy_bytes_per_s", "measured_utc", "method")
+
+
+@dataclass(frozen=True, slots=True)
+class Ceilings:
+    """What one device reached in the benchmark; all rates are per device."""
+
+    device_name: str
+    matmul_flops_per_s: dict[str, float] = field(default_factory=dict)
+    """Best square-matmul FLOP/s per precision ('fp32', 'bf16', 'fp16'); a precision the device
+    lacks (or runs through a slow fallback that was not measured) is absent."""
+    copy_bytes_per_s: float = 0.0
+    """Best ``tensor.copy_`` rate of a large buffer, read plus write bytes per second."""
+    measured_utc: str = ""
+    """ISO 8601 time of the measurement."""
+    method: str = ""
+    """How the numbers were taken: sizes, repeats, timer."""
+
+    def __post_init__(self) -> None:
+        _check_ceilings(
+            {
+                "device_name": self.device_name,
+                "matmul_flops_per_s": self.matmul_flops_per_s,
+                "copy_bytes_per_s": self.copy_bytes_per_s,
+                "measured_utc": self.measured_utc,
+                "method": self.method,
+            },
+            "Ceilings",
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "device_name": self.device_name,
+            "matmul_flops_per_s": dict(self.matmul_flops_per_s),
+            "copy_bytes_per_s": self.copy_bytes_per_s,
+            "measured_utc": self.measured_utc,
+            "method": self.method,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the ceilings as JSON to ``path``; returns the path."""
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
+        return path
+
+
+def _finite_positive(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _check_ceilings(d: object, where: str) -> None:
+    if not isinstance(d, dict):
+        raise AdvisorError(f"{where}: expected a JSON object, got {type(d).__name__}")
+    missing = [k for k in _KEYS if k not in d]
+    if missing:
+        raise AdvisorError(f"{where}: missing keys {missing} (expected {list(_KEYS)})")
+    if not isinstance(d["device_name"], str) or not d["device_name"]:
+        raise AdvisorError(f"{where}: device_name={d['device_name']!r} must be a non-empty string")
+    mm = d["matmul_flops_per_s"]
+    if not isinstance(mm, dict) or not mm:
+        raise AdvisorError(f"{where}: matmul_flops_per_s={mm!r} must map at least one of {_DTYPES} to FLOP/s")
+    for k, v in mm.items():
+        if k not in _DTYPES:
+            raise AdvisorError(f"{where}: matmul_flops_per_s has precision {k!r}; allowed: {_DTYPES}")
+        if not _finite_positive(v):
+            raise AdvisorError(f"{where}: matmul_flops_per_s[{k!r}]={v!r} must be a finite number > 0")
+    if not _finite_positive(d["copy_bytes_per_s"]):
+        raise AdvisorError(f"{where}: copy_bytes_per_s={d['copy_bytes_per_s']!r} must be a finite number > 0")
+    for k in ("measured_utc", "method"):
+        if not isinstance(d[k], str):
+            raise AdvisorError(f"{where}: {k}={d[k]!r} must be a string")
+
+
+def load_ceilings(path: str | Path) -> Ceilings:
+    """Ceilings from a JSON file written by ``Ceilings.save``; raises AdvisorError naming the file
+    and the bad key when the file is unreadable, not JSON, lacks a key or holds a rate that is not a
+    finite number > 0."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise AdvisorError(f"ceilings file {path.name} cannot be read ({err})") from None
+    except json.JSONDecodeError as err:
+        raise AdvisorError(f"ceilings file {path.name} is not valid JSON ({err})") from None
+    _check_ceilings(d, f"ceilings file {path.name}")
+    return Ceilings(
+        device_name=d["device_name"],
+        matmul_flops_per_s={k: float(v) for k, v in d["matmul_flops_per_s"].items()},
+        copy_bytes_per_s=float(d["copy_bytes_per_s"]),
+        measured_utc=d["measured_utc"],
+        method=d["method"],
+    )
+
+
+def _best_seconds(fn, device, repeats: int, budget_s: float) -> float:
+    """Shortest of up to ``repeats`` timed calls of ``fn`` after one warm-up call; stops early once
+    ``budget_s`` of wall time is spent (at least one timed call always runs)."""
+    import torch
+
+    cuda = device.type == "cuda"
+    fn()
+    if cuda:
+        torch.cuda.synchronize(device)
+    best = math.inf
+    start = time.perf_counter()
+    for _ in range(repeats):
+        if cuda:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            end.synchronize()
+            best = min(best, begin.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        if time.perf_counter() - start > budget_s:
+            break
+    return best
+
+
+def measure_ceilings(
+    device: str = "cpu",
+    dtypes: tuple[str, ...] = ("fp32", "bf16"),
+    *,
+    matmul_n: int = 0,
+    copy_mib: int = 256,
+    repeats: int = 5,
+) -> Ceilings:
+    """Measure this device's matmul FLOP/s per precision and its large-copy bandwidth (bytes/s).
+
+    ``matmul_n`` 0 picks 2048 on CUDA (large enough to fill an H100's SMs) and 1024 on the CPU
+    (2.1 GFLOP a product: ~15 ms on two cores, so five repeats stay well under a second). bf16 is
+    measured where ``torch`` supports it (CUDA with compute capability >= 8, or a CPU with
+    AVX512-BF16/AMX; elsewhere PyTorch's CPU bf16 GEMM is a slow fallback that is not a ceiling and
+    is skipped). Takes about 2-5 s on two CPU cores.
+    """
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise AdvisorError("measure_ceilings(device='cuda'): CUDA is not available on this machine")
+    if dev.type not in ("cpu", "cuda"):
+        raise AdvisorError(f"measure_ceilings: device={device!r}; allowed: 'cpu', 'cuda'")
+    for d in dtypes:
+        if d not in _DTYPES:
+            raise AdvisorError(f"measure_ceilings: dtype {d!r}; allowed: {_DTYPES}")
+    n = matmul_n or (2048 if dev.type == "cuda" else 1024)
+    torch_dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    mm: dict[str, float] = {}
+    for d in dtypes:
+        if not _fast_matmul(dev, d):
+            continue
+        a = torch.randn(n, n, device=dev, dtype=torch_dtypes[d])
+        b = torch.randn(n, n, device=dev, dtype=torch_dtypes[d])
+        sec = _best_seconds(lambda a=a, b=b: torch.mm(a, b), dev, repeats, budget_s=2.0)
+        mm[d] = 2 * n**3 / sec
+    numel = copy_mib * 2**20 // 4
+    src = torch.ones(numel, device=dev, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    sec = _best_seconds(lambda: dst.copy_(src), dev, repeats, budget_s=2.0)
+    copy_rate = 2 * numel * 4 / sec
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+        timer = "CUDA events after a synchronise"
+    else:
+        name = f"CPU ({torch.get_num_threads()} threads)"
+        timer = "time.perf_counter"
+    return Ceilings(
+        device_name=name,
+        matmul_flops_per_s=mm,
+        copy_bytes_per_s=copy_rate,
+        measured_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        method=(
+            f"torch {torch.__version__}: matmul {n}x{n}x{n} (2n^3 FLOPs) and copy_ of {copy_mib} MiB fp32 "
+            f"(2 x size bytes), best of {repeats} after one warm-up, timed with {timer}"
+        ),
+    )
+
+
+def _fast_matmul(dev, precision: str) -> bool:
+    """Whether ``precision`` has a fast GEMM here; the slow fallbacks are not ceilings."""
+    import torch
+
+    if precision == "fp32":
+        return True
+    if dev.type == "cuda":
+        return torch.cuda.get_device_capability(dev)[0] >= (8 if precision == "bf16" else 7)
+    from advisor.presets import _cpu_flags
+
+    flags = _cpu_flags()
+    if precision == "bf16":
+        return bool({"avx512_bf16", "amx_bf16"} & flags)
+    return bool({"avx512_fp16", "amx_fp16"} & flags)
