@@ -254,6 +254,10 @@ def _run_distributed(setup: Setup, options: RunOptions, run_dir: Path, run_id: s
         gathered: list[Any] = [None] * info.world_size if info.rank == 0 else []
         dist.gather_object(mine, gathered if info.rank == 0 else None, dst=0)
         if info.rank != 0:
+            # Wait for rank 0 to file the run before tearing the group down: a rank that exits while
+            # gloo still has work in flight with a peer can abort ("terminate called without an
+            # active exception", seen once in CI on FSDP2).
+            dist.barrier()
             return None
         write_top_ops(measured.prof, run_dir / "top_ops.json", device.type)
         (run_dir / "nvml.json").write_text(
@@ -265,6 +269,7 @@ def _run_distributed(setup: Setup, options: RunOptions, run_dir: Path, run_id: s
         metrics = _metrics(setup, setup, options, gathered, sampler.summary(), sampler.device_name, run_id, device)
         metrics = with_trace_analysis(metrics, ranks_dir)
         metrics.save(run_dir / "metrics.json")
+        dist.barrier()
         return metrics
     finally:
         dist.destroy_process_group()

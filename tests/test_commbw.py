@@ -96,6 +96,7 @@ def test_calls_are_timed_by_their_last_rank_and_gloo_reduce_scatters_count_as_al
     assert m["bus_bytes_per_s"].iloc[0] == pytest.approx(4e6 / 3e-6)
 
 
+@pytest.mark.skipif(not NCCL_TRACE.is_dir(), reason="real traces live in ../shared/traces (absent here)")
 def test_nccl_all_reduces_of_a_real_a100_trace_match_their_kernels_args():
     # One rank of two (HTA's nccl_parser_config): every NCCL kernel records its message and group size.
     with gzip.open(NCCL_TRACE / "nccl_data.json.gz") as fh:
