@@ -421,27 +421,25 @@ def profile_view(
     except AdvisorError as err:
         yield (f"### Invalid setup\n{err}", *_no_run_outputs())
         return
-    cancel = JOBS.start("profile", request)
-    try:
-        yield ("### Starting the child process…", *_no_run_outputs())
-        result = yield from _in_background(
-            lambda on_progress: profile_run(setup, options, _store(), on_progress=on_progress, cancel=cancel),
-            lambda done, total, message: (
-                f"### Running: {message} ({100 * done // total} %)",
-                *(gr.skip() for _ in range(6)),
-            ),
-            cancel,
-        )
-    finally:
-        JOBS.finish("profile", request, cancel)
+    yield ("### Starting the child process…", *_no_run_outputs())
+    result = yield from _in_background(
+        "profile",
+        request,
+        lambda on_progress, cancel: profile_run(setup, options, _store(), on_progress=on_progress, cancel=cancel),
+        lambda done, total, message: (
+            f"### Running: {message} ({100 * done // total} %)",
+            *(gr.skip() for _ in range(6)),
+        ),
+    )
     if isinstance(result, str):
         yield (f"### Not run\n{result}", *_no_run_outputs())
         return
     yield run_view(result)
 
 
-def _in_background(job, progress_view, cancel: threading.Event):
-    """Run ``job(on_progress)`` in a thread, yielding ``progress_view(done, total, message)`` for each
+def _in_background(kind: str, request: gr.Request | None, job, progress_view):
+    """Run ``job(on_progress, cancel)`` in a thread as the caller's job of this ``kind`` (its Cancel
+    button sets ``cancel``: see Jobs), yielding ``progress_view(done, total, message)`` for each
     progress report; returns the job's result, or a message where it raised (an AdvisorError's own,
     or a short one for a crash, whose traceback goes to the log). The server never sees the raise.
     If the page goes away (Gradio stops the generator), the job is cancelled and waited for, so the
@@ -449,9 +447,11 @@ def _in_background(job, progress_view, cancel: threading.Event):
     updates: queue.Queue = queue.Queue()
     result: dict = {}
 
+    cancel = JOBS.start(kind, request)
+
     def work() -> None:
         try:
-            result["value"] = job(lambda *p: updates.put(p))
+            result["value"] = job(lambda *p: updates.put(p), cancel)
         except AdvisorError as err:
             result["value"] = str(err)
         except Exception:
@@ -469,13 +469,18 @@ def _in_background(job, progress_view, cancel: threading.Event):
         cancel.set()
         thread.join()
         raise
+    finally:
+        JOBS.finish(kind, request, cancel)
     return result["value"]
 
 
+def _cancel(kind: str, request: gr.Request | None, cancelling: str, nothing: str) -> str:
+    """What a Cancel button shows: ``cancelling`` when the caller has a job of this kind running."""
+    return cancelling if JOBS.cancel(kind, request) else nothing
+
+
 def cancel_profile(request: gr.Request | None = None) -> str:
-    if JOBS.cancel("profile", request):
-        return "### Cancelling…"
-    return "Nothing of yours is running here to cancel."
+    return _cancel("profile", request, "### Cancelling…", "Nothing of yours is running here to cancel.")
 
 
 def open_run(run_id: str | None):
@@ -674,25 +679,25 @@ def analyze_view(
 def analyze_job(upload: str | None, run_id: str | None, request: gr.Request | None = None):
     """The Analyze tab's action: analyze_view in the background, its stages shown as they pass, and
     cancellable (the stage in progress finishes, the next does not start)."""
-    cancel = JOBS.start("analyze", request)
-    try:
-        result = yield from _in_background(
-            lambda on_stage: analyze_view(upload, run_id, on_stage, cancel),
-            lambda done, total, message: (
-                f"### Analyzing: {message} ({done} of {total} stages done)",
-                *(gr.skip() for _ in range(6)),
-            ),
-            cancel,
-        )
-    finally:
-        JOBS.finish("analyze", request, cancel)
+    result = yield from _in_background(
+        "analyze",
+        request,
+        lambda on_stage, cancel: analyze_view(upload, run_id, on_stage, cancel),
+        lambda done, total, message: (
+            f"### Analyzing: {message} ({done} of {total} stages done)",
+            *(gr.skip() for _ in range(6)),
+        ),
+    )
     yield result if isinstance(result, tuple) else (f"### Cannot analyze this trace\n{result}", *_no_analysis())
 
 
 def cancel_analysis(request: gr.Request | None = None) -> str:
-    if JOBS.cancel("analyze", request):
-        return "### Cancelling after the stage in progress…"
-    return "No analysis of yours is running here to cancel."
+    return _cancel(
+        "analyze",
+        request,
+        "### Cancelling after the stage in progress…",
+        "No analysis of yours is running here to cancel.",
+    )
 
 
 def build_analyze_tab() -> gr.Dropdown:
@@ -1209,16 +1214,13 @@ def calibrate_view(sweep_runs: float, request: gr.Request | None = None):
     from advisor.calibrate import calibrate_machine, format_calibration
 
     n = _as_int(sweep_runs)
-    cancel = JOBS.start("calibrate", request)
-    try:
-        yield "### Starting the calibration…"
-        result = yield from _in_background(
-            lambda on_progress: calibrate_machine(_store(), n, on_progress=on_progress, cancel=cancel),
-            lambda done, total, message: f"### Calibrating: {done} of {total} runs done\n{message}",
-            cancel,
-        )
-    finally:
-        JOBS.finish("calibrate", request, cancel)
+    yield "### Starting the calibration…"
+    result = yield from _in_background(
+        "calibrate",
+        request,
+        lambda on_progress, cancel: calibrate_machine(_store(), n, on_progress=on_progress, cancel=cancel),
+        lambda done, total, message: f"### Calibrating: {done} of {total} runs done\n{message}",
+    )
     if isinstance(result, str):
         yield f"### Not calibrated\n{result}"
         return
@@ -1230,9 +1232,9 @@ def calibrate_view(sweep_runs: float, request: gr.Request | None = None):
 
 
 def cancel_calibration(request: gr.Request | None = None) -> str:
-    if JOBS.cancel("calibrate", request):
-        return "### Cancelling the run in flight…"
-    return "No calibration of yours is running here to cancel."
+    return _cancel(
+        "calibrate", request, "### Cancelling the run in flight…", "No calibration of yours is running here to cancel."
+    )
 
 
 def build_history_tab() -> dict:
