@@ -256,9 +256,9 @@ def advise_run(run_id: str, store: Any = None, *, calibration: Any = None) -> Ad
 
 def advise_trace(path: str | Path) -> Advice:
     """Advice for a trace file or folder (no spec: rules that need one are listed as not applicable)."""
-    from advisor.analyze import analyze, load_trace
+    from advisor.analyze import analyze_path
 
-    report = analyze(load_trace(path), run_id=Path(path).name)
+    report = analyze_path(path, Path(path).name)
     return advise(report.metrics, source=str(path))
 
 

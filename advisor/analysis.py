@@ -49,7 +49,9 @@ CATEGORY_PATTERNS = (
     # cuBLAS/cuBLASLt/CUTLASS/nvjet on NVIDIA; rocBLAS/hipBLASLt Tensile kernels (Cijk_...) on AMD.
     (
         "gemm",
-        _case_insensitive(r"gemm|cutlass|cublas|nvjet|xmma|wgmma|gemv|splitkreduce|matmul|^cijk_|rocblas|hipblaslt"),
+        _case_insensitive(
+            r"(?<!fb)gemm|cutlass|cublas|nvjet|xmma|wgmma|gemv|splitkreduce|matmul|^cijk_|rocblas|hipblaslt"
+        ),
     ),
     ("convolution", _case_insensitive(r"conv|implicit_convolve|winograd|cudnn::.*(?:fprop|dgrad|wgrad)")),
     ("normalization", _case_insensitive(r"norm(?!al)|bn_fw|bn_bw|batch_norm")),

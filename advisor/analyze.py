@@ -10,15 +10,18 @@ from __future__ import annotations
 import math
 import tempfile
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 
 from advisor import analysis as A
+from advisor.ceilings import Ceilings
 from advisor.collectives import collective_table
-from advisor.errors import TraceError
+from advisor.errors import AdvisorError, TraceError
 from advisor.metrics import StepMetrics
+from advisor.roofline import VERDICTS, Roofline, step_roofline_summary, trace_roofline
+from advisor.specs import HardwareSpec
 from advisor.trace_kineto import DEFAULT_MAX_BYTES, load_kineto
 from advisor.trace_nsys import load_nsys_sqlite
 from advisor.trace_table import GPU_KINDS, kind_mask
@@ -94,10 +97,14 @@ class TraceReport:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
-def analyze(df: pd.DataFrame, run_id: str = "trace", *, trim_last_step: bool = True) -> TraceReport:
+def analyze(
+    df: pd.DataFrame, run_id: str = "trace", *, trim_last_step: bool = True, roofline: Roofline | None = None
+) -> TraceReport:
     """All analyses of an event table. Kineto traces are cut to their complete profiler steps (the
     last ``ProfilerStep`` is dropped, as HTA does, unless ``trim_last_step`` is off: our own runs stop
-    the profiler after their last step, so nothing is cut); nsys captures are used whole."""
+    the profiler after their last step, so nothing is cut); nsys captures are used whole. With a
+    ``roofline`` (``advisor.roofline.trace_roofline`` of the same trace) its table joins the tables
+    and its step summary the metrics."""
     if trim_last_step and df.attrs.get("source") == "kineto" and not df.attrs.get("own_run"):
         df = A.drop_last_profiler_step(df)
     categories, top = A.kernel_breakdown(df)
@@ -123,7 +130,57 @@ def analyze(df: pd.DataFrame, run_id: str = "trace", *, trim_last_step: bool = T
         "gemm_precision": A.gemm_precision(df),
         "collectives": collective_table(df),
     }
-    return TraceReport(_summary(df, tables, run_id, host_self_ns=int(host_ops["time_ns"].sum())), tables)
+    metrics = _summary(df, tables, run_id, host_self_ns=int(host_ops["time_ns"].sum()))
+    if roofline is not None:
+        tables["roofline"] = roofline.table
+        metrics = replace(metrics, **_roofline_fields(roofline, metrics))
+    return TraceReport(metrics, tables)
+
+
+def _roofline_fields(roofline: Roofline, m: StepMetrics) -> dict:
+    idle = m.gpu_idle_pct / 100 if m.gpu_idle_pct is not None else None
+    host = m.idle_host_wait_pct / 100 if m.idle_host_wait_pct is not None else None
+    s = step_roofline_summary(roofline.table, gpu_idle_frac=idle, host_wait_frac=host)
+    per_step = s["headroom_per_step_ms"]
+    return {
+        "roofline_bound": s["verdict"],
+        "roofline_compute_frac": s["compute_frac"],
+        "roofline_memory_frac": s["memory_frac"],
+        "roofline_latency_frac": s["latency_frac"],
+        "roofline_communication_frac": s["communication_frac"],
+        "roofline_headroom_ms": None if math.isnan(per_step) else per_step,
+        "roofline_modelled_frac": None if math.isnan(s["modelled_frac"]) else s["modelled_frac"],
+        "roofline_gemm_frac": s["gemm_frac"],
+        "roofline_gemm_roof_frac": None if math.isnan(s["gemm_roof_frac"]) else s["gemm_roof_frac"],
+        "roofline_fusable_frac": s["fusable_frac"],
+        "roofline_roofs": roofline.roofs_note,
+    }
+
+
+def analyze_path(
+    path: str | Path,
+    run_id: str | None = None,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    hardware: HardwareSpec | None = None,
+    ceilings: Ceilings | str | None = None,
+    trim_last_step: bool = True,
+) -> TraceReport:
+    """``analyze`` of the trace at ``path`` with its roofline (see ``trace_roofline`` for
+    ``hardware`` and ``ceilings``; a run directory of ours uses its device's stored ceilings unless
+    told otherwise). A trace whose roofline cannot be made is still analyzed: the reason is printed and
+    the roofline left out."""
+    path = Path(path)
+    df = load_trace(path, max_bytes=max_bytes)
+    own = bool(df.attrs.get("own_run"))
+    try:
+        roofline = trace_roofline(
+            path, df, hardware=hardware, ceilings=ceilings if ceilings is not None or not own else "auto"
+        )
+    except AdvisorError as err:
+        print(f"roofline skipped: {err}", flush=True)
+        roofline = None
+    return analyze(df, run_id or path.name, trim_last_step=trim_last_step, roofline=roofline)
 
 
 def _mean(frame: pd.DataFrame, col: str) -> float | None:
@@ -269,4 +326,43 @@ def format_report(report: TraceReport, name: str) -> str:
     out.append("Top " + ("kernels" if m.device_type == "cuda" else "ops") + ":")
     for op in m.top_ops[:8]:
         out.append(f"  {op['time_ms']:10.3f} ms {op['share_pct']:5.1f} %  {op['name'][:100]}")
+    if "roofline" in report.tables:
+        out.extend(format_roofline(report))
     return "\n".join(out)
+
+
+def format_roofline(report: TraceReport, top: int = 8) -> list[str]:
+    """The roofline part of the CLI summary: the verdict, the shares, and the rows with the most
+    time above their roof."""
+    m, table = report.metrics, report.tables["roofline"]
+    if m.roofline_bound is None:
+        return ["Roofline: nothing to judge"]
+    gpu = m.device_type == "cuda"
+    of = "of the GPU span" if gpu else "of modelled op time"
+    shares = ", ".join(
+        f"{b} {100 * getattr(m, f'roofline_{b}_frac'):.1f} %"
+        for b in ("compute", "memory", "latency", "communication")
+        if getattr(m, f"roofline_{b}_frac")
+    )
+    out = [f"Roofline verdict: {VERDICTS[m.roofline_bound]} ({shares} {of})", f"  roofs: {m.roofline_roofs}"]
+    if m.roofline_modelled_frac is not None:
+        what = "kernel time" if gpu else "op time"
+        out.append(
+            f"  {100 * m.roofline_modelled_frac:.1f} % of {what} has FLOPs/bytes from shapes"
+            + ("; the rest is judged by kernel class and length" if gpu else "")
+        )
+    if m.roofline_headroom_ms is not None:
+        out.append(f"  time above the roofline: {m.roofline_headroom_ms:.2f} ms per step (upper bound)")
+    known = table[table["headroom_frac"].notna() & (table["flops"] > 0)]
+    known = known.assign(above_ms=known["time_ms"] * known["headroom_frac"]).nlargest(top, "above_ms")
+    if len(known):
+        out.append("  most time above the roof (ms over trace, bound, achieved, intensity FLOP/B, op shapes):")
+        for r in known.itertuples():
+            rate = (
+                f"{r.achieved_flops_per_s / 1e12:.2f} TFLOP/s" if gpu else f"{r.achieved_flops_per_s / 1e9:.1f} GFLOP/s"
+            )
+            out.append(
+                f"  {r.above_ms:9.3f} of {r.time_ms:9.3f} ms  {r.bound:8s} {rate:>15s} {r.intensity_flops_per_byte:8.1f}"
+                f"  {r.op} {r.input_dims[:60]}"
+            )
+    return out

@@ -10,13 +10,16 @@ copy ~85-90 % of the datasheet bandwidth), so a short benchmark gives roofs the 
   ``2 x size`` bytes (one read, one write), best of a few repeats.
 
 On CUDA each timing is bracketed by CUDA events after a synchronise; on the CPU by
-``time.perf_counter``. Results are saved as plain JSON beside the runs and checked when loaded.
+``time.perf_counter``. Results are saved as plain JSON in the run store (``traces/ceilings/<device>.json``,
+one file per device name) and checked when loaded. Like ``advisor.profiling`` this module measures on
+the device, so it touches CUDA; the CLI runs it in its own short-lived process, never in the app's.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -24,6 +27,8 @@ from pathlib import Path
 
 from advisor.errors import AdvisorError
 
+CEILINGS_DIR = "ceilings"
+"""The run store's folder of measured ceilings (a reserved name: ``advisor.runstore.RESERVED_DIRS``)."""
 _DTYPES = ("fp32", "bf16", "fp16")
 _KEYS = ("device_name", "matmul_flops_per_s", "copy_bytes_per_s", "measured_utc", "method")
 
@@ -188,12 +193,13 @@ def measure_ceilings(
     dst = torch.empty_like(src)
     sec = _best_seconds(lambda: dst.copy_(src), dev, repeats, budget_s=2.0)
     copy_rate = 2 * numel * 4 / sec
+    from advisor.presets import local_hardware
+
+    name = local_hardware(dev.type).name  # the name runs on this device record, so lookups match
     if dev.type == "cuda":
-        name = torch.cuda.get_device_name(dev)
-        timer = "CUDA events after a synchronise"
+        timer = f"CUDA events after a synchronise on {torch.cuda.get_device_name(dev)}"
     else:
-        name = f"CPU ({torch.get_num_threads()} threads)"
-        timer = "time.perf_counter"
+        timer = f"time.perf_counter, {torch.get_num_threads()} threads"
     return Ceilings(
         device_name=name,
         matmul_flops_per_s=mm,
@@ -214,9 +220,40 @@ def _fast_matmul(dev, precision: str) -> bool:
         return True
     if dev.type == "cuda":
         return torch.cuda.get_device_capability(dev)[0] >= (8 if precision == "bf16" else 7)
-    from advisor.presets import _cpu_flags
+    from advisor.presets import cpu_flags
 
-    flags = _cpu_flags()
+    flags = cpu_flags()
     if precision == "bf16":
         return bool({"avx512_bf16", "amx_bf16"} & flags)
     return bool({"avx512_fp16", "amx_fp16"} & flags)
+
+
+def ceilings_path(device_name: str, root: str | Path | None = None) -> Path:
+    """Where the ceilings of the device called ``device_name`` are stored in the run store at
+    ``root`` (default: ``advisor.runstore.default_root()``)."""
+    from advisor.runstore import default_root
+
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "device"
+    return Path(root or default_root()) / CEILINGS_DIR / f"{slug}.json"
+
+
+def store_ceilings(c: Ceilings, root: str | Path | None = None) -> Path:
+    """Save ``c`` as the stored ceilings of its device (replacing older ones atomically)."""
+    from advisor.runstore import write_json_atomic
+
+    path = ceilings_path(c.device_name, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, c.to_dict())
+    return path
+
+
+def stored_ceilings(device_name: str, root: str | Path | None = None) -> Ceilings | None:
+    """The stored ceilings of ``device_name``, None when none were measured; AdvisorError (naming the
+    file and what is wrong) when the stored file is damaged or belongs to another device."""
+    path = ceilings_path(device_name, root)
+    if not path.is_file():
+        return None
+    c = load_ceilings(path)
+    if c.device_name != device_name:
+        raise AdvisorError(f"ceilings file {path.name} is for {c.device_name!r}, not {device_name!r}")
+    return c

@@ -162,10 +162,22 @@ def _cmd_dryrun(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from advisor.analyze import analyze, format_report, load_trace
+    from advisor.analyze import analyze_path, format_report
+    from advisor.ceilings import load_ceilings
+    from advisor.presets import get_hardware
 
     path = Path(args.path)
-    report = analyze(load_trace(path, max_bytes=int(args.max_mb * 2**20)), run_id=path.name)
+    hardware = get_hardware(args.gpu) if args.gpu else None
+    ceilings = None if args.ceilings is None else "auto" if args.ceilings == "auto" else load_ceilings(args.ceilings)
+    report = analyze_path(path, path.name, max_bytes=int(args.max_mb * 2**20), hardware=hardware, ceilings=ceilings)
+    roofs = report.metrics.roofline_roofs or ""
+    if args.ceilings == "auto" and "roofs measured" not in roofs:
+        device = roofs.split(":")[0].split(",")[0]
+        print(
+            f"note: no ceilings measured for {device} are stored; datasheet roofs used "
+            "(python -m advisor ceilings measures this machine's)",
+            file=sys.stderr,
+        )
     if args.save:
         target = path / "analysis.json" if path.is_dir() else path.with_name(path.name + ".metrics.json")
         report.metrics.save(target)
@@ -175,6 +187,51 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(format_report(report, path.name))
+    return 0
+
+
+def _cmd_ceilings(args: argparse.Namespace) -> int:
+    from advisor.ceilings import measure_ceilings, store_ceilings, stored_ceilings
+    from advisor.presets import local_hardware
+    from advisor.runstore import default_root
+
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    hw = local_hardware(device)
+    root = Path(args.traces) if args.traces else default_root()
+    if args.show:
+        c = stored_ceilings(hw.name, root)
+        if c is None:
+            raise AdvisorError(f"no ceilings stored for {hw.name} in {root}; run `python -m advisor ceilings`")
+        path = None
+    else:
+        dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+        for name, value, lo in (
+            ("--matmul-n", args.matmul_n, 0),
+            ("--copy-mib", args.copy_mib, 1),
+            ("--repeats", args.repeats, 1),
+        ):
+            if value < lo:
+                raise AdvisorError(f"{name}={value}: must be >= {lo}")
+        c = measure_ceilings(device, dtypes, matmul_n=args.matmul_n, copy_mib=args.copy_mib, repeats=args.repeats)
+        path = store_ceilings(c, root)
+    if args.json:
+        print(json.dumps({**c.to_dict(), "path": str(path) if path else None}, indent=2))
+        return 0
+    print(f"{c.device_name} ({c.measured_utc}): {c.method}")
+    for p, rate in c.matmul_flops_per_s.items():
+        peak = hw.peak_flops(p)
+        ratio = f" = {100 * rate / peak:.0f} % of the datasheet's {peak / 1e12:.3g} TFLOP/s" if peak else ""
+        print(f"  matmul {p}: {rate / 1e12:.3f} TFLOP/s{ratio}")
+    bw = hw.mem_bw_bytes_per_s
+    print(
+        f"  copy: {c.copy_bytes_per_s / 1e9:.1f} GB/s = {100 * c.copy_bytes_per_s / bw:.0f} % of the datasheet's {bw / 1e9:.0f} GB/s"
+    )
+    if path:
+        print(f"stored in {path}; `analyze --ceilings` and this device's own runs use them")
     return 0
 
 
@@ -449,7 +506,34 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--json", action="store_true", help="StepMetrics and every table as JSON")
     an.add_argument("--save", action="store_true", help="write the StepMetrics beside the trace")
     an.add_argument("--max-mb", type=float, default=8192, help="refuse traces larger than this (MiB, decompressed)")
+    an.add_argument(
+        "--gpu",
+        default=None,
+        help=f"judge the roofline against this device's datasheet: {', '.join(HARDWARE)} "
+        "(default: the device the trace names, or its kernel names give away)",
+    )
+    an.add_argument(
+        "--ceilings",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="FILE",
+        help="roofs measured by `ceilings` instead of the datasheet: a ceilings JSON file, or none to use the ones "
+        "stored for the trace's device (our own runs use them by default)",
+    )
     an.set_defaults(func=_cmd_analyze)
+    ce = sub.add_parser(
+        "ceilings", help="measure this machine's matmul FLOP/s and copy bandwidth (the roofline's measured roofs)"
+    )
+    ce.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: cuda when present")
+    ce.add_argument("--dtypes", default="fp32,bf16,fp16", help="matmul precisions (default: %(default)s)")
+    ce.add_argument("--matmul-n", type=int, default=0, help="square matmul size (default: 2048 on CUDA, 1024 on CPU)")
+    ce.add_argument("--copy-mib", type=int, default=256, help="copy buffer size in MiB (default: %(default)s)")
+    ce.add_argument("--repeats", type=int, default=5, help="timed repeats, best kept (default: %(default)s)")
+    ce.add_argument("--show", action="store_true", help="print the stored ceilings of this device, measure nothing")
+    ce.add_argument("--traces", default=None, help="run store directory (default: traces/)")
+    ce.add_argument("--json", action="store_true")
+    ce.set_defaults(func=_cmd_ceilings)
     runs = sub.add_parser("runs", help="list the runs in the run store, newest first")
     runs.add_argument("--traces", default=None)
     runs.add_argument("--model", help="only runs of this model (exact name, e.g. tiny)")

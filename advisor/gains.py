@@ -238,6 +238,47 @@ def host_idle(target: str, g: GainInput) -> Gain | None:
     return _share_gain(target, g, share, f"{share:.1f} % of the GPU span idles waiting for kernel launches")
 
 
+def _roofline_share(g: GainInput, frac_name: str) -> float | None:
+    """A roofline share as % of the step: GPU shares are of the span already; CPU shares are of the
+    modelled op time, which is ``roofline_modelled_frac`` of the op time that fills the step."""
+    frac = g.ctx.get(frac_name)
+    if frac is None:
+        return None
+    cpu = g.metrics is not None and g.metrics.device_type == "cpu"
+    return 100.0 * frac * ((g.ctx.get("roofline_modelled_frac") or 1.0) if cpu else 1.0)
+
+
+@register("roofline_latency")
+def roofline_latency(target: str, g: GainInput) -> Gain | None:
+    """Latency-bound time removed: ops or kernels too short to reach either roof (and, on a GPU, its
+    idle wait for the host to launch them) replaced by fewer, larger ones. An upper bound."""
+    share = _roofline_share(g, "roofline_latency_frac")
+    if share is None:
+        return None
+    return _share_gain(target, g, share, f"{share:.1f} % of the step is latency-bound (short ops, launch waits)")
+
+
+FUSION_SPEEDUP = 2.0
+"""Memory-bound elementwise chains fused: the chain reads its inputs and writes its output once, not
+once per op; chains in a transformer block (bias + activation, residual + norm, the optimizer's
+update) are two to five ops long, so 2x on their time is the conservative end."""
+
+
+@register("fusion")
+def fusion(target: str, g: GainInput) -> Gain | None:
+    """Memory-bound elementwise, reduction and normalisation time at FUSION_SPEEDUP."""
+    share = _roofline_share(g, "roofline_fusable_frac")
+    if share is None:
+        return None
+    cut = share * (1 - 1 / FUSION_SPEEDUP)
+    return _share_gain(
+        target,
+        g,
+        cut,
+        f"memory-bound elementwise/norm ops ({share:.1f} % of the step) {FUSION_SPEEDUP:g}x faster fused",
+    )
+
+
 # GEMM speed-ups taken for the trace rules, deliberately below the datasheet ratios because real GEMMs
 # reach a smaller share of the tensor-core peak than of the FP32 peak: FP32 SIMT -> 16-bit tensor
 # cores at 4x (datasheets: 8x on V100, 16x on A100), TF32 -> bf16 at 1.6x (datasheet 2x).

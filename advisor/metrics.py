@@ -132,6 +132,31 @@ class StepMetrics:
     stragglers: list = field(default_factory=list)
     top_ops: list = field(default_factory=list)
     """The ops or kernels with the most time: [{name, time_ms, share_pct}]."""
+    # --- the roofline (advisor.roofline.step_roofline_summary) ---
+    roofline_bound: str | None = None
+    """Where most of the step's time is bound: 'compute', 'memory', 'latency' (too short to reach
+    either roof, or the GPU waiting for the host to launch work) or 'communication'."""
+    roofline_compute_frac: float | None = None
+    """Share of the step bound by the compute roof: of modelled op time (CPU) or of the GPU span."""
+    roofline_memory_frac: float | None = None
+    roofline_latency_frac: float | None = None
+    roofline_communication_frac: float | None = None
+    roofline_headroom_ms: float | None = None
+    """Time per step above the roofline, summed over ops/kernels with known work: what reaching every
+    roof would save (an upper bound; overlapped kernels count in full)."""
+    roofline_modelled_frac: float | None = None
+    """Share of op time (CPU) or kernel time (GPU) whose FLOPs or bytes are known; the rest is judged
+    by kernel class and length."""
+    roofline_gemm_frac: float | None = None
+    """Share of the step in GEMMs that are not latency-bound (same base as roofline_compute_frac)."""
+    roofline_gemm_roof_frac: float | None = None
+    """How close those GEMMs come to their roof: roof time / measured time, weighted by time (1: on the
+    roof; None where no GEMM has shapes)."""
+    roofline_fusable_frac: float | None = None
+    """Share of the step in memory-bound elementwise, reduction and normalisation ops: the time
+    kernel fusion (torch.compile) cuts."""
+    roofline_roofs: str | None = None
+    """The device and roofs the verdicts used (datasheet or measured ceilings)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

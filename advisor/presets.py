@@ -7,7 +7,8 @@ Device numbers come from vendor datasheets (dense FLOP/s, no sparsity), cited be
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from advisor.errors import SpecError
@@ -316,6 +317,37 @@ def a100_40gb() -> HardwareSpec:
     return _a100("A100 SXM 40GB", 40960 * MiB, 1.555e12)
 
 
+def v100() -> HardwareSpec:
+    """NVIDIA Tesla V100 SXM2 32 GB (Volta, 2017).
+
+    Datasheet (images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf,
+    SXM2): FP32 15.7, FP16 tensor cores 125 TFLOP/s; no TF32, BF16 or FP8 math (bf16 is refused, as
+    on the real card where PyTorch emulates it); HBM2 900 GB/s; NVLink 2 300 GB/s total (150 per
+    direction); PCIe Gen3 x16 16 GB/s per direction. DGX-1: 8 GPUs, 4x 100 Gb/s InfiniBand for 8 GPUs
+    (~6 GB/s per GPU), 512 GB host memory, 2x Xeon E5-2698 v4 (4 channels DDR4-2400: 2 x 77 GB/s).
+    """
+    return HardwareSpec(
+        name="V100 SXM2 32GB",
+        memory_bytes=32510 * MiB,
+        peak_fp32_flops=15.7 * TFLOPS,
+        peak_tf32_flops=0.0,
+        peak_bf16_flops=0.0,
+        peak_fp16_flops=125 * TFLOPS,
+        peak_fp8_flops=0.0,
+        mem_bw_bytes_per_s=900 * GB,
+        gpus_per_node=8,
+        intra_node_bw_bytes_per_s=150 * GB,
+        inter_node_bw_bytes_per_s=6.25 * GB,
+        host_link="pcie3",
+        host_link_bw_bytes_per_s=16 * GB,
+        host_memory_bytes=512 * GB,
+        host_mem_bw_bytes_per_s=154 * GB,
+        # fp16 GEMMs on V100 reach ~80-90 of 125 TFLOP/s (cuBLAS; NVIDIA's Megatron-LM V100 reports).
+        matmul_efficiency_frac=0.70,
+        runtime_overhead_bytes=_GPU_RUNTIME_OVERHEAD_BYTES,
+    )
+
+
 def l40s() -> HardwareSpec:
     """NVIDIA L40S 48 GB (PCIe card, no NVLink).
 
@@ -344,7 +376,7 @@ def l40s() -> HardwareSpec:
     )
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
     """The CPU feature flags of /proc/cpuinfo (empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
@@ -377,7 +409,7 @@ def cpu_host() -> HardwareSpec:
     except (ValueError, OSError, AttributeError):
         memory = 16 * GiB
     peak = 96e9 * cores
-    flags = _cpu_flags()
+    flags = cpu_flags()
     bf16 = 16 if "amx_bf16" in flags else 3.5 if "avx512_bf16" in flags else 1
     fp16 = 16 if "amx_fp16" in flags else 2 if "avx512_fp16" in flags else 1 / 50
     return HardwareSpec(
@@ -406,6 +438,7 @@ HARDWARE: dict[str, Callable[[], HardwareSpec]] = {
     "a100-80gb": a100_80gb,
     "a100-40gb": a100_40gb,
     "l40s": l40s,
+    "v100": v100,
     "cpu": cpu_host,
 }
 
@@ -430,7 +463,49 @@ _GPU_NAME_PRESETS = (
     ("A100-PCIE-40GB", "a100-40gb"),
     ("A100", "a100-80gb"),
     ("L40S", "l40s"),
+    ("V100", "v100"),
 )
+# Kernel names that give a GPU generation away when a trace names no device: (pattern, preset).
+_KERNEL_ARCH_PRESETS = (
+    (re.compile(r"sm90|wgmma|nvjet|hopper", re.IGNORECASE), "h100"),
+    (re.compile(r"sm80|ampere_|cutlass_80", re.IGNORECASE), "a100-80gb"),
+    (re.compile(r"sm70|volta_", re.IGNORECASE), "v100"),
+)
+
+
+def hardware_for_gpu_name(name: str, memory_bytes: int = 0) -> HardwareSpec | None:
+    """The preset matching a GPU name as the driver reports it ('NVIDIA A100-PG509-200'), with the
+    driver's memory where given; an A100 with under 50 GB is the 40 GB part (HBM2, 1.555 TB/s).
+    None for a GPU with no preset."""
+    for key, preset in _GPU_NAME_PRESETS:
+        if key in name:
+            if preset == "a100-80gb" and 0 < memory_bytes < 50 * GiB:
+                preset = "a100-40gb"
+            hw = HARDWARE[preset]()
+            return replace(hw, memory_bytes=int(memory_bytes)) if memory_bytes > 0 else hw
+    return None
+
+
+def hardware_for_trace(
+    gpus: Sequence[tuple[str, int]], kernel_names: Iterable[str] = ()
+) -> tuple[HardwareSpec | None, str]:
+    """The device a GPU trace ran on, and how it was found: by the device (name, memory bytes or 0)
+    the trace records, else by the GPU generation its kernel names give away (cuBLAS/CUTLASS name their target:
+    ``ampere_sgemm``, ``cutlass_80_tensorop``, ``volta_sgemm``, ``sm90_xmma``). (None, reason) when
+    neither tells."""
+    for name, memory in gpus:
+        hw = hardware_for_gpu_name(name, memory)
+        if hw is not None:
+            return hw, f"{hw.name}: the trace's device is {name}"
+    if gpus:
+        return None, f"no preset for {gpus[0][0]}; pass the GPU to use its datasheet roofs"
+    kernel_names = list(kernel_names)
+    for pattern, preset in _KERNEL_ARCH_PRESETS:
+        hit = next((k for k in kernel_names if pattern.search(k)), None)
+        if hit is not None:
+            hw = HARDWARE[preset]()
+            return hw, f"{hw.name}, guessed from kernel names ({hit[:40]}...): the trace names no device"
+    return None, "the trace names no device and its kernel names give no GPU generation away"
 
 
 def local_hardware(device_type: str) -> HardwareSpec:
@@ -441,9 +516,9 @@ def local_hardware(device_type: str) -> HardwareSpec:
     import torch
 
     props = torch.cuda.get_device_properties(0)
-    for key, preset in _GPU_NAME_PRESETS:
-        if key in props.name:
-            return replace(HARDWARE[preset](), memory_bytes=int(props.total_memory))
+    hw = hardware_for_gpu_name(props.name, int(props.total_memory))
+    if hw is not None:
+        return hw
     return replace(
         h100_sxm(), name=f"{props.name} (peaks unknown: H100 datasheet used)", memory_bytes=int(props.total_memory)
     )

@@ -33,7 +33,7 @@ from advisor.memprobe import ddp_bucket_bytes, live_state_tensors, peak_from_mem
 from advisor.metrics import StepMetrics
 from advisor.model import model_flops_per_token
 from advisor.nvml import NvmlSampler
-from advisor.specs import Setup
+from advisor.specs import HardwareSpec, Setup
 from advisor.step import build_trainer, make_loader, resolve_device
 
 INJECTIONS = ("oom", "crash", "hang", "error")
@@ -220,7 +220,7 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
     )
     ranks = [_rank_result(trainer, measured, options)]
     metrics = _metrics(full, setup, options, ranks, sampler.summary(), sampler.device_name, run_id, device)
-    metrics = with_trace_analysis(metrics, run_dir / "trace.json.gz")
+    metrics = with_trace_analysis(metrics, run_dir / "trace.json.gz", setup.hardware)
     metrics.save(run_dir / "metrics.json")
     return metrics
 
@@ -267,7 +267,7 @@ def _run_distributed(setup: Setup, options: RunOptions, run_dir: Path, run_id: s
             encoding="utf-8",
         )
         metrics = _metrics(setup, setup, options, gathered, sampler.summary(), sampler.device_name, run_id, device)
-        metrics = with_trace_analysis(metrics, ranks_dir)
+        metrics = with_trace_analysis(metrics, ranks_dir, setup.hardware)
         metrics.save(run_dir / "metrics.json")
         dist.barrier()
         return metrics
@@ -384,15 +384,46 @@ _ANALYSIS_FIELDS = (
     "step_skew_pct",
     "stragglers",
     "top_ops",
+    "roofline_bound",
+    "roofline_compute_frac",
+    "roofline_memory_frac",
+    "roofline_latency_frac",
+    "roofline_communication_frac",
+    "roofline_headroom_ms",
+    "roofline_modelled_frac",
+    "roofline_gemm_frac",
+    "roofline_gemm_roof_frac",
+    "roofline_fusable_frac",
+    "roofline_roofs",
 )
 
 
-def with_trace_analysis(metrics: StepMetrics, trace: Path) -> StepMetrics:
-    """The metrics with the analysis of the run's own trace filled in (unchanged if it cannot be read)."""
+def with_trace_analysis(metrics: StepMetrics, trace: Path, hardware: HardwareSpec | None = None) -> StepMetrics:
+    """The metrics with the analysis of the run's own trace filled in (unchanged if it cannot be read),
+    its roofline judged against ``hardware`` (the device the step ran on) with the ceilings measured
+    on it when there are (a single process: the ceilings are measured with the whole device)."""
     from advisor.analyze import analyze, load_trace
+    from advisor.roofline import trace_roofline
 
     try:
-        found = analyze(load_trace(trace), run_id=metrics.run_id, trim_last_step=False).metrics
+        table = load_trace(trace)
+    except AdvisorError as err:
+        print(f"trace analysis skipped: {err}", flush=True)
+        return metrics
+    try:
+        roofline = trace_roofline(
+            trace,
+            table,
+            hardware=hardware,
+            ceilings="auto" if (metrics.world_size or 1) == 1 else None,
+            optimizer_params=(metrics.params_bytes or 0) // 4,
+            store_root=trace.parent.parent.parent,  # <store>/.staging/<run id>/{trace.json.gz, ranks}
+        )
+    except AdvisorError as err:
+        print(f"roofline skipped: {err}", flush=True)
+        roofline = None
+    try:
+        found = analyze(table, run_id=metrics.run_id, trim_last_step=False, roofline=roofline).metrics
     except AdvisorError as err:
         print(f"trace analysis skipped: {err}", flush=True)
         return metrics

@@ -126,9 +126,25 @@ def format_run(record: dict, metrics: dict | None, path) -> str:
             )
         else:
             out.append(f"  {nv.get('nvml_reason', 'NVML unavailable')}")
+        if m.get("roofline_bound"):
+            out.append("  " + roofline_line(m))
     if ((metrics or {}).get("world_size") or 1) > 1:
         out.append("  traces: ranks/rank-<r>.trace.json.gz, one per rank (open in https://ui.perfetto.dev)")
     else:
         out.append("  trace: trace.json.gz (open in https://ui.perfetto.dev)")
     out.append(f"  with Nsight Systems: {record.get('nsys_command', '')}")
     return "\n".join(out)
+
+
+def roofline_line(m: dict) -> str:
+    """One line on the roofline verdict of a run's metrics (StepMetrics as a dict)."""
+    shares = ", ".join(
+        f"{b} {100 * (m.get(f'roofline_{b}_frac') or 0):.0f} %"
+        for b in ("compute", "memory", "latency", "communication")
+        if m.get(f"roofline_{b}_frac")
+    )
+    bound = {"latency": "latency/launch"}.get(m["roofline_bound"], m["roofline_bound"])
+    line = f"roofline: {bound}-bound ({shares})"
+    if m.get("roofline_headroom_ms") is not None:
+        line += f"; {m['roofline_headroom_ms']:.1f} ms per step above the roofs"
+    return line + f" [{m.get('roofline_roofs') or 'datasheet roofs'}]"

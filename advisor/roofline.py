@@ -17,17 +17,32 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
+import zipfile
+import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pandas as pd
 
+from advisor.analysis import gemm_math, kernel_category
 from advisor.ceilings import Ceilings
 from advisor.errors import TraceError
 from advisor.specs import HardwareSpec
+from advisor.trace_kineto import trace_files
+from advisor.trace_table import GPU_KINDS, kind_mask
 
-BOUNDS = ("compute", "memory", "latency")
+BOUNDS = ("compute", "memory", "latency", "communication")
+"""Verdicts: against the compute roof, the memory roof, too short to reach either, or a collective
+(bound by the network, judged in ``advisor.collectives``)."""
+FUSABLE = ("elementwise", "reduction", "normalization")
+"""Op classes a compiler fuses into one kernel when they are memory-bound: each fused chain reads its
+inputs and writes its output once instead of once per op."""
+_GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+_RANK0 = re.compile(r"rank[-_]?0+(?!\d)", re.IGNORECASE)
 
 _ELEMENT_BYTES = {
     "float": 4,
@@ -133,57 +148,161 @@ _FUSED_OPT = {
 }
 
 
-def read_op_shapes(path: str | Path, max_bytes: int = 2 * 2**30) -> pd.DataFrame:
-    """One row per framework op (``cpu_op``) of a Kineto trace (``.json`` or ``.json.gz``) with the
-    shapes the profiler recorded (``record_shapes=True``).
+@dataclass(frozen=True)
+class TraceWork:
+    """What the roofline needs from one Kineto trace file: its framework ops with their shapes, its
+    GPU work (kernels, copies, sets) linked to the op that launched it, and the devices it names."""
 
-    Columns: name, tid, start_us, dur_us, input_dims (list per argument; [] for scalars), input_types,
-    concrete_inputs (the literal scalar arguments as strings), flops (the profiler's own count where the
-    trace carries one, else NaN). ``df.attrs['profiler_steps']`` counts the ProfilerStep#N ranges.
-    Raises TraceError on a file that is not a readable Kineto trace.
-    """
-    path = Path(path)
+    ops: pd.DataFrame
+    """One row per ``cpu_op``: name, tid, start_us, dur_us, input_dims (list per argument; [] for
+    scalars), input_types, concrete_inputs (literal scalar arguments as strings), flops (the profiler's
+    own count where the trace carries one, else NaN)."""
+    kernels: pd.DataFrame
+    """One row per GPU event: name, kind ('kernel', 'memcpy', 'memset'), start_us, dur_us, bytes
+    (copies and sets), launch_op (index into ``ops`` of the innermost op around the runtime call that
+    launched it, -1 if none)."""
+    gpus: list = field(default_factory=list)
+    """(name, memory bytes) of each device in the trace's deviceProperties."""
+    profiler_steps: int = 0
+    file: str = ""
+
+
+def _trace_bytes(path: Path, max_bytes: int) -> tuple[bytes, str]:
+    """The decompressed JSON of one trace file: a .json/.json.gz file, the first rank file of a folder
+    (or of one of our run directories), or the first .json/.json.gz member of a zip."""
+    if path.is_dir():
+        if (path / "run.json").is_file():
+            path = path / "ranks" if (path / "ranks").is_dir() else path / "trace.json.gz"
+        if path.is_dir():
+            files = trace_files(path)
+            path = next((f for f in files if _RANK0.search(f.name)), files[0])
+    if not path.is_file():
+        raise TraceError(f"no trace file {path.name}")
     try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                members = sorted(m.filename for m in z.infolist() if m.filename.endswith((".json", ".json.gz")))
+                if not members:
+                    raise TraceError(f"{path.name} holds no .json or .json.gz files")
+                first = next((m for m in members if _RANK0.search(m)), members[0])
+                with z.open(first) as f:
+                    raw = (gzip.GzipFile(fileobj=f) if first.endswith(".gz") else f).read(max_bytes + 1)
+                return _capped(raw, first, max_bytes), Path(first).name
         with gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb") as f:
             raw = f.read(max_bytes + 1)
-    except (OSError, EOFError) as err:
+    except (OSError, EOFError, zlib.error, zipfile.BadZipFile) as err:
         raise TraceError(f"{path.name} cannot be read ({type(err).__name__}: {err})") from None
+    return _capped(raw, path.name, max_bytes), path.name
+
+
+def _capped(raw: bytes, name: str, max_bytes: int) -> bytes:
     if len(raw) > max_bytes:
-        raise TraceError(f"{path.name} is over the {max_bytes / 2**20:.0f} MiB limit decompressed")
+        raise TraceError(
+            f"{name} is over the {max_bytes / 2**20:.0f} MiB limit decompressed for the roofline's full parse"
+        )
+    return raw
+
+
+def read_trace_work(path: str | Path, max_bytes: int = 2 * 2**30) -> TraceWork:
+    """The ops, GPU events and devices of a Kineto trace (see ``TraceWork``). A folder, run directory
+    or zip of rank files gives its rank-0 file (or its first). A kernel is linked to its op through
+    its correlation id: the runtime call with the same id (cudaLaunchKernel...) runs inside the op on
+    the op's thread, so the innermost op that spans that call launched it. Raises TraceError on a file
+    that is not a readable Kineto trace."""
+    raw, name = _trace_bytes(Path(path), max_bytes)
     try:
-        trace = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TraceError(f"{path.name} is not valid JSON ({err})") from None
+        trace = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise TraceError(f"{name} is not valid JSON ({err})") from None
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
-        raise TraceError(f"{path.name} is JSON without a traceEvents array: not a Kineto trace")
-    rows = []
+        raise TraceError(f"{name} is JSON without a traceEvents array: not a Kineto trace")
+    ops, gpu = [], []
+    runtime: dict[int, tuple[int, float, float]] = {}
     steps = 0
     for e in events:
-        if not isinstance(e, dict):
+        if not isinstance(e, dict) or e.get("ph") != "X":
             continue
-        if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#"):
-            steps += 1
-        if e.get("cat") != "cpu_op" or e.get("ph") != "X":
-            continue
+        cat = e.get("cat")
         a = e.get("args") or {}
-        rows.append(
-            (
-                e.get("name", ""),
-                int(e.get("tid", 0)) if isinstance(e.get("tid"), int) else hash(e.get("tid")),
-                float(e["ts"]),
-                float(e.get("dur", 0.0)),
-                a.get("Input Dims", []),
-                a.get("Input type", []),
-                a.get("Concrete Inputs", []),
-                float(a["flops"]) if "flops" in a else math.nan,
+        if cat == "cpu_op":
+            ops.append(
+                (
+                    e.get("name", ""),
+                    _tid(e.get("tid")),
+                    float(e["ts"]),
+                    float(e.get("dur", 0.0)),
+                    a.get("Input Dims", []),
+                    a.get("Input type", []),
+                    a.get("Concrete Inputs", []),
+                    float(a["flops"]) if "flops" in a else math.nan,
+                )
             )
-        )
-    if not rows:
-        raise TraceError(f"{path.name} holds no cpu_op events (was the profiler run without CPU activity?)")
+        elif cat == "cuda_runtime" and "correlation" in a:
+            runtime[a["correlation"]] = (_tid(e.get("tid")), float(e["ts"]), float(e.get("dur", 0.0)))
+        elif cat in _GPU_CATS:
+            gpu.append(
+                (
+                    e.get("name", ""),
+                    _GPU_CATS[cat],
+                    float(e["ts"]),
+                    float(e.get("dur", 0.0)),
+                    int(a.get("bytes", 0) or 0),
+                    a.get("correlation", -1),
+                )
+            )
+        elif cat == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#"):
+            steps += 1
+    if not ops and not gpu:
+        raise TraceError(f"{name} holds no cpu_op or GPU events (was the profiler run without activities?)")
     cols = ["name", "tid", "start_us", "dur_us", "input_dims", "input_types", "concrete_inputs", "flops"]
-    df = pd.DataFrame(rows, columns=cols)
-    df.attrs["profiler_steps"] = steps
+    op_df = pd.DataFrame(ops, columns=cols)
+    kcols = ["name", "kind", "start_us", "dur_us", "bytes", "correlation"]
+    k_df = pd.DataFrame(gpu, columns=kcols)
+    k_df["launch_op"] = _launching_ops(op_df, k_df["correlation"].tolist(), runtime)
+    devices = trace.get("deviceProperties") or []
+    gpus = [
+        (str(d["name"]), int(d.get("totalGlobalMem") or 0)) for d in devices if isinstance(d, dict) and d.get("name")
+    ]
+    return TraceWork(op_df, k_df.drop(columns="correlation"), gpus[:1] if gpus else [], steps, name)
+
+
+def _tid(t: object) -> int:
+    return int(t) if isinstance(t, int) else hash(t)
+
+
+def _launching_ops(ops: pd.DataFrame, correlations: list, runtime: dict) -> np.ndarray:
+    """For each correlation id, the index of the innermost op (on the runtime call's thread) whose
+    span holds the runtime call with that id; -1 where there is no such call or op."""
+    calls = {c: runtime[c] for c in correlations if c in runtime}
+    by_tid: dict[int, list] = {}
+    for i, (tid, start, dur) in enumerate(zip(ops["tid"], ops["start_us"], ops["dur_us"], strict=True)):
+        by_tid.setdefault(tid, []).append((start, -dur, 0, i))
+    for c, (tid, start, dur) in calls.items():
+        if tid in by_tid:
+            by_tid[tid].append((start, -dur, 1, c))
+    found: dict[int, int] = {}
+    for events in by_tid.values():
+        events.sort(key=lambda x: (x[0], x[1], x[2]))
+        stack: list[tuple[float, int]] = []  # (end, op index)
+        for start, neg_dur, is_call, ref in events:
+            while stack and stack[-1][0] <= start:  # ops that ended before this event began
+                stack.pop()
+            if is_call:
+                found[ref] = stack[-1][1] if stack else -1
+            else:
+                stack.append((start - neg_dur, ref))
+    return np.array([found.get(c, -1) for c in correlations], dtype=np.int64)
+
+
+def read_op_shapes(path: str | Path, max_bytes: int = 2 * 2**30) -> pd.DataFrame:
+    """The framework ops of a Kineto trace with their recorded shapes (``TraceWork.ops``);
+    ``df.attrs['profiler_steps']`` counts the ProfilerStep#N ranges."""
+    work = read_trace_work(path, max_bytes)
+    if work.ops.empty:
+        raise TraceError(f"{work.file} holds no cpu_op events (was the profiler run without CPU activity?)")
+    df = work.ops
+    df.attrs["profiler_steps"] = work.profiler_steps
     return df
 
 
@@ -324,21 +443,10 @@ def op_roofline(
     precision and the memory bandwidth, from ``ceilings`` when given (measured; a precision it lacks
     falls back to the spec) else from ``hardware``. ``optimizer_params`` is the number of parameter
     elements a fused optimizer step updates (its tensor lists carry no shapes in the trace); 0 leaves
-    the optimizer unmodelled.
-
-    Columns: name, input_dims, precision, calls, time_ms (summed over the trace), mean_call_us, flops,
-    bytes, intensity_flops_per_byte, achieved_flops_per_s, achieved_bytes_per_s, roof_flops_per_s
-    (min(peak, intensity x bandwidth); 0 for pure data movement), bound ('compute' or 'memory' by the
-    side of the ridge point; 'latency' when it reaches under LATENCY_ROOF_FRAC of its roof with a mean
-    call under ``latency_call_us``), headroom_frac (1 - roof time / measured time, where roof time
-    is max(flops / peak, bytes / bandwidth): the share of the op's time above the roofline).
+    the optimizer unmodelled. See ``ROOFLINE_COLUMNS`` for the columns.
     """
     df = read_op_shapes(ops) if isinstance(ops, (str, Path)) else ops
-    call_us = LATENCY_CALL_US[hardware.kind] if latency_call_us is None else latency_call_us
-    work = [
-        op_work(n, d, t, c, optimizer_params)
-        for n, d, t, c in zip(df["name"], df["input_dims"], df["input_types"], df["concrete_inputs"], strict=True)
-    ]
+    work = _op_work_list(df, optimizer_params)
     modelled = np.array([w is not None for w in work], dtype=bool)
     keep = _modelled_outermost(df, modelled)
     sel = df[keep].copy()
@@ -346,48 +454,259 @@ def op_roofline(
     sel["w_bytes"] = [w[1] for w, k in zip(work, keep, strict=True) if k]
     sel["shape"] = [json.dumps(d) for d in sel["input_dims"]]
     sel["precision"] = [_precision(t) for t in sel["input_types"]]
-    g = sel.groupby(["name", "shape", "precision"], sort=False, observed=True).agg(
-        calls=("dur_us", "size"), time_us=("dur_us", "sum"), flops=("w_flops", "sum"), bytes=("w_bytes", "sum")
+    sel["op"] = sel["name"]
+    sel["basis"] = "shapes"
+    sel["klass"] = ""
+    sel["category"] = [op_category(n) for n in sel["name"]]
+    out = _judge(_group(sel), hardware, ceilings, latency_call_us)
+    out.attrs["profiler_steps"] = df.attrs.get("profiler_steps", 0)
+    out.attrs["op_time_ms"] = float(df.loc[_top_level(df), "dur_us"].sum() / 1e3) if len(df) else 0.0
+    out.attrs["device"] = "cpu"
+    return out
+
+
+ROOFLINE_COLUMNS = {
+    "name": "the op (CPU) or kernel (GPU)",
+    "op": "the modelled op that launched the kernel (GPU); the op itself (CPU)",
+    "input_dims": "the op's input shapes as JSON ('' where none were recorded)",
+    "precision": "fp32, tf32, bf16, fp16, fp8",
+    "category": "the kernel's class (advisor.analysis.kernel_category), or the op's in the same words",
+    "basis": "'shapes' (FLOPs and bytes by formula), 'transfer' (a copy or set: its bytes), "
+    "'kernel class' (no shapes: the verdict follows the kernel's class and length)",
+    "calls": "calls over the trace",
+    "time_ms": "summed over the trace",
+    "mean_call_us": "time per call",
+    "flops": "summed FLOPs (NaN where not modelled)",
+    "bytes": "summed compulsory bytes moved",
+    "intensity_flops_per_byte": "FLOPs / bytes",
+    "achieved_flops_per_s": "FLOPs / time",
+    "achieved_bytes_per_s": "bytes / time",
+    "roof_flops_per_s": "min(peak, intensity x bandwidth); 0 for pure data movement",
+    "bound": "compute or memory by the side of the ridge point; latency when it reaches under "
+    "LATENCY_ROOF_FRAC of its roof with a mean call under the latency cut; communication for collectives",
+    "headroom_frac": "1 - roof time / measured time (roof time = max(flops / peak, bytes / bandwidth)): the "
+    "share of the time above the roofline, NaN where not modelled",
+}
+
+
+_NORMS = {
+    "aten::native_layer_norm",
+    "aten::native_layer_norm_backward",
+    "aten::_fused_rms_norm",
+    "aten::_fused_rms_norm_backward",
+}
+
+
+def op_category(name: str) -> str:
+    """A CPU op's class in the words ``advisor.analysis.kernel_category`` uses for GPU kernels."""
+    if name in _MATMUL:
+        return "gemm"
+    if name in _ATTN_FWD or name in _ATTN_BWD:
+        return "attention"
+    if name in _NORMS:
+        return "normalization"
+    if name in _ROWWISE_FLOPS or name == "aten::nll_loss_backward":
+        return "reduction"
+    if name in _ELEMENTWISE or name in _MOVEMENT:
+        return "elementwise"
+    if name in _FUSED_OPT:
+        return "optimizer"
+    return "other"
+
+
+def _op_work_list(ops: pd.DataFrame, optimizer_params: int) -> list:
+    return [
+        op_work(n, d, t, c, optimizer_params)
+        for n, d, t, c in zip(ops["name"], ops["input_dims"], ops["input_types"], ops["concrete_inputs"], strict=True)
+    ]
+
+
+def _group(rows: pd.DataFrame) -> pd.DataFrame:
+    keys = ["name", "op", "shape", "precision", "basis", "klass", "category"]
+    g = rows.groupby(keys, sort=False, observed=True, dropna=False).agg(
+        calls=("dur_us", "size"),
+        time_us=("dur_us", "sum"),
+        flops=("w_flops", lambda x: x.sum(min_count=1)),
+        bytes=("w_bytes", lambda x: x.sum(min_count=1)),
     )
-    g = g.reset_index()
-    bw = ceilings.copy_bytes_per_s if ceilings else hardware.mem_bw_bytes_per_s
-    peaks = []
-    for p in g["precision"]:
-        measured = ceilings.matmul_flops_per_s.get(p, 0.0) if ceilings else 0.0
-        peaks.append(measured or hardware.peak_flops(p) or hardware.peak_fp32_flops)
-    peak = np.array(peaks, dtype=float)
+    return g.reset_index()
+
+
+UNKNOWN_PRECISION = "?"
+"""The precision of a kernel with no launching op to read it from (judged by class, with no FLOPs)."""
+
+
+def _peak(hardware: HardwareSpec, ceilings: Ceilings | None, precision: str) -> float:
+    if precision == UNKNOWN_PRECISION:
+        return hardware.peak_fp32_flops
+    measured = ceilings.matmul_flops_per_s.get(precision, 0.0) if ceilings else 0.0
+    if measured:
+        return measured
+    spec = hardware.peak_tf32_flops if precision == "tf32" else hardware.peak_flops(precision)
+    return spec or hardware.peak_fp32_flops
+
+
+def _judge(g: pd.DataFrame, hardware: HardwareSpec, ceilings: Ceilings | None, latency_call_us: float | None):
+    """Roofs, verdicts and headroom for grouped rows (name, op, shape, precision, basis, klass, calls,
+    time_us, flops, bytes): the shared tail of the CPU and GPU tables."""
+    call_us = LATENCY_CALL_US[hardware.kind] if latency_call_us is None else latency_call_us
+    bw = np.full(len(g), ceilings.copy_bytes_per_s if ceilings else hardware.mem_bw_bytes_per_s, dtype=float)
+    host = g["name"].str.contains(r"HtoD|DtoH|HtoH", regex=True).to_numpy() & (g["basis"] == "transfer").to_numpy()
+    if hardware.host_link_bw_bytes_per_s:
+        bw[host] = hardware.host_link_bw_bytes_per_s  # a host copy is bound by the host link, not HBM
+    peak = np.array([_peak(hardware, ceilings, p) for p in g["precision"]], dtype=float)
     t_s = g["time_us"].to_numpy(float) / 1e6
     flops, nbytes = g["flops"].to_numpy(float), g["bytes"].to_numpy(float)
+    modelled = ~np.isnan(flops)
     with np.errstate(divide="ignore", invalid="ignore"):
-        intensity = np.where(nbytes > 0, flops / nbytes, np.inf)
+        intensity = np.where(nbytes > 0, flops / nbytes, np.where(modelled, np.inf, np.nan))
         roof = np.minimum(peak, intensity * bw)
         roof_time_s = np.maximum(flops / peak, nbytes / bw)
         roof_frac = np.where(t_s > 0, roof_time_s / t_s, 1.0)
+        achieved_flops = np.where(t_s > 0, flops / t_s, 0.0)
+        achieved_bytes = np.where(t_s > 0, nbytes / t_s, 0.0)
     mean_call_us = g["time_us"].to_numpy(float) / g["calls"].to_numpy(float)
+    klass = g["klass"].to_numpy(object)
     bound = np.where(intensity * bw < peak, "memory", "compute").astype(object)
-    bound[(roof_frac < LATENCY_ROOF_FRAC) & (mean_call_us < call_us)] = "latency"
+    bound[~modelled] = np.where(klass[~modelled] == "", "memory", klass[~modelled])
+    short = mean_call_us < call_us
+    slow = np.where(modelled, roof_frac < LATENCY_ROOF_FRAC, True)  # unmodelled: length alone decides
+    bound[short & slow & (bound != "communication")] = "latency"
     out = pd.DataFrame(
         {
             "name": g["name"].astype(str),
-            "input_dims": g["shape"],
+            "op": g["op"].astype(str),
+            "input_dims": g["shape"].astype(str),
             "precision": g["precision"],
+            "category": g["category"].astype(str),
+            "basis": g["basis"].astype(str),
             "calls": g["calls"].astype(int),
             "time_ms": g["time_us"] / 1e3,
             "mean_call_us": mean_call_us,
             "flops": flops,
             "bytes": nbytes,
             "intensity_flops_per_byte": intensity,
-            "achieved_flops_per_s": np.where(t_s > 0, flops / t_s, 0.0),
-            "achieved_bytes_per_s": np.where(t_s > 0, nbytes / t_s, 0.0),
+            "achieved_flops_per_s": achieved_flops,
+            "achieved_bytes_per_s": achieved_bytes,
             "roof_flops_per_s": roof,
             "bound": pd.Categorical(bound, categories=BOUNDS),
-            "headroom_frac": np.clip(1.0 - roof_frac, 0.0, 1.0),
+            "headroom_frac": np.where(modelled | ~np.isnan(nbytes), np.clip(1.0 - roof_frac, 0.0, 1.0), np.nan),
         }
     )
     out = out.sort_values("time_ms", ascending=False, kind="stable").reset_index(drop=True)
-    out.attrs["profiler_steps"] = df.attrs.get("profiler_steps", 0)
-    out.attrs["op_time_ms"] = float(df.loc[_top_level(df), "dur_us"].sum() / 1e3) if len(df) else 0.0
+    precisions = sorted((set(g["precision"]) - {UNKNOWN_PRECISION}) | {"fp32"})
+    out.attrs["roofs"] = {
+        "peak_flops_per_s": {p: _peak(hardware, ceilings, p) for p in precisions},
+        "bytes_per_s": float(ceilings.copy_bytes_per_s if ceilings else hardware.mem_bw_bytes_per_s),
+        "measured": ceilings is not None,
+        "measured_peaks": sorted(p for p in precisions if ceilings and ceilings.matmul_flops_per_s.get(p)),
+        "device": hardware.name,
+    }
     return out
+
+
+_COMPUTE_CLASSES = {"gemm", "convolution", "attention"}
+_OP_CLASSES = {"gemm": "gemm", "attention": "attention"}
+
+
+def kernel_roofline(
+    work: TraceWork | str | Path,
+    hardware: HardwareSpec,
+    ceilings: Ceilings | None = None,
+    *,
+    optimizer_params: int = 0,
+    latency_call_us: float | None = None,
+) -> pd.DataFrame:
+    """The roofline of each GPU kernel, copy and set of a Kineto trace (same columns as
+    ``op_roofline``), most time first.
+
+    A kernel takes its FLOPs and bytes from the op that launched it (``TraceWork.kernels.launch_op``),
+    or from the nearest op around that one that has a model (``aten::mm`` inside ``aten::linear``;
+    a flash-attention kernel inside ``scaled_dot_product_attention``); an op that launches several
+    kernels gives each a share of its work in proportion to the kernel's time. A GEMM kernel's peak
+    follows its math (``ampere_sgemm``: fp32 cores; ``s1688gemm``/``tf32``: TF32 tensor cores; other
+    tensor-core kernels: the op's dtype). Copies and sets are judged by their bytes (HBM, or the host
+    link for host copies). Kernels with no shapes to go by (a trace recorded without
+    ``record_shapes``) get the verdict of their class: GEMM, convolution and attention kernels
+    compute, the rest memory, collectives communication; any of them under the latency cut latency.
+    """
+    work = read_trace_work(work) if isinstance(work, (str, Path)) else work
+    ops, k = work.ops, work.kernels
+    work_of = _op_work_list(ops, optimizer_params) if len(ops) else []
+    modelled = np.array([w is not None for w in work_of], dtype=bool)
+    nearest = _nearest_modelled(ops, modelled) if len(ops) else np.zeros(0, dtype=np.int64)
+    launch = k["launch_op"].to_numpy()
+    src = np.where(launch >= 0, nearest[np.clip(launch, 0, None)] if len(nearest) else -1, -1)
+    src[k["kind"].to_numpy() != "kernel"] = -1
+    dur = k["dur_us"].to_numpy(float)
+    # Each modelled op instance's work is shared among its kernels by time.
+    op_kernel_time = pd.Series(dur[src >= 0]).groupby(src[src >= 0]).sum()
+    rows = k[["name", "kind", "dur_us"]].copy()
+    flops = np.full(len(k), np.nan)
+    nbytes = np.full(len(k), np.nan)
+    precision = np.full(len(k), UNKNOWN_PRECISION, dtype=object)
+    shape = np.full(len(k), "", dtype=object)
+    op_name = np.full(len(k), "", dtype=object)
+    basis = np.full(len(k), "kernel class", dtype=object)
+    klass = np.full(len(k), "", dtype=object)
+    names = k["name"].astype(str).to_numpy()
+    kinds = k["kind"].to_numpy()
+    categories = {n: kernel_category(n) for n in set(names)}
+    for i in range(len(k)):
+        if kinds[i] != "kernel":
+            basis[i] = "transfer"
+            copies = 2 if "DtoD" in names[i] else 1  # a device copy reads and writes HBM
+            nbytes[i], flops[i] = float(k["bytes"].iat[i]) * copies, 0.0
+            continue
+        cat = categories[names[i]]
+        if launch[i] >= 0:
+            op_name[i] = ops["name"].iat[src[i] if src[i] >= 0 else launch[i]]
+            if cat == "other":  # a vendor kernel whose name says nothing (cuDNN's scudnn_*): its op does
+                cat = _OP_CLASSES.get(op_category(ops["name"].iat[launch[i]]), cat)
+                if cat == "other" and "conv" in ops["name"].iat[launch[i]]:
+                    cat = "convolution"
+        klass[i] = "compute" if cat in _COMPUTE_CLASSES else "communication" if cat == "communication" else "memory"
+        j = src[i]
+        if j < 0:
+            continue
+        share = dur[i] / op_kernel_time[j] if op_kernel_time[j] > 0 else 0.0
+        w_flops, w_bytes = work_of[j]
+        flops[i], nbytes[i] = w_flops * share, w_bytes * share
+        shape[i] = json.dumps(ops["input_dims"].iat[j])
+        precision[i] = _precision(ops["input_types"].iat[j])
+        if cat == "gemm" and precision[i] == "fp32":
+            precision[i] = {"tf32": "tf32", "fp32": "fp32"}.get(gemm_math(names[i]), "fp32")
+        basis[i] = "shapes"
+    rows = rows.assign(
+        op=op_name,
+        shape=shape,
+        precision=precision,
+        basis=basis,
+        klass=klass,
+        category=[kernel_category(n, kd) for n, kd in zip(names, kinds, strict=True)],
+        w_flops=flops,
+        w_bytes=nbytes,
+    )
+    out = _judge(_group(rows), hardware, ceilings, latency_call_us)
+    out.attrs["profiler_steps"] = work.profiler_steps
+    out.attrs["device"] = "gpu"
+    return out
+
+
+def _nearest_modelled(ops: pd.DataFrame, modelled: np.ndarray) -> np.ndarray:
+    """For each op, itself if it has a model, else its nearest enclosing op (same thread) that has
+    one, else -1."""
+    nearest = np.full(len(ops), -1, dtype=np.int64)
+    order = np.lexsort((-ops["dur_us"].to_numpy(), ops["start_us"].to_numpy(), ops["tid"].to_numpy()))
+    tid, start = ops["tid"].to_numpy(), ops["start_us"].to_numpy()
+    end = start + ops["dur_us"].to_numpy()
+    stack: list[int] = []
+    for i in order:
+        while stack and (tid[stack[-1]] != tid[i] or end[stack[-1]] <= start[i]):
+            stack.pop()
+        nearest[i] = i if modelled[i] else (nearest[stack[-1]] if stack else -1)
+        stack.append(i)
+    return nearest
 
 
 def _top_level(df: pd.DataFrame) -> np.ndarray:
@@ -395,27 +714,200 @@ def _top_level(df: pd.DataFrame) -> np.ndarray:
     return _modelled_outermost(df, np.ones(len(df), dtype=bool))
 
 
-def step_roofline_summary(roofline: pd.DataFrame) -> dict:
-    """Where the modelled op time goes: ``{'modelled_ms', 'op_time_ms', 'modelled_frac',
-    '<bound>_ms', '<bound>_frac', 'headroom_ms'}`` with the fractions of modelled time per bound,
-    ``modelled_frac`` the modelled share of all top-level op time, and ``headroom_ms`` the time above
-    the roofline summed over ops. Times are totals over the trace; ``per_step_ms`` divides the
-    modelled time by the profiled steps (NaN when the trace has no ProfilerStep ranges)."""
+VERDICTS = {
+    "compute": "compute-bound",
+    "memory": "memory-bound",
+    "latency": "latency/launch-bound",
+    "communication": "communication-bound",
+}
+
+
+def step_roofline_summary(
+    roofline: pd.DataFrame, *, gpu_idle_frac: float | None = None, host_wait_frac: float | None = None
+) -> dict:
+    """Where the step's time goes by bound, and the verdict.
+
+    CPU tables (``op_roofline``): the shares are of the modelled op time, ``modelled_frac`` is the
+    modelled share of all top-level op time.
+
+    GPU tables (``kernel_roofline``): the shares are of the GPU's span. The busy part (1 -
+    ``gpu_idle_frac``) is split by each bound's share of summed kernel time; the idle time the GPU
+    spends waiting for the host to launch work (``gpu_idle_frac x host_wait_frac``) adds to latency
+    (the host's per-op cost sets the pace); other idle time is ``idle_other_frac``.
+    ``modelled_frac`` is the share of kernel time with FLOPs or bytes known (shapes or transfers).
+
+    Keys: ``<bound>_ms`` and ``<bound>_frac`` for each of BOUNDS, ``modelled_ms`` (summed time of the
+    table), ``modelled_frac``, ``headroom_ms`` (time above the roofline summed over rows),
+    ``per_step_ms`` and ``headroom_per_step_ms`` (divided by the profiled steps; NaN without
+    ProfilerStep ranges), ``idle_other_frac``, ``verdict`` (the bound with the largest share),
+    ``gemm_frac`` (GEMMs that are not latency-bound), ``gemm_roof_frac`` (their time-weighted share of
+    the roof reached: roof time / time; NaN without shapes) and ``fusable_frac`` (memory-bound
+    elementwise, reduction and normalisation ops: what fusion would cut).
+    """
     total = float(roofline["time_ms"].sum())
-    out: dict[str, float] = {"modelled_ms": total}
+    out: dict = {"modelled_ms": total}
+    by_bound = {b: float(roofline.loc[roofline["bound"] == b, "time_ms"].sum()) for b in BOUNDS}
+    gpu = roofline.attrs.get("device") == "gpu"
+    idle = min(max(gpu_idle_frac or 0.0, 0.0), 1.0) if gpu else 0.0
+    host_wait = idle * min(max(host_wait_frac or 0.0, 0.0), 1.0)
     for b in BOUNDS:
-        ms = float(roofline.loc[roofline["bound"] == b, "time_ms"].sum())
-        out[f"{b}_ms"] = ms
-        out[f"{b}_frac"] = ms / total if total else 0.0
-    out["headroom_ms"] = float((roofline["time_ms"] * roofline["headroom_frac"]).sum())
-    op_time = float(roofline.attrs.get("op_time_ms", 0.0))
-    out["op_time_ms"] = op_time
-    out["modelled_frac"] = total / op_time if op_time else math.nan
+        out[f"{b}_ms"] = by_bound[b]
+        share = by_bound[b] / total if total else 0.0
+        out[f"{b}_frac"] = (1.0 - idle) * share + (host_wait if b == "latency" else 0.0) if gpu else share
+    out["idle_other_frac"] = idle - host_wait
+    headroom = roofline["time_ms"] * roofline["headroom_frac"]
+    out["headroom_ms"] = float(headroom.sum(min_count=1)) if headroom.notna().any() else 0.0
+    if gpu:
+        known = roofline["basis"].isin(["shapes", "transfer"])
+        out["op_time_ms"] = total
+        out["modelled_frac"] = float(roofline.loc[known, "time_ms"].sum()) / total if total else 0.0
+    else:
+        op_time = float(roofline.attrs.get("op_time_ms", 0.0))
+        out["op_time_ms"] = op_time
+        out["modelled_frac"] = total / op_time if op_time else math.nan
     steps = int(roofline.attrs.get("profiler_steps", 0))
     out["per_step_ms"] = total / steps if steps else math.nan
+    out["headroom_per_step_ms"] = out["headroom_ms"] / steps if steps else math.nan
+    # GEMMs and fusable memory-bound ops, on the same base as the bound shares.
+    scale = (1.0 - idle) / total if gpu and total else 1.0 / total if total else 0.0
+    gemm = roofline[(roofline["category"] == "gemm") & (roofline["bound"] != "latency")]
+    out["gemm_frac"] = float(gemm["time_ms"].sum()) * scale
+    known = gemm[gemm["headroom_frac"].notna()]
+    out["gemm_roof_frac"] = (
+        float((known["time_ms"] * (1.0 - known["headroom_frac"])).sum() / known["time_ms"].sum())
+        if known["time_ms"].sum() > 0
+        else math.nan
+    )
+    fusable = roofline["category"].isin(FUSABLE) & (roofline["bound"] == "memory")
+    out["fusable_frac"] = float(roofline.loc[fusable, "time_ms"].sum()) * scale
+    shares = {b: out[f"{b}_frac"] for b in BOUNDS}
+    out["verdict"] = max(shares, key=shares.get) if total or host_wait else None
     return out
 
 
 def total_flops(roofline: pd.DataFrame, names: Sequence[str]) -> float:
     """Summed FLOPs of the rows whose op name is in ``names``."""
     return float(roofline.loc[roofline["name"].isin(list(names)), "flops"].sum())
+
+
+ROOFLINE_MAX_BYTES = 512 * 2**20
+"""The largest trace file (decompressed) whose roofline is made: it is parsed whole, with the op
+arguments the event table leaves out, at several times its size in memory. A larger trace is still
+analyzed; its roofline is skipped with this reason."""
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """The roofline of one trace: its table (``op_roofline``/``kernel_roofline``), the device whose
+    roofs judged it, and where those roofs came from."""
+
+    table: pd.DataFrame
+    hardware: HardwareSpec
+    ceilings: Ceilings | None
+    roofs_note: str
+    """The device and its roofs in words: how the device was found; datasheet or measured."""
+
+
+def trace_roofline(
+    path: str | Path,
+    events: pd.DataFrame,
+    *,
+    hardware: HardwareSpec | None = None,
+    ceilings: Ceilings | str | None = None,
+    optimizer_params: int | None = None,
+    store_root: str | Path | None = None,
+) -> Roofline:
+    """The roofline of the trace at ``path`` whose event table (``advisor.analyze.load_trace``) is
+        ``events``: kernels on a GPU trace, ops on a CPU trace.
+
+        ``hardware`` defaults to the device the trace names (or its kernel names give away; else the H100
+        datasheet, said in the note); for one of our run directories, the device it ran on. ``ceilings``:
+        measured roofs to use, or ``'auto'`` for the ones stored for that device when there are (our own
+        runs), looked up in the run store at ``store_root`` (default: the one a run directory sits in, else
+    ``advisor.runstore.default_root()``); None: the datasheet. ``optimizer_params`` defaults to the parameters a run directory's
+        metrics record (0 elsewhere: fused optimizer steps stay unmodelled)."""
+    from advisor.presets import cpu_host, current_hardware, h100_sxm, hardware_for_trace
+
+    path = Path(path)
+    run = path if (path / "run.json").is_file() else None
+    gpu = bool(kind_mask(events, *GPU_KINDS).any())
+    work = (
+        _work_from_events(events)
+        if events.attrs.get("source") == "nsys"
+        else read_trace_work(path, max_bytes=ROOFLINE_MAX_BYTES)
+    )
+    note = ""
+    if hardware is None and run is not None:
+        try:
+            setup = json.loads((run / "request.json").read_text(encoding="utf-8"))["setup"]
+            hardware = current_hardware(HardwareSpec(**setup["hardware"]))
+            note = f"{hardware.name}: the device the run used"
+        except (OSError, ValueError, KeyError, TypeError):
+            hardware = None
+    if hardware is None and gpu:
+        names = events.attrs.get("gpu_names") or []
+        names = list(names.values()) if isinstance(names, dict) else list(names)
+        gpus = work.gpus or [(str(n), 0) for n in names[:1]]
+        hardware, note = hardware_for_trace(gpus, work.kernels["name"].astype(str).unique())
+        if hardware is None:
+            hardware = h100_sxm()
+            note += "; H100 datasheet roofs used"
+    if hardware is None:
+        hardware = cpu_host()
+        note = f"{hardware.name}: this machine's CPU datasheet (the trace names no device)"
+    note = note or hardware.name
+    if isinstance(ceilings, str):
+        if ceilings != "auto":
+            raise ValueError(f"ceilings={ceilings!r}; allowed: a Ceilings, 'auto' or None")
+        from advisor.ceilings import stored_ceilings
+
+        ceilings = stored_ceilings(hardware.name, store_root or (run.parent if run is not None else None))
+    if ceilings is not None:
+        note += f"; roofs measured {ceilings.measured_utc or 'earlier'} on {ceilings.device_name}"
+    else:
+        note += "; datasheet roofs"
+    if optimizer_params is None:
+        optimizer_params = _run_params(run) if run is not None else 0
+    if gpu:
+        table = kernel_roofline(work, hardware, ceilings, optimizer_params=optimizer_params)
+    else:
+        if work.ops.empty:
+            raise TraceError(f"{work.file} holds no cpu_op events to judge")
+        ops = work.ops
+        ops.attrs["profiler_steps"] = work.profiler_steps
+        table = op_roofline(ops, hardware, ceilings, optimizer_params=optimizer_params)
+    return Roofline(table, hardware, ceilings, note)
+
+
+def _run_params(run: Path) -> int:
+    """Parameter elements the run's optimizer updated on rank 0: its parameter bytes over 4 (fp32
+    master weights), else the model's parameter count."""
+    try:
+        m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0
+    if m.get("params_bytes"):
+        return int(m["params_bytes"]) // 4
+    return int(m.get("n_params") or 0)
+
+
+def _work_from_events(events: pd.DataFrame) -> TraceWork:
+    """The GPU events of an event table as TraceWork without ops (Nsight Systems exports record no
+    shapes): every kernel is judged by its class, copies and sets by their bytes."""
+    gpu = events[kind_mask(events, *GPU_KINDS)]
+    kernels = pd.DataFrame(
+        {
+            "name": gpu["name"].astype(str).to_numpy(),
+            "kind": gpu["kind"].astype(str).to_numpy(),
+            "start_us": gpu["start_ns"].to_numpy() / 1e3,
+            "dur_us": gpu["dur_ns"].to_numpy() / 1e3,
+            "bytes": gpu["bytes"].to_numpy(),
+            "launch_op": np.full(len(gpu), -1, dtype=np.int64),
+        }
+    )
+    ops = pd.DataFrame(
+        columns=["name", "tid", "start_us", "dur_us", "input_dims", "input_types", "concrete_inputs", "flops"]
+    )
+    names = events.attrs.get("gpu_names") or {}
+    names = list(names.values()) if isinstance(names, dict) else list(names)
+    return TraceWork(ops, kernels, [(str(names[0]), 0)] if names else [], 0, "nsys export")

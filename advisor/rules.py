@@ -42,6 +42,7 @@ GROUPS = (
     "optimizer",
     "kernels",
     "hardware",
+    "roofline",
 )
 FUNCTIONS = {"min": min, "max": max, "abs": abs}
 GiB = 2**30

@@ -25,8 +25,9 @@ RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[a-z0-9][a-z0-9._-]{0,39}-[0-9a-f]{6
 STATUSES = ("running", "ok", "oom", "timeout", "crashed", "failed", "cancelled")
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "traces"
 STAGING = ".staging"
-RESERVED_DIRS = ("calibration", "verifications")
-"""Folders beside the runs that are not runs: fitted calibrations and verification pairs."""
+RESERVED_DIRS = ("calibration", "verifications", "ceilings")
+"""Folders beside the runs that are not runs: fitted calibrations, verification pairs, measured
+ceilings."""
 
 
 def default_root() -> Path:

@@ -20,7 +20,7 @@ FRAMEWORKS = ("megatron", "pytorch")
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
-HOST_LINKS = ("pcie4", "pcie5", "nvlink-c2c", "none")
+HOST_LINKS = ("pcie3", "pcie4", "pcie5", "nvlink-c2c", "none")
 DEVICE_KINDS = ("gpu", "cpu")
 
 
@@ -373,6 +373,7 @@ class HardwareSpec:
     """Plain FP32 (no tensor cores): PyTorch's default for fp32 matmuls (TF32 off)."""
     peak_tf32_flops: float
     peak_bf16_flops: float
+    """0 where the device has no bf16 math (V100)."""
     peak_fp16_flops: float
     peak_fp8_flops: float
     """0 where the device has no fp8 tensor cores."""
@@ -402,10 +403,11 @@ class HardwareSpec:
         _check_int("hardware.gpus_per_node", self.gpus_per_node, 1)
         _check_int("hardware.host_memory_bytes", self.host_memory_bytes, 0)
         _check_int("hardware.runtime_overhead_bytes", self.runtime_overhead_bytes, 0)
-        for f in ("peak_fp32_flops", "peak_bf16_flops", "mem_bw_bytes_per_s"):
+        for f in ("peak_fp32_flops", "mem_bw_bytes_per_s"):
             _check_positive(f"hardware.{f}", getattr(self, f))
         for f in (
             "peak_tf32_flops",
+            "peak_bf16_flops",
             "peak_fp16_flops",
             "peak_fp8_flops",
             "intra_node_bw_bytes_per_s",
@@ -498,9 +500,8 @@ class Setup:
                 f"(got {self.grad_accum} = global_batch / (micro_batch x dp))",
             )
         if hw.peak_flops(t.precision) <= 0:
-            raise SpecError(
-                "train.precision", t.precision, f"{hw.name} has no {t.precision} tensor cores (use bf16 or fp16)"
-            )
+            have = ", ".join(q for q in PRECISIONS if hw.peak_flops(q) > 0)
+            raise SpecError("train.precision", t.precision, f"{hw.name} has no {t.precision} math (use {have})")
         if p.offload != "none" and hw.kind == "cpu":
             raise SpecError(
                 "parallel.offload",

@@ -6,6 +6,11 @@ process. Writes ``bench/results/gpu_check_<gpu>.md`` and ``.json``: measured pea
 estimator's and the dry run's predictions, step time, tokens/s and MFU. ``--device cpu --quick``
 runs two tiny configurations on the CPU (the test suite does, so the script cannot rot).
 
+First it measures the device's ceilings (``advisor.ceilings``: matmul FLOP/s per precision and copy
+bandwidth), stores them in the check's run store, so every profiled run's roofline is judged against
+them, and writes them to ``bench/results/gpu_check_<gpu>_ceilings.json``; each row carries its run's
+roofline verdict and how close its GEMMs come to the measured matmul roof.
+
 The distributed part (NCCL on GPUs, gloo on the CPU) profiles DDP, FSDP2 with resharding and tensor
 parallel 2 with sequence parallel on every visible GPU under torchrun; with one GPU it is skipped
 and says so. ``--distributed N`` sets the process count (0 skips it).
@@ -23,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from advisor.ceilings import measure_ceilings, store_ceilings  # noqa: E402
 from advisor.errors import AdvisorError  # noqa: E402
 from advisor.estimator import estimate  # noqa: E402
 from advisor.profiling import RunOptions  # noqa: E402
@@ -70,6 +76,18 @@ def main() -> int:
     recomputes = ("none", "full") if args.quick else ("none", "selective", "full")
     rows = []
     t_start = time.perf_counter()
+    # A large square matmul on the GPU (8192^3 = 1.1 TFLOP: ~2 ms in bf16 on an H200) reaches the
+    # matrix units' real ceiling; 2048 leaves it launch- and tail-bound.
+    cuda = device == "cuda"
+    ceilings = measure_ceilings(
+        device,
+        ("fp32", "bf16", "fp16"),
+        matmul_n=8192 if cuda else (512 if args.quick else 0),
+        copy_mib=1024 if cuda else (32 if args.quick else 256),
+        repeats=5 if not args.quick else 2,
+    )
+    store_ceilings(ceilings, store.root)
+    print(f"[{time.perf_counter() - t_start:6.1f} s] ceilings: {ceilings.to_dict()}", flush=True)
     for model, seq, micro in grid:
         for precision in precisions if not args.quick else ("fp32",):
             for recompute in recomputes:
@@ -91,7 +109,9 @@ def main() -> int:
     slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
     stem = out / f"gpu_check_{slug}{'_quick' if args.quick else ''}"
     stem.with_suffix(".json").write_text(json.dumps(rows, indent=2), encoding="utf-8")
-    stem.with_suffix(".md").write_text(_markdown(rows, device_name, time.perf_counter() - t_start), encoding="utf-8")
+    Path(f"{stem}_ceilings.json").write_text(json.dumps(ceilings.to_dict(), indent=2), encoding="utf-8")
+    md = _markdown(rows, device_name, time.perf_counter() - t_start) + _ceilings_markdown(ceilings, device)
+    stem.with_suffix(".md").write_text(md, encoding="utf-8")
     print(stem.with_suffix(".md").read_text(encoding="utf-8"))
     return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 1
 
@@ -115,6 +135,9 @@ def _row(label: str, run, est, dry_run_peak: float | None) -> dict:
         "tokens_per_s": m.get("tokens_per_s"),
         "mfu_frac": m.get("mfu_frac"),
         "device_name": m.get("device_name"),
+        "roofline_bound": m.get("roofline_bound"),
+        "roofline_gemm_roof_frac": m.get("roofline_gemm_roof_frac"),
+        "roofline_roofs": m.get("roofline_roofs"),
     }
 
 
@@ -176,20 +199,48 @@ def _markdown(rows: list[dict], device_name: str, wall_s: float) -> str:
         f"`bash scripts/gpu_check.sh` ({wall_s:.0f} s). Memory in GiB; errors are prediction vs measured peak",
         "allocated (torch.cuda.max_memory_allocated); the estimate's allocated part excludes its runtime allowance.",
         "",
-        "| config | status | measured peak | estimate (alloc.) | err | dry run | err | step ms | est. ms | tokens/s | MFU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| config | status | measured peak | estimate (alloc.) | err | dry run | err | step ms | est. ms | tokens/s | MFU "
+        "| roofline | GEMMs at roof |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["status"] != "ok":
-            lines.append(f"| {r['config']} | {r['status']}: {r.get('message', '')} | | | | | | | | | |")
+            lines.append(f"| {r['config']} | {r['status']}: {r.get('message', '')} | | | | | | | | | | | |")
             continue
+        gemm = r.get("roofline_gemm_roof_frac")
         meas = r["measured_peak_bytes"]
         lines.append(
             f"| {r['config']} | ok | {_gib(meas)} | {_gib(r['estimate_allocated_bytes'])} | "
             f"{_err(r['estimate_allocated_bytes'], meas)} | {_gib(r['dry_run_peak_bytes'])} | "
             f"{_err(r['dry_run_peak_bytes'], meas)} | {r['step_time_ms']:.1f} | {r['estimate_step_time_ms']:.1f} | "
-            f"{r['tokens_per_s']:,.0f} | {100 * r['mfu_frac']:.1f} % |"
+            f"{r['tokens_per_s']:,.0f} | {100 * r['mfu_frac']:.1f} % | {r.get('roofline_bound') or '-'} | "
+            f"{'-' if gemm is None else f'{100 * gemm:.0f} %'} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def _ceilings_markdown(c, device: str) -> str:
+    """The measured ceilings beside the datasheet's."""
+    from advisor.presets import local_hardware
+
+    hw = local_hardware(device)
+    lines = [
+        "",
+        f"## Ceilings of {c.device_name}",
+        "",
+        c.method,
+        "",
+        "| roof | measured | datasheet | share |",
+        "|---|---|---|---|",
+    ]
+    for p, rate in c.matmul_flops_per_s.items():
+        peak = hw.peak_flops(p)
+        share = f"{100 * rate / peak:.0f} %" if peak else "-"
+        lines.append(f"| matmul {p} | {rate / 1e12:.2f} TFLOP/s | {peak / 1e12:.2f} TFLOP/s | {share} |")
+    bw = hw.mem_bw_bytes_per_s
+    lines.append(
+        f"| copy | {c.copy_bytes_per_s / 1e9:.0f} GB/s | {bw / 1e9:.0f} GB/s | {100 * c.copy_bytes_per_s / bw:.0f} % |"
+    )
     return "\n".join(lines) + "\n"
 
 

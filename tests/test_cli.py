@@ -87,3 +87,39 @@ def test_profile_bad_input_and_failed_runs(tmp_path, capsys):
     argv = ["profile", "--model", "tiny", "--device", "cpu", "--seq", "64", "--steps", "1", "--warmup", "0"]
     assert main([*argv, "--traces", str(tmp_path), "--inject", "oom"]) == 1
     assert "oom - out of memory: injected" in capsys.readouterr().out
+
+
+RUN = Path(__file__).resolve().parent.parent / "traces" / "20261130-165248-tiny-6bcb2f"
+
+
+def test_ceilings_measure_store_show_and_feed_analyze(tmp_path, capsys):
+    argv = ["ceilings", "--device", "cpu", "--dtypes", "fp32", "--matmul-n", "256", "--copy-mib", "16"]
+    assert main([*argv, "--repeats", "1", "--traces", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "matmul fp32:" in out and "% of the datasheet's" in out and "stored in" in out
+    assert main(["ceilings", "--show", "--json", "--traces", str(tmp_path)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["device_name"].startswith("CPU host") and shown["matmul_flops_per_s"]["fp32"] > 0
+    stored = next((tmp_path / "ceilings").glob("*.json"))
+    assert main(["analyze", str(RUN), "--ceilings", str(stored)]) == 0
+    out = capsys.readouterr().out
+    assert "Roofline verdict: compute-bound" in out and f"roofs measured {shown['measured_utc']}" in out
+
+
+def test_ceilings_errors_are_clear(tmp_path, capsys):
+    assert main(["ceilings", "--show", "--device", "cpu", "--traces", str(tmp_path)]) == 2
+    assert "no ceilings stored for CPU host" in capsys.readouterr().err
+    assert main(["ceilings", "--device", "cpu", "--repeats", "0", "--traces", str(tmp_path)]) == 2
+    assert "--repeats=0: must be >= 1" in capsys.readouterr().err
+    assert main(["analyze", str(RUN), "--ceilings", str(tmp_path / "none.json")]) == 2
+    assert "ceilings file none.json cannot be read" in capsys.readouterr().err
+
+
+def test_analyze_prints_the_roofline_against_a_chosen_gpu(capsys):
+    assert main(["analyze", str(RUN), "--ceilings"]) == 0
+    captured = capsys.readouterr()
+    assert (
+        "Roofline verdict: compute-bound (compute 79.7 %, memory 19.7 %, latency 0.6 % of modelled op time)"
+        in captured.out
+    )
+    assert "datasheet roofs used" in captured.err or "roofs measured" in captured.out

@@ -36,7 +36,12 @@ def test_gpu_check_quick_mode_on_the_cpu(tmp_path):
         assert r["status"] == "ok"
         # On the CPU the dry run reproduces the measured peak (see bench/results/dryrun_accuracy_cpu.md).
         assert r["dry_run_peak_bytes"] == pytest.approx(r["measured_peak_bytes"], rel=0.01)
-    assert (tmp_path / result.name.replace(".json", ".md")).read_text().count("| ok |") == 2
+        # Each run's roofline is judged against the ceilings the check measured first.
+        assert r["roofline_bound"] in ("compute", "memory", "latency") and "roofs measured" in r["roofline_roofs"]
+    md = (tmp_path / result.name.replace(".json", ".md")).read_text()
+    assert md.count("| ok |") == 2 and "## Ceilings of CPU host" in md and "| matmul fp32 |" in md
+    ceilings = json.loads((tmp_path / result.name.replace(".json", "_ceilings.json")).read_text())
+    assert ceilings["device_name"].startswith("CPU host") and ceilings["matmul_flops_per_s"]["fp32"] > 0
 
 
 def test_gpu_check_distributed_part_on_two_cpu_processes(tmp_path):
@@ -80,3 +85,7 @@ def test_cuda_profiled_step_has_nvml_and_allocator_peak(tmp_path):
     assert m["device_type"] == "cuda" and m["reserved_memory_bytes"] >= m["peak_memory_bytes"] > 0
     assert m["nvml"]["nvml_available"] and m["nvml"]["nvml_samples"] >= 1
     assert 0 < m["mfu_frac"] < 1
+    # The roofline links each kernel to the op that launched it; our profiler records shapes, so most
+    # kernel time (the GEMMs and flash attention) has FLOPs, judged against the H100/H200 roofs.
+    assert m["roofline_modelled_frac"] > 0.5 and m["roofline_gemm_roof_frac"] is not None
+    assert m["roofline_bound"] in ("compute", "memory", "latency")

@@ -8,10 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from advisor.ceilings import Ceilings, load_ceilings, measure_ceilings
+from advisor.advise import advise_trace
+from advisor.analyze import analyze_path, load_trace
+from advisor.ceilings import Ceilings, ceilings_path, load_ceilings, measure_ceilings, store_ceilings, stored_ceilings
 from advisor.errors import AdvisorError, TraceError
-from advisor.presets import tiny
-from advisor.roofline import op_roofline, op_work, read_op_shapes, step_roofline_summary, total_flops
+from advisor.presets import hardware_for_trace, tiny
+from advisor.roofline import (
+    kernel_roofline,
+    op_roofline,
+    op_work,
+    read_op_shapes,
+    read_trace_work,
+    step_roofline_summary,
+    total_flops,
+    trace_roofline,
+)
 from advisor.specs import HardwareSpec
 
 RUN = Path(__file__).resolve().parent.parent / "traces" / "20261130-165248-tiny-6bcb2f"
@@ -152,3 +163,151 @@ def test_damaged_ceilings_are_refused(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(AdvisorError, match=message):
         load_ceilings(path)
+
+
+def test_all_flops_of_a_cpu_step_match_the_analytic_count():
+    # Everything the roofline attributes to one step of the shipped tiny run (matmuls, attention,
+    # elementwise, norms, the fused AdamW) against 6 N x tokens plus causal flash attention: forward
+    # 4 s q L / 2 per token, backward 2.5x forward (5 matmuls with the recompute of QK^T): 3.5x.
+    report = analyze_path(RUN)
+    table, steps = report.tables["roofline"], report.tables["roofline"].attrs["profiler_steps"]
+    model, tokens = tiny(), 256
+    attn_fwd = 4 * 128 * model.q_dim * model.n_layers / 2 * tokens  # 67,108,864
+    analytic = 6 * model.matmul_params_per_token() * tokens + 3.5 * attn_fwd  # 7,910,703,104
+    assert table["flops"].sum() / steps == pytest.approx(analytic, rel=0.02)  # measured +1.37 %
+    by_cat = table.groupby("category")["flops"].sum() / steps
+    assert by_cat["gemm"] + by_cat["attention"] == pytest.approx(analytic, rel=1e-4)  # -0.003 %
+
+
+def test_own_run_uses_its_device_and_stored_ceilings(tmp_path):
+    events = load_trace(RUN)
+    r = trace_roofline(RUN, events)
+    assert r.hardware.kind == "cpu" and "the device the run used" in r.roofs_note and r.ceilings is None
+    c = Ceilings(r.hardware.name, {"fp32": 1e11}, 5e10, "2026-11-30T00:00:00+00:00", "test")
+    store_ceilings(c, tmp_path)
+    assert stored_ceilings(r.hardware.name, tmp_path) == c
+    measured = trace_roofline(RUN, events, ceilings="auto", store_root=tmp_path)
+    assert measured.ceilings == c and "roofs measured 2026-11-30" in measured.roofs_note
+    assert measured.table.attrs["roofs"] == {
+        "peak_flops_per_s": {"fp32": 1e11},
+        "bytes_per_s": 5e10,
+        "measured": True,
+        "measured_peaks": ["fp32"],
+        "device": r.hardware.name,
+    }
+    # Against a lower compute roof (1e11 against the datasheet's 1.92e11) the GEMMs have less headroom.
+    gemm = r.table["category"] == "gemm"
+    assert (measured.table.loc[gemm, "headroom_frac"] <= r.table.loc[gemm, "headroom_frac"]).all()
+    assert measured.table.loc[gemm, "headroom_frac"].sum() < r.table.loc[gemm, "headroom_frac"].sum()
+
+
+def test_stored_ceilings_of_another_device_are_refused(tmp_path):
+    c = Ceilings("H200 SXM 141GB", {"bf16": 7e14}, 4e12, "", "")
+    path = store_ceilings(c, tmp_path)
+    path.rename(ceilings_path("CPU host (2 cores)", tmp_path))
+    with pytest.raises(AdvisorError, match="is for 'H200 SXM 141GB', not 'CPU host"):
+        stored_ceilings("CPU host (2 cores)", tmp_path)
+
+
+# --- GPU traces (real, from ../shared/traces) --------------------------------------------------------
+
+TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="real traces live in ../shared/traces (absent here)")
+A100_SHAPES = TRACES / "kineto" / "trace_filter" / "sampled_rank-0.json.gz"  # rank 0 of 128, record_shapes
+V100 = TRACES / "kineto" / "ns_resolution_trace" / "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+A100_HOST_BOUND = TRACES / "kineto" / "nccl_parser_config" / "nccl_data.json.gz"
+
+
+@needs_traces
+def test_kernels_link_to_their_launching_ops():
+    # Every kernel's correlation id leads to a runtime call inside an op on the same thread.
+    for path, share in ((V100, 1.0), (A100_HOST_BOUND, 1.0), (A100_SHAPES, 0.98)):
+        work = read_trace_work(path)
+        assert (work.kernels["launch_op"] >= 0).mean() >= share, path.name
+    assert read_trace_work(V100).gpus == [("Tesla V100-SXM2-32GB", 34079637504)]
+
+
+@needs_traces
+def test_gemm_kernels_take_flops_from_their_ops_shapes():
+    work = read_trace_work(A100_SHAPES)
+    hw, how = hardware_for_trace(work.gpus, work.kernels["name"])
+    assert hw.name == "A100 SXM 80GB" and "guessed from kernel names" in how  # no deviceProperties here
+    table = kernel_roofline(work, hw)
+    # aten::mm [8192, 512] @ [512, 8192] on a CUTLASS TF32 kernel: 2*M*N*K per call.
+    mm = table[(table["op"] == "aten::mm") & (table["input_dims"] == "[[8192, 512], [512, 8192]]")].iloc[0]
+    assert mm["basis"] == "shapes" and "s1688gemm" in mm["name"] and mm["precision"] == "tf32"
+    assert mm["flops"] / mm["calls"] == 2 * 8192 * 8192 * 512 == 68_719_476_736
+    assert mm["bytes"] / mm["calls"] == 4 * (8192 * 512 * 2 + 8192 * 8192)
+    assert mm["intensity_flops_per_byte"] == pytest.approx(227.56, abs=0.01)  # compute side of A100's TF32 ridge
+    assert mm["bound"] == "compute"
+    # aten::addmm bias [3906] + [2048, 512] @ [512, 3906]: the bias add is not counted.
+    addmm = table[
+        (table["op"] == "aten::addmm") & (table["input_dims"] == "[[3906], [2048, 512], [512, 3906], [], []]")
+    ]
+    assert (addmm["flops"] / addmm["calls"] == 2 * 2048 * 3906 * 512).all()  # 8,191,475,712
+    # TF32 kernels are judged against the TF32 peak, fp32 SIMT (ampere_sgemm) ones against FP32's.
+    sgemm = table[table["name"].str.startswith("ampere_sgemm") & (table["basis"] == "shapes")]
+    assert len(sgemm) and (sgemm["precision"] == "fp32").all()
+    assert (sgemm["roof_flops_per_s"] <= hw.peak_fp32_flops).all()
+
+
+@needs_traces
+def test_gpu_bound_v100_trace_is_compute_and_memory_bound():
+    # GPU-bound ResNet on one V100 (HTA: idle 2.63 %); recorded without shapes, so the kernels are
+    # judged by class and length.
+    report = analyze_path(V100)
+    m = report.metrics
+    assert "V100 SXM2 32GB" in m.roofline_roofs
+    assert m.roofline_compute_frac + m.roofline_memory_frac > 0.95
+    assert m.roofline_latency_frac < 0.05 and m.roofline_bound in ("compute", "memory")
+    assert m.roofline_modelled_frac < 0.02  # only copies and sets have bytes
+    cudnn_conv = report.tables["roofline"]
+    conv = cudnn_conv[cudnn_conv["op"] == "aten::cudnn_convolution"]
+    assert (conv.loc[conv["category"].isin(["gemm", "convolution"]), "bound"] != "memory").all()
+    # cuDNN's implicit-GEMM kernels (scudnn_*) name no class: their launching convolution gives it.
+    scudnn = cudnn_conv[cudnn_conv["name"].str.contains("scudnn") & (cudnn_conv["mean_call_us"] > 10)]
+    assert len(scudnn) and (scudnn["bound"] == "compute").all()
+    # With no shapes the precision is unknown, and no peak line is drawn for it.
+    assert (cudnn_conv.loc[cudnn_conv["basis"] == "kernel class", "precision"] == "?").all()
+    assert set(cudnn_conv.attrs["roofs"]["peak_flops_per_s"]) == {"fp32"}
+
+
+@needs_traces
+def test_host_bound_a100_trace_is_latency_bound():
+    # README of ../shared/traces: idle 77.78 %, 99 % of it host wait: the launch queue runs dry.
+    m = analyze_path(A100_HOST_BOUND).metrics
+    assert m.roofline_bound == "latency"
+    assert m.roofline_latency_frac == pytest.approx(m.gpu_idle_pct / 100 * m.idle_host_wait_pct / 100, abs=0.03)
+    assert m.roofline_latency_frac > 0.7
+    assert "A100 SXM 40GB" in m.roofline_roofs  # A100-PG509-200 with 40 GB: the HBM2 part
+
+
+@needs_traces
+def test_nsys_export_is_judged_by_kernel_class():
+    report = analyze_path(TRACES / "nsys" / "pipit_cloverleaf_cuda.sqlite")
+    m, table = report.metrics, report.tables["roofline"]
+    assert "A100 SXM 80GB" in m.roofline_roofs
+    assert set(table["basis"]) <= {"kernel class", "transfer"}
+    assert m.roofline_bound == "memory"  # CloverLeaf's stencils: no GEMMs
+
+
+@needs_traces
+def test_roofline_rules_fire_on_the_real_traces():
+    top = advise_trace(A100_HOST_BOUND).recommendations[0]
+    assert top.rule.id == "roof-latency-bound" and "launch-bound" in top.also
+    v100 = {r.rule.id: r for r in advise_trace(V100).recommendations}
+    assert "roof-fuse-memory-bound" in v100
+    assert v100["roof-fuse-memory-bound"].gain.gain_pct == pytest.approx(100 * 0.315 / 2, abs=0.5)
+
+
+def test_a_trace_too_large_for_the_roofline_is_still_analyzed(monkeypatch, capsys):
+    import advisor.roofline as roofline
+
+    monkeypatch.setattr(roofline, "ROOFLINE_MAX_BYTES", 1000)
+    report = analyze_path(RUN)
+    assert "roofline" not in report.tables and report.metrics.roofline_bound is None
+    assert report.metrics.step_time_ms is not None  # the rest of the analysis is there
+    assert (
+        "roofline skipped: trace.json.gz is over the 0 MiB limit decompressed for the roofline"
+        in capsys.readouterr().out
+    )

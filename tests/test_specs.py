@@ -165,8 +165,34 @@ def test_setup_derives_batch_and_accumulation():
 def test_cpu_host_peaks_follow_the_cpu_flags(monkeypatch, flags, bf16, fp16):
     from advisor import presets
 
-    monkeypatch.setattr(presets, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(presets, "cpu_flags", lambda: flags)
     cpu = presets.cpu_host()
     assert cpu.peak_bf16_flops / cpu.peak_fp32_flops == pytest.approx(bf16)
     assert cpu.peak_fp16_flops / cpu.peak_fp32_flops == pytest.approx(fp16)
     assert cpu.peak_fp32_flops == 96e9 * (os.cpu_count() or 1)
+
+
+def test_gpu_names_from_traces_find_their_presets():
+    from advisor.presets import hardware_for_gpu_name, hardware_for_trace
+
+    # Meta's A100-PG509-200 reports 40 GB: the HBM2 part at 1.555 TB/s, not the 80 GB one.
+    assert hardware_for_gpu_name("NVIDIA A100-PG509-200", 42297524224).mem_bw_bytes_per_s == 1.555e12
+    assert hardware_for_gpu_name("NVIDIA A100-SXM4-80GB").mem_bw_bytes_per_s == 2.039e12
+    v100 = hardware_for_gpu_name("Tesla V100-SXM2-32GB", 34079637504)
+    assert (v100.peak_fp16_flops, v100.peak_fp32_flops, v100.peak_bf16_flops) == (125e12, 15.7e12, 0.0)
+    assert v100.memory_bytes == 34079637504
+    assert hardware_for_gpu_name("Some Future GPU") is None
+    hw, how = hardware_for_trace([], ["volta_sgemm_128x64_nn"])
+    assert hw.name == "V100 SXM2 32GB" and "guessed from kernel names" in how
+    assert hardware_for_trace([], ["my_kernel"]) == (
+        None,
+        "the trace names no device and its kernel names give no GPU generation away",
+    )
+
+
+def test_bf16_on_a_gpu_without_it_is_refused():
+    from advisor.sizing import make_setup
+
+    with pytest.raises(SpecError, match="bf16"):
+        make_setup(model="gpt2-124m", gpu="v100", seq=1024, precision="bf16")
+    assert make_setup(model="gpt2-124m", gpu="v100", seq=1024, precision="fp16").hardware.name == "V100 SXM2 32GB"
