@@ -28,6 +28,7 @@ from advisor.charts import (
     nvml_figure,
     phase_figure,
     plan_scatter_figure,
+    roofline_figure,
     temporal_figure,
     time_figure,
     timeline_figure,
@@ -37,6 +38,7 @@ from advisor.estimator import estimate
 from advisor.presets import HARDWARE, MODELS
 from advisor.profiling import RunOptions
 from advisor.report import describe_setup, memory_rows, time_rows, verdict
+from advisor.roofline import trace_roofline
 from advisor.runner import profile_run
 from advisor.runstore import RunInfo, RunStore
 from advisor.sizing import make_setup
@@ -276,6 +278,7 @@ class Jobs:
 
 JOBS = Jobs()
 _TOP_OPS_COLUMNS = ["op", "calls", "self ms", "total ms", "GFLOP"]
+_ROOFLINE_LABEL = "Roofline: achieved FLOP/s against FLOP/byte (log-log; marker area: time)"
 
 
 def _store() -> RunStore:
@@ -283,7 +286,7 @@ def _store() -> RunStore:
 
 
 def _no_run_outputs():
-    return None, None, None, None, pd.DataFrame(columns=_TOP_OPS_COLUMNS), None
+    return None, None, None, None, pd.DataFrame(columns=_TOP_OPS_COLUMNS), None, None
 
 
 def _timeline(table):
@@ -300,21 +303,39 @@ def _timeline(table):
         return None
 
 
-@functools.lru_cache(maxsize=32)
-def _run_timeline(run_dir: str, trace_mtime_ns: int):
-    """A stored run's step timeline, parsed once per trace file version (every page load opens the
-    newest run). The run folder, not its trace file, so its last step counts as complete."""
-    if not trace_mtime_ns:
-        return None
+def _roofline(path: str, table):
+    """(Roofline, "") of the trace at ``path`` whose event table is ``table``, or (None, why) where it
+    cannot be made; the rest of a view still shows. Our own runs are judged against the measured
+    ceilings stored for their device where there are any (as ``advisor.analyze.analyze_path`` does),
+    uploads against the datasheet."""
     try:
-        return _timeline(load_trace(run_dir))
+        return trace_roofline(path, table, ceilings="auto" if table.attrs.get("own_run") else None), ""
+    except AdvisorError as err:
+        return None, f"Roofline skipped: {err}"
+    except Exception:
+        log.exception("roofline failed")
+        return None, "Roofline skipped: it failed unexpectedly; see the server log."
+
+
+@functools.lru_cache(maxsize=32)
+def _run_trace_figures(run_dir: str, trace_mtime_ns: int):
+    """(step-timeline figure, roofline figure) of a stored run, its trace parsed once per file version
+    (every page load opens the newest run); None for each that cannot be made. The run folder, not
+    its trace file, so its last step counts as complete and a distributed run gives rank 0."""
+    if not trace_mtime_ns:
+        return None, None
+    try:
+        table = load_trace(run_dir)
     except AdvisorError:  # an unreadable trace: the run's own numbers still show
-        return None
+        return None, None
+    roofline, _ = _roofline(run_dir, table)
+    return _timeline(table), roofline_figure(roofline.table) if roofline else None
 
 
 def run_view(run: RunInfo):
     """(summary markdown, phase figure, memory figure, NVML figure, step-timeline figure, top-ops
-    table, trace file) of a run."""
+    table, trace file, roofline figure) of a run; outputs added later come last, so an API caller's
+    positions keep their meaning."""
     rec = run.record
     m = run.metrics()
     head = f"### Run `{run.run_id}`: {rec['status']}"
@@ -358,9 +379,9 @@ def run_view(run: RunInfo):
     trace = run.path / "trace.json.gz"
     if not trace.is_file():  # a distributed run: one trace per rank, rank 0's offered for download
         trace = run.path / "ranks" / "rank-0.trace.json.gz"
-    timeline = _run_timeline(str(run.path), trace.stat().st_mtime_ns if trace.is_file() else 0)
+    timeline, roofline = _run_trace_figures(str(run.path), trace.stat().st_mtime_ns if trace.is_file() else 0)
     figures = (phase_figure(m), measured_memory_figure(m), nvml_figure(samples), timeline)
-    return (summary, *figures, top, str(trace) if trace.is_file() else None)
+    return (summary, *figures, top, str(trace) if trace.is_file() else None, roofline)
 
 
 def profile_view(
@@ -428,7 +449,7 @@ def profile_view(
         lambda on_progress, cancel: profile_run(setup, options, _store(), on_progress=on_progress, cancel=cancel),
         lambda done, total, message: (
             f"### Running: {message} ({100 * done // total} %)",
-            *(gr.skip() for _ in range(6)),
+            *(gr.skip() for _ in _no_run_outputs()),
         ),
     )
     if isinstance(result, str):
@@ -562,6 +583,7 @@ def build_profile_tab() -> tuple[dict, gr.Dropdown]:
                 memory = gr.Plot(label="Peak memory")
             nvml = gr.Plot(label="NVML")
             timeline = gr.Plot(label="One step: phases and top ops or kernels")
+            roofline = gr.Plot(label=_ROOFLINE_LABEL, elem_id="profile-roofline")
             top_ops = gr.Dataframe(
                 pd.DataFrame(columns=_TOP_OPS_COLUMNS),
                 label="Top ops by self time",
@@ -575,7 +597,7 @@ def build_profile_tab() -> tuple[dict, gr.Dropdown]:
     widgets |= {"pin_memory": pin_memory, "compile_model": compile_model, "optimizer_impl": optimizer_impl}
     widgets |= {"nproc": nproc, "tp": ptp, "pp": ppp, "zero": pzero, "sequence_parallel": psp}
     inputs = [widgets[k] for k in PROFILE_DEFAULTS]  # profile_view's parameter order
-    outputs = [summary, phases, memory, nvml, timeline, top_ops, trace]
+    outputs = [summary, phases, memory, nvml, timeline, top_ops, trace, roofline]
     run_btn.click(profile_view, inputs, outputs, api_name="profile", concurrency_limit=1, concurrency_id="device")
     cancel_btn.click(cancel_profile, None, summary, api_visibility="undocumented", queue=False)
     runs.change(open_run, runs, outputs, api_name="open_run")
@@ -590,6 +612,28 @@ _TABLE_COLUMNS = ["name", "category", "time ms", "count", "share %"]
 
 
 _COLLECTIVE_COLUMNS = ["rank", "kind", "calls", "time_ms", "exposed_ms"]
+# The roofline table as shown: (column of advisor.roofline.ROOFLINE_COLUMNS, header, scale, decimals).
+# The verdict and its numbers come right after the name, in view beside it; what identifies the row
+# further (op, shapes) and how it was judged follow.
+_ROOFLINE_SHOWN = [
+    ("name", "name", None, None),
+    ("bound", "bound", None, None),
+    ("time_ms", "time ms", 1, 3),
+    ("headroom_frac", "headroom %", 100, 1),
+    ("achieved_flops_per_s", "achieved GFLOP/s", 1e-9, 2),
+    ("roof_flops_per_s", "roof GFLOP/s", 1e-9, 2),
+    ("achieved_bytes_per_s", "achieved GB/s", 1e-9, 2),
+    ("intensity_flops_per_byte", "FLOP/byte", 1, 2),
+    ("calls", "calls", 1, 0),
+    ("mean_call_us", "us per call", 1, 1),
+    ("op", "op", None, None),
+    ("input_dims", "input shapes", None, None),
+    ("precision", "precision", None, None),
+    ("basis", "basis", None, None),
+]
+_ROOFLINE_HEADERS = [header for _, header, _, _ in _ROOFLINE_SHOWN]
+_ROOFLINE_ROWS = 30
+_NAME_CHARS = 90  # C++ template names run to pages
 
 
 def _no_analysis():
@@ -600,7 +644,21 @@ def _no_analysis():
         pd.DataFrame(columns=_TABLE_COLUMNS),
         pd.DataFrame(),
         pd.DataFrame(columns=_COLLECTIVE_COLUMNS),
+        None,
+        pd.DataFrame(columns=_ROOFLINE_HEADERS),
     )
+
+
+def _roofline_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The roofline table's rows with the most time, in units for reading (headers carry them)."""
+    top = table.sort_values("time_ms", ascending=False, kind="stable").head(_ROOFLINE_ROWS)
+    shown = {}
+    for column, header, scale, decimals in _ROOFLINE_SHOWN:
+        values = top[column]
+        shown[header] = (
+            values.astype(str).str.slice(0, _NAME_CHARS) if scale is None else (values * scale).round(decimals)
+        ).to_numpy()
+    return pd.DataFrame(shown)
 
 
 class _Cancelled(AdvisorError):
@@ -614,8 +672,9 @@ def analyze_view(
     cancel: threading.Event | None = None,
 ):
     """Analyze tab: (summary, temporal figure, category figure, step-timeline figure, top table,
-    details table, collectives table) of an uploaded trace, or else of a stored run's trace. ``on_stage(done, total,
-    message)`` hears of each stage; a set ``cancel`` stops before the next one."""
+    details table, collectives table, roofline figure, roofline table) of an uploaded trace, or else of
+    a stored run's trace; outputs added later come last. ``on_stage(done, total, message)`` hears of
+    each stage; a set ``cancel`` stops before the next one."""
 
     def stage(done: int, message: str) -> None:
         if cancel is not None and cancel.is_set():
@@ -636,7 +695,8 @@ def analyze_view(
         stage(0, f"loading {label}")
         table = load_trace(path)
         stage(1, f"analyzing {len(table):,} events")
-        report = analyze(table, run_id=label)
+        roofline, skipped = _roofline(path, table)
+        report = analyze(table, run_id=label, roofline=roofline)
         stage(2, "drawing")
     except _Cancelled:
         return ("### Analysis cancelled", *_no_analysis())
@@ -647,7 +707,7 @@ def analyze_view(
         return ("### Internal error\nThe analysis failed unexpectedly; see the server log.", *_no_analysis())
     t = report.tables
     gpu = not t["temporal_breakdown"].empty
-    summary = "```\n" + format_report(report, label) + "\n```"
+    summary = "```\n" + format_report(report, label) + "\n```" + (f"\n\n{skipped}" if skipped else "")
     if gpu:
         top = t["top_kernels"].assign(time_ms=lambda d: d["time_ns"] / 1e6)
         top = top[["name", "category", "time_ms", "count", "time_pct"]]
@@ -663,7 +723,7 @@ def analyze_view(
             }
         )
     top.columns = _TABLE_COLUMNS
-    top["name"] = top["name"].astype(str).str.slice(0, 90)  # C++ template names run to pages
+    top["name"] = top["name"].astype(str).str.slice(0, _NAME_CHARS)
     details = t["idle_time_breakdown"] if gpu else t["phases"]
     return (
         summary,
@@ -673,6 +733,8 @@ def analyze_view(
         top.round(3),
         details.round(3),
         t["collectives"][_COLLECTIVE_COLUMNS].round(3),
+        roofline_figure(roofline.table) if roofline else None,
+        _roofline_rows(roofline.table) if roofline else pd.DataFrame(columns=_ROOFLINE_HEADERS),
     )
 
 
@@ -685,7 +747,7 @@ def analyze_job(upload: str | None, run_id: str | None, request: gr.Request | No
         lambda on_stage, cancel: analyze_view(upload, run_id, on_stage, cancel),
         lambda done, total, message: (
             f"### Analyzing: {message} ({done} of {total} stages done)",
-            *(gr.skip() for _ in range(6)),
+            *(gr.skip() for _ in _no_analysis()),
         ),
     )
     yield result if isinstance(result, tuple) else (f"### Cannot analyze this trace\n{result}", *_no_analysis())
@@ -725,6 +787,16 @@ def build_analyze_tab() -> gr.Dropdown:
                 interactive=False,
                 elem_id="analyze-top",
             )
+            roofline = gr.Plot(label=_ROOFLINE_LABEL, elem_id="analyze-roofline")
+            roofline_table = gr.Dataframe(
+                pd.DataFrame(columns=_ROOFLINE_HEADERS),
+                label=f"Roofline per op / kernel and shapes (top {_ROOFLINE_ROWS} by time; headroom: the share "
+                "of its time above the roof)",
+                interactive=False,
+                max_chars=40,  # a click on a cell shows the rest; the numbers stay in view beside the names
+                pinned_columns=1,
+                elem_id="analyze-roofline-table",
+            )
             details = gr.Dataframe(
                 pd.DataFrame(), label="Idle time by stream (GPU) / step phases (CPU)", interactive=False
             )
@@ -734,7 +806,7 @@ def build_analyze_tab() -> gr.Dropdown:
                 interactive=False,
                 elem_id="analyze-collectives",
             )
-    outputs = [summary, temporal, categories, timeline, top, details, collectives]
+    outputs = [summary, temporal, categories, timeline, top, details, collectives, roofline, roofline_table]
     button.click(analyze_job, [upload, runs], outputs, api_name="analyze")
     upload.upload(analyze_job, [upload, runs], outputs, api_visibility="undocumented")
     cancel.click(cancel_analysis, None, summary, queue=False, api_visibility="undocumented")

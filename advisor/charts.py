@@ -1,7 +1,8 @@
-"""Plotly figures of an Estimate. Pure presentation: numbers come from the estimator."""
+"""Plotly figures of estimates, runs and traces. Pure presentation: the numbers come from the core."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import plotly.graph_objects as go
@@ -325,3 +326,161 @@ def plan_scatter_figure(result) -> go.Figure:
         margin={"l": 70, "r": 20, "t": 50, "b": 40},
     )
     return fig
+
+
+BOUND_COLOURS = {"compute": "#4c78a8", "memory": "#f58518", "latency": "#e45756", "communication": "#72b7b2"}
+"""One colour per roofline verdict (``advisor.roofline.BOUNDS``), the same on every roofline chart."""
+_ROOF_COLOURS = {
+    "memory": "#555555",
+    "fp32": "#222222",
+    "tf32": "#7f3c8d",
+    "bf16": "#11a579",
+    "fp16": "#3969ac",
+    "fp8": "#e73f74",
+}
+_NO_SHAPES = "no op in this trace has recorded shapes: profile with record_shapes=True to place kernels on the roofline"
+_HOVER_NAME_CHARS = 80  # C++ kernel names run to pages; the table beside the chart has the rest
+
+
+def _rate(value: float, unit: str) -> str:
+    """``value`` per second with an SI prefix and 3 significant digits: ``_rate(1.76e11, "FLOP")`` is
+    "176 GFLOP/s"."""
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}/s"
+    return f"{value:.3g} {unit}/s"
+
+
+def _short(text: str, limit: int) -> str:
+    return _plotly_text(text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+def _roofline_hover(r, gpu: bool) -> str:
+    lines = [f"<b>{_short(r.name, _HOVER_NAME_CHARS)}</b>"]
+    if gpu or r.op != r.name:
+        lines.append(f"op: {_short(r.op or 'unknown', _HOVER_NAME_CHARS)}")
+    if r.input_dims:
+        lines.append(f"shapes: {_short(r.input_dims, _HOVER_NAME_CHARS)}")
+    lines.append(f"{r.calls:,} calls, {r.time_ms:.3f} ms ({r.mean_call_us:.1f} us per call), {r.precision}")
+    lines.append(f"achieved {_rate(r.achieved_flops_per_s, 'FLOP')}, {_rate(r.achieved_bytes_per_s, 'B')}")
+    lines.append(f"intensity {r.intensity_flops_per_byte:.3g} FLOP/byte")
+    headroom = "" if math.isnan(r.headroom_frac) else f", {100 * r.headroom_frac:.0f} % of its time above the roof"
+    lines.append(f"{r.bound}-bound{headroom}")
+    return "<br>".join(lines)
+
+
+def roofline_figure(table) -> go.Figure:
+    """Log-log roofline of an ``advisor.roofline`` table: achieved FLOP/s against arithmetic intensity
+    (FLOP/byte), one marker per row (op or kernel, and its shapes), its area proportional to its time,
+    one trace per verdict coloured by ``BOUND_COLOURS``; the roofs (``table.attrs['roofs']``) drawn as
+    lines: the bandwidth diagonal up to each precision's ridge point, then that precision's peak. Rows
+    without FLOPs (no shapes recorded, copies and sets) cannot sit on log axes: the title says how much
+    time they hold, and a trace with none plottable gets a figure that says why."""
+    roofs = table.attrs.get("roofs") or {}
+    gpu = table.attrs.get("device") == "gpu"
+    what = "kernels" if gpu else "ops"
+    t = table[table["time_ms"] > 0]
+    plotted = (t["flops"] > 0) & (t["bytes"] > 0)
+    plotted &= t["intensity_flops_per_byte"].map(math.isfinite) & (t["achieved_flops_per_s"] > 0)
+    points = t[plotted]
+    total_ms = float(t["time_ms"].sum())
+    no_shapes_ms = float(t.loc[t["flops"].isna(), "time_ms"].sum())
+    movement_ms = float(t.loc[~plotted & t["flops"].notna(), "time_ms"].sum())
+    left_out = []
+    if no_shapes_ms:
+        left_out.append(f"{no_shapes_ms:,.1f} ms with no shapes recorded")
+    if movement_ms:
+        left_out.append(f"{movement_ms:,.1f} ms of copies and sets (no FLOPs)")
+    device = roofs.get("device", "unknown device")
+    if len(points):
+        share = 100 * float(points["time_ms"].sum()) / total_ms
+        title = f"Roofline on {device}: {len(points)} {what}, {share:.0f} % of the {what}' time"
+    else:
+        title = f"Roofline on {device}: nothing to plot"
+    if left_out:
+        title += "<br><sup>not plotted: " + "; ".join(left_out) + "</sup>"
+    fig = go.Figure()
+    if len(points):
+        biggest = float(points["time_ms"].max())
+        for bound, colour in BOUND_COLOURS.items():
+            part = points[points["bound"] == bound]
+            if part.empty:
+                continue
+            fig.add_scatter(
+                name=bound,
+                x=part["intensity_flops_per_byte"],
+                y=part["achieved_flops_per_s"],
+                mode="markers",
+                # Marker area in proportion to time: the biggest is 40 px across.
+                marker={
+                    "color": colour,
+                    "size": part["time_ms"],
+                    "sizemode": "area",
+                    "sizeref": 2 * biggest / 40**2,
+                    "sizemin": 4,
+                    "opacity": 0.75,
+                    "line": {"color": "white", "width": 0.5},
+                },
+                text=[name[:_HOVER_NAME_CHARS] for name in part["name"]],
+                hovertext=[_roofline_hover(r, gpu) for r in part.itertuples()],
+                hovertemplate="%{hovertext}<extra></extra>",
+            )
+    _add_roofs(fig, roofs, points["intensity_flops_per_byte"])
+    if not len(points):
+        message = _NO_SHAPES if no_shapes_ms else f"no {what} with FLOPs in this trace to place on the roofline"
+        fig.add_annotation(
+            text=message,
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=0.5,
+            showarrow=False,
+            bgcolor="white",
+            bordercolor="#888888",
+            borderpad=6,
+        )
+    fig.update_layout(
+        title=title,
+        xaxis={"title": "arithmetic intensity, FLOP/byte", "type": "log"},
+        yaxis={"title": "achieved FLOP/s", "type": "log"},
+        # Legend markers at one size: a bound's marker would otherwise take the size of its first point.
+        legend={"orientation": "h", "yanchor": "top", "y": -0.18, "itemsizing": "constant"},
+        height=480,
+        margin={"l": 70, "r": 20, "t": 70, "b": 40},
+    )
+    return fig
+
+
+def _add_roofs(fig: go.Figure, roofs: dict, intensity) -> None:
+    """The bandwidth diagonal y = bytes_per_s * x up to the highest ridge point, and each precision's
+    peak from its ridge point to the right edge, named in the legend with its value and source (labels
+    on the lines would sit on the points near the ridge)."""
+    peaks = roofs.get("peak_flops_per_s") or {}
+    bw = roofs.get("bytes_per_s") or 0.0
+    if not peaks or bw <= 0:
+        return
+    measured_peaks = set(roofs.get("measured_peaks", peaks if roofs.get("measured") else ()))
+    source = "measured" if roofs.get("measured") else "datasheet"
+    ridges = {p: f / bw for p, f in peaks.items()}
+    # Without points, three decades of the diagonal and two of the peaks show where ops would fall.
+    lo = min([*intensity, min(ridges.values())]) / 3 if len(intensity) else min(ridges.values()) / 1000
+    hi = max([*intensity, max(ridges.values())]) * 3 if len(intensity) else max(ridges.values()) * 100
+    top = max(ridges.values())
+    fig.add_scatter(
+        name=f"memory {_rate(bw, 'B')} ({source})",
+        x=[lo, top],
+        y=[bw * lo, bw * top],
+        mode="lines",
+        line={"color": _ROOF_COLOURS["memory"], "width": 1.5, "dash": "dash"},
+        hoverinfo="name",
+    )
+    for precision, peak in sorted(peaks.items(), key=lambda kv: kv[1]):
+        label = f"{precision} peak {_rate(peak, 'FLOP')} ({'measured' if precision in measured_peaks else 'datasheet'})"
+        fig.add_scatter(
+            name=label,
+            x=[ridges[precision], hi],
+            y=[peak, peak],
+            mode="lines",
+            line={"color": _ROOF_COLOURS.get(precision, "#222222"), "width": 1.5},
+            hoverinfo="name",
+        )

@@ -150,7 +150,7 @@ def test_advise_on_the_size_setup_that_does_not_fit(served):
 
 @pytest.mark.skipif(not KINETO_RANK0.is_file(), reason=f"real traces live in {TRACES} (absent here)")
 def test_analyze_an_uploaded_real_trace(served):
-    summary, temporal, categories, timeline, top, idle, collectives = served.client.predict(
+    summary, temporal, categories, timeline, top, idle, collectives, roofline, roofline_table = served.client.predict(
         gradio_client.handle_file(str(KINETO_RANK0)), None, api_name="/analyze"
     )
     # HTA's reference for this rank (../shared/traces/README.md): idle 53.56, compute 17.71,
@@ -166,13 +166,17 @@ def test_analyze_an_uploaded_real_trace(served):
     calls = {r["kind"]: r["calls"] for r in _rows(collectives)}
     assert calls == {"all_reduce": 2, "all_gather": 1, "all_to_all": 2}
     assert all(0 <= r["exposed_ms"] <= r["time_ms"] for r in _rows(collectives))
+    # Its GEMM kernels sit on the roofline (the trace was recorded with shapes) against an A100's roofs.
+    assert roofline["type"] == "plotly" and "Roofline verdict: latency/launch-bound" in summary
+    assert any("s1688gemm" in r["name"] for r in _rows(roofline_table))
 
 
 def test_profile_runs_a_tiny_cpu_step_into_the_store(served, profiled):
-    updates, (summary, phases, memory, nvml, timeline, top_ops, trace) = profiled
+    updates, (summary, phases, memory, nvml, timeline, top_ops, trace, roofline) = profiled
     assert updates[0][0].startswith("### Starting") and any(u[0].startswith("### Running: ") for u in updates)
     assert "`: ok" in summary and "tokens/s" in summary and nvml is None
     assert phases["type"] == "plotly" and memory["type"] == "plotly" and timeline["type"] == "plotly"
+    assert roofline["type"] == "plotly"
     assert "aten::mm" in {r["op"] for r in _rows(top_ops)}
     assert trace["orig_name"] == "trace.json.gz" and json.loads(gzip.decompress(_fetch(trace)))["traceEvents"]
     run = served.store.load(_run_id(summary))

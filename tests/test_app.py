@@ -113,13 +113,15 @@ def test_profile_tab_runs_a_step_and_shows_it(store):
     updates = _profile()
     assert updates[0][0].startswith("### Starting")
     assert any(u[0].startswith("### Running: step") for u in updates)
-    summary, phases, memory, nvml, timeline, top, trace = updates[-1]
+    assert {len(u) for u in updates} == {8}  # the progress updates skip every output but the summary
+    summary, phases, memory, nvml, timeline, top, trace, roofline = updates[-1]
     assert "`: ok" in summary and "tokens/s" in summary and "nsys profile --capture-range=cudaProfilerApi" in summary
     assert phases.data[0].y == ("data", "forward", "backward", "optimizer", "other")
     assert list(memory.data[0].x) == ["measured peak", "estimated"]
     assert nvml is None  # CPU run: no NVML samples
     assert timeline.layout.title.text.startswith("ProfilerStep#")  # one profiled step (steps=1, warmup 1)
     assert "aten::mm" in set(top["op"]) and trace.endswith("trace.json.gz")
+    assert "aten::mm" in _points(roofline)  # the run records shapes: its matmuls sit on the roofline
     (run,) = store.list_runs()[0]
     reopened = app.open_run(run.run_id)
     assert reopened[0] == summary
@@ -149,9 +151,43 @@ SAMPLE_RUNS = ("20261130-165248-tiny-6bcb2f", "20261130-165253-tiny-617152")  # 
 def test_shipped_sample_runs_are_readable(run_id):
     from advisor.runstore import RunStore
 
-    summary, phases, memory, _, timeline, top, trace = app.run_view(RunStore().load(run_id))
+    summary, phases, memory, _, timeline, top, trace, roofline = app.run_view(RunStore().load(run_id))
     assert f"`{run_id}`: ok" in summary and phases is not None and memory is not None and timeline is not None
     assert not top.empty and trace.endswith("trace.json.gz")
+    assert roofline.layout.title.text.startswith("Roofline on CPU host")
+    assert {"aten::mm", "aten::linear"} <= _points(roofline)
+
+
+@pytest.fixture
+def fresh_run_figures():
+    """_run_trace_figures' cache emptied before and after: a test that breaks the roofline sees its own
+    run drawn afresh, and leaves no broken figure behind for the next test."""
+    app._run_trace_figures.cache_clear()
+    yield
+    app._run_trace_figures.cache_clear()
+
+
+def test_a_run_whose_roofline_fails_still_shows_the_rest(monkeypatch, fresh_run_figures):
+    from advisor.errors import TraceError
+    from advisor.runstore import RunStore
+
+    def no_roofline(*_args, **_kwargs):
+        raise TraceError("trace.json.gz holds no cpu_op events to judge")
+
+    monkeypatch.setattr(app, "trace_roofline", no_roofline)
+    summary, phases, _, _, timeline, top, _, roofline = app.run_view(RunStore().load(SAMPLE_RUNS[0]))
+    assert roofline is None
+    assert "`: ok" in summary and phases is not None and timeline is not None and not top.empty
+
+
+def _points(figure) -> set[str]:
+    """The names of the ops or kernels a roofline figure plots (its marker traces' points)."""
+    return {name for trace in figure.data if trace.mode == "markers" for name in trace.text}
+
+
+def _roof_lines(figure) -> dict:
+    """A roofline figure's roofs by legend name: the bandwidth diagonal and one line per peak."""
+    return {trace.name: trace for trace in figure.data if trace.mode == "lines"}
 
 
 # --- Analyze tab ---
@@ -161,7 +197,7 @@ TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 @pytest.mark.skipif(not TRACES.is_dir(), reason="real traces live in ../shared/traces (absent here)")
 def test_analyze_tab_on_an_uploaded_real_trace():
-    summary, temporal, categories, timeline, top, details, collectives = app.analyze_view(
+    summary, temporal, categories, timeline, top, details, collectives, roofline, roofline_table = app.analyze_view(
         str(TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite"), None
     )
     assert "2 rank(s), cuda" in summary
@@ -174,10 +210,13 @@ def test_analyze_tab_on_an_uploaded_real_trace():
     assert collectives.set_index("rank")["calls"].to_dict() == {0: 33, 1: 33}
     # nsys captures have no ProfilerStep ranges: the timeline spans the whole capture of rank 0.
     assert timeline.layout.title.text == "whole trace (no ProfilerStep): 299.9 ms"
+    # An nsys export records no shapes: every kernel is judged by its class, none is plotted.
+    assert not _points(roofline) and "record_shapes=True" in roofline.layout.annotations[0].text
+    assert set(roofline_table["basis"]) <= {"kernel class", "transfer"}
 
 
 def test_analyze_tab_on_a_stored_cpu_run_and_on_bad_input(tmp_path):
-    summary, temporal, categories, timeline, top, details, collectives = app.analyze_view(None, SAMPLE_RUNS[0])
+    summary, temporal, categories, timeline, top, details, collectives, *_ = app.analyze_view(None, SAMPLE_RUNS[0])
     assert "1 rank(s), cpu" in summary and temporal is None and categories is None
     assert top.iloc[0]["name"] == "aten::mm" and "forward" in set(details["phase"])
     assert collectives.empty  # one process: nothing to communicate
@@ -191,6 +230,97 @@ def test_analyze_tab_on_a_stored_cpu_run_and_on_bad_input(tmp_path):
     )
     assert app.analyze_view(None, "../etc")[0].startswith("### Cannot analyze this trace\nrun id '../etc' is not valid")
     assert app.analyze_view(None, None)[0].startswith("Upload a trace")
+
+
+def test_analyze_tab_draws_the_roofline_of_a_stored_cpu_run():
+    from advisor.analyze import load_trace
+    from advisor.roofline import trace_roofline
+    from advisor.runstore import RunStore
+
+    updates = list(app.analyze_job(None, SAMPLE_RUNS[0]))
+    assert {len(u) for u in updates} == {9}  # stages as progress, then the view: every output each time
+    summary, *_, roofline, table = updates[-1]
+    run_dir = RunStore().path(SAMPLE_RUNS[0])
+    backend = trace_roofline(run_dir, load_trace(run_dir), ceilings="auto").table
+    assert "Roofline verdict: compute-bound" in summary
+    assert {"aten::mm", "aten::linear"} <= _points(roofline)
+    # The head's weight gradient, aten::mm [256, 8192] x [8192, 256] twice: 2 x 2*256*8192*256 FLOPs
+    # over 4 bytes x (256*8192 + 8192*256 + 256*256) per call = 63.0 FLOP/byte, in 11.2305 ms = 191.2 GFLOP/s.
+    compute = next(t for t in roofline.data if t.name == "compute")
+    i = next(i for i, h in enumerate(compute.hovertext) if "shapes: [[256, 8192], [8192, 256]]" in h)
+    assert compute.x[i] == pytest.approx(63.015, abs=1e-3) and compute.y[i] == pytest.approx(191.2e9, rel=1e-3)
+    # The roofs are the backend table's: the fp32 peak, and the bandwidth diagonal that meets it.
+    roofs = backend.attrs["roofs"]
+    peak, bandwidth = roofs["peak_flops_per_s"]["fp32"], roofs["bytes_per_s"]
+    lines = _roof_lines(roofline)
+    (peak_line,) = [line for name, line in lines.items() if name.startswith("fp32 peak")]
+    (diagonal,) = [line for name, line in lines.items() if name.startswith("memory")]
+    assert set(peak_line.y) == {peak} and peak_line.x[0] == pytest.approx(peak / bandwidth)
+    assert diagonal.y[0] / diagonal.x[0] == pytest.approx(bandwidth) and diagonal.y[-1] == pytest.approx(peak)
+    # The table shows the backend's rows, most time first: the head's forward linear, 14.125 ms.
+    first, expected = table.iloc[0], backend.iloc[0]
+    assert (first["name"], first["input shapes"]) == ("aten::linear", "[[2, 128, 256], [8192, 256], []]")
+    assert (first["name"], first["input shapes"]) == (expected["name"], expected["input_dims"])
+    assert first["time ms"] == round(expected["time_ms"], 3) == 14.125
+    assert first["achieved GFLOP/s"] == round(expected["achieved_flops_per_s"] / 1e9, 2) == 152.04
+    assert first["headroom %"] == round(100 * expected["headroom_frac"], 1)
+    assert len(table) == 30 and list(table["time ms"]) == sorted(table["time ms"], reverse=True)
+
+
+def test_a_trace_whose_roofline_fails_is_still_analyzed(monkeypatch):
+    from advisor.errors import TraceError
+
+    def no_roofline(*_args, **_kwargs):
+        raise TraceError("trace.json.gz holds no cpu_op events to judge")
+
+    monkeypatch.setattr(app, "trace_roofline", no_roofline)
+    summary, _, _, timeline, top, *_, roofline, table = app.analyze_view(None, SAMPLE_RUNS[0])
+    assert summary.endswith("Roofline skipped: trace.json.gz holds no cpu_op events to judge")
+    assert "1 rank(s), cpu" in summary and timeline is not None and top.iloc[0]["name"] == "aten::mm"
+    assert roofline is None and table.empty and "headroom %" in table.columns
+
+
+A100_TRACE = TRACES / "kineto" / "trace_filter" / "sampled_rank-0.json.gz"
+
+
+@pytest.mark.skipif(not A100_TRACE.is_file(), reason="real traces live in ../shared/traces (absent here)")
+def test_analyze_tab_places_an_uploaded_gpu_traces_gemms_on_the_roofline():
+    *_, roofline, table = app.analyze_view(str(A100_TRACE), None)
+    # No device in the trace: its cutlass_80 kernels give an A100 away, judged by the A100 SXM datasheet
+    # (19.5 TFLOP/s fp32, 156 TFLOP/s tf32, 2,039 GB/s).
+    assert set(_roof_lines(roofline)) == {
+        "memory 2.04 TB/s (datasheet)",
+        "fp32 peak 19.5 TFLOP/s (datasheet)",
+        "tf32 peak 156 TFLOP/s (datasheet)",
+    }
+    points = _points(roofline)
+    assert any("s1688gemm" in p for p in points) and any(p.startswith("ampere_sgemm") for p in points)
+    assert not any(p.startswith("ncclKernel") for p in points)  # collectives have no FLOPs to plot
+    # aten::mm [8192, 512] x [512, 8192] on TF32 tensor cores, twice: 2 x 2*8192*512*8192 FLOPs over
+    # 4 bytes x (2*8192*512 + 8192*8192) per call = 227.6 FLOP/byte, in 2.503 ms = 54.9 TFLOP/s.
+    compute = next(t for t in roofline.data if t.name == "compute")
+    i = next(i for i, h in enumerate(compute.hovertext) if "shapes: [[8192, 512], [512, 8192]]" in h)
+    assert compute.x[i] == pytest.approx(227.56, abs=0.01) and compute.y[i] == pytest.approx(54.91e12, rel=1e-3)
+    assert compute.text[i].startswith("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128")
+    assert "&lt;cutlass_80" in compute.hovertext[i]  # template brackets escaped, not read as markup
+    # The NCCL kernels, recorded without shapes, hold most of the time: the title says it is not plotted.
+    assert "ms with no shapes recorded" in roofline.layout.title.text
+    assert table.iloc[0]["name"].startswith("ncclKernel_SendRecv") and table.iloc[0]["bound"] == "communication"
+    assert table["name"].str.len().max() <= 90
+
+
+V100_TRACES = sorted((TRACES / "kineto" / "ns_resolution_trace").glob("*.json.gz"))
+
+
+@pytest.mark.skipif(not V100_TRACES, reason="real traces live in ../shared/traces (absent here)")
+def test_a_trace_recorded_without_shapes_says_so_on_its_roofline():
+    *_, roofline, table = app.analyze_view(str(V100_TRACES[0]), None)
+    assert not _points(roofline)
+    (note,) = roofline.layout.annotations
+    assert note.text.startswith("no op in this trace has recorded shapes: profile with record_shapes=True")
+    # The V100 SXM2 datasheet's roofs still show where the kernels would fall.
+    assert set(_roof_lines(roofline)) == {"memory 900 GB/s (datasheet)", "fp32 peak 15.7 TFLOP/s (datasheet)"}
+    assert set(table["basis"]) == {"kernel class"} and table["FLOP/byte"].isna().all()  # its top 30: kernels
 
 
 # --- Advice and Plan tabs ---

@@ -31,6 +31,7 @@ FLAGS = [
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"
 V100_TRACE = TRACES / "kineto" / "ns_resolution_trace" / "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+A100_TRACE = TRACES / "kineto" / "trace_filter" / "sampled_rank-0.json.gz"  # recorded with shapes
 FP32_RUN = "20261130-165248-tiny-6bcb2f"  # a shipped sample run, profiled in fp32
 SHOTS = os.environ.get("ADVISOR_SCREENSHOTS")
 
@@ -165,6 +166,9 @@ def test_profile_a_tiny_step_on_the_cpu(page, server):
     expect(summary).to_contain_text(": ok")
     expect(summary).to_contain_text("ms per step")
     expect(page.locator("#profile-top-ops")).to_contain_text("aten::")  # the top-ops table is filled
+    roofline = page.locator("#profile-roofline")  # plotly drew the run's roofline: its points and roofs
+    expect(roofline.locator(".js-plotly-plot .scatterlayer .point").first).to_be_visible()
+    expect(roofline).to_contain_text("fp32 peak")
     run_id = summary.inner_text().split("Run ")[1].split(":")[0].strip()
     assert run_id not in {p.name for p in (REPO / "traces").iterdir()}
     assert (server[1] / run_id / "trace.json.gz").is_file()  # the new run landed in the store
@@ -180,6 +184,16 @@ def test_upload_a_real_trace_and_read_the_breakdown(page):
     # Hand-checked in tests/test_analyze.py: GEMMs are 24.8 % of this trace's kernel time, all FP32 SIMT.
     expect(summary).to_contain_text("gemm 24.8 %")
     expect(page.locator("#analyze-top")).to_contain_text("volta_sgemm_64x64_tn")
+    # Recorded without shapes: the roofline shows the V100's roofs and says why it has no points.
+    roofline = page.locator("#analyze-roofline")
+    expect(roofline.locator(".js-plotly-plot")).to_be_visible()
+    expect(roofline).to_contain_text("record_shapes=True")
+    if A100_TRACE.is_file():  # a trace with shapes: its kernels placed against the A100's roofs
+        page.locator("#analyze-upload").get_by_role("button", name="Clear").click()
+        page.locator("#analyze-upload input[type=file]").set_input_files(str(A100_TRACE))
+        expect(summary).to_contain_text("sampled_rank-0.json.gz", timeout=60_000)
+        expect(roofline).to_contain_text("tf32 peak 156 TFLOP/s")
+        expect(roofline.locator(".js-plotly-plot .scatterlayer .point").first).to_be_visible()
     _shot(page, "analyze")
 
 

@@ -59,7 +59,7 @@ def test_the_run_folder_loads_as_every_rank(fsdp_run):
 def test_the_app_shows_the_ranks(fsdp_run):
     app = pytest.importorskip("app")
     _, run = fsdp_run
-    summary, *_, trace = app.run_view(run)
+    summary, *_, trace, _roofline = app.run_view(run)
     assert "**2 processes: dp2 tp1 pp1, ZeRO-3 (FSDP2, reshard after forward).**" in summary
     assert trace.endswith(os.path.join("ranks", "rank-0.trace.json.gz"))
 
