@@ -37,7 +37,7 @@ from advisor.errors import AdvisorError
 from advisor.estimator import estimate
 from advisor.presets import HARDWARE, MODELS
 from advisor.profiling import RunOptions
-from advisor.report import describe_setup, memory_rows, time_rows, verdict
+from advisor.report import describe_setup, memory_rows, roofline_line, time_rows, verdict
 from advisor.roofline import trace_roofline
 from advisor.runner import profile_run
 from advisor.runstore import RunInfo, RunStore
@@ -356,6 +356,9 @@ def run_view(run: RunInfo):
         f"{m['model_name']}: seq {m['seq_len']} x micro {m['micro_batch']} x accum {m['grad_accum']}, "
         f"{m['precision']}, recompute {m['recompute']}, {m['optimizer']} · {nv_line}"
     )
+    if m.get("roofline_bound"):
+        line = roofline_line(m)
+        summary += f"\n\n{line[0].upper()}{line[1:]}"
     if m.get("proxy_note"):
         summary += f"\n\n**{m['proxy_note']}**"
     if (m.get("world_size") or 1) > 1:

@@ -140,7 +140,7 @@ def analyze(
 def _roofline_fields(roofline: Roofline, m: StepMetrics) -> dict:
     idle = m.gpu_idle_pct / 100 if m.gpu_idle_pct is not None else None
     host = m.idle_host_wait_pct / 100 if m.idle_host_wait_pct is not None else None
-    s = step_roofline_summary(roofline.table, gpu_idle_frac=idle, host_wait_frac=host)
+    s = step_roofline_summary(roofline.table, gpu_idle_frac=idle, host_wait_frac=host, step_ms=m.step_time_ms)
     per_step = s["headroom_per_step_ms"]
     return {
         "roofline_bound": s["verdict"],
@@ -338,7 +338,7 @@ def format_roofline(report: TraceReport, top: int = 8) -> list[str]:
     if m.roofline_bound is None:
         return ["Roofline: nothing to judge"]
     gpu = m.device_type == "cuda"
-    of = "of the GPU span" if gpu else "of modelled op time"
+    of = "of the GPU span" if gpu else "of the step"
     shares = ", ".join(
         f"{b} {100 * getattr(m, f'roofline_{b}_frac'):.1f} %"
         for b in ("compute", "memory", "latency", "communication")

@@ -239,13 +239,9 @@ def host_idle(target: str, g: GainInput) -> Gain | None:
 
 
 def _roofline_share(g: GainInput, frac_name: str) -> float | None:
-    """A roofline share as % of the step: GPU shares are of the span already; CPU shares are of the
-    modelled op time, which is ``roofline_modelled_frac`` of the op time that fills the step."""
+    """A roofline share (of the GPU span, or of the CPU step) as % of the step."""
     frac = g.ctx.get(frac_name)
-    if frac is None:
-        return None
-    cpu = g.metrics is not None and g.metrics.device_type == "cpu"
-    return 100.0 * frac * ((g.ctx.get("roofline_modelled_frac") or 1.0) if cpu else 1.0)
+    return None if frac is None else 100.0 * frac
 
 
 @register("roofline_latency")

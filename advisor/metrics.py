@@ -137,7 +137,8 @@ class StepMetrics:
     """Where most of the step's time is bound: 'compute', 'memory', 'latency' (too short to reach
     either roof, or the GPU waiting for the host to launch work) or 'communication'."""
     roofline_compute_frac: float | None = None
-    """Share of the step bound by the compute roof: of modelled op time (CPU) or of the GPU span."""
+    """Share of the step bound by the compute roof: of the profiled step (CPU; the rest is outside
+    modelled ops: data loading, Python, unmodelled ops) or of the GPU span."""
     roofline_memory_frac: float | None = None
     roofline_latency_frac: float | None = None
     roofline_communication_frac: float | None = None

@@ -14,10 +14,10 @@ helper it calls.
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import re
+import tempfile
 import zipfile
 import zlib
 from collections.abc import Sequence
@@ -25,14 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import orjson
 import pandas as pd
 
 from advisor.analysis import gemm_math, kernel_category
 from advisor.ceilings import Ceilings
 from advisor.errors import TraceError
 from advisor.specs import HardwareSpec
-from advisor.trace_kineto import trace_files
+from advisor.trace_kineto import DEFAULT_MAX_BYTES, gc_paused, stream_events, trace_files
 from advisor.trace_table import GPU_KINDS, kind_mask
 
 BOUNDS = ("compute", "memory", "latency", "communication")
@@ -167,9 +166,10 @@ class TraceWork:
     file: str = ""
 
 
-def _trace_bytes(path: Path, max_bytes: int) -> tuple[bytes, str]:
-    """The decompressed JSON of one trace file: a .json/.json.gz file, the first rank file of a folder
-    (or of one of our run directories), or the first .json/.json.gz member of a zip."""
+def _trace_file(path: Path, tmp: Path, max_bytes: int) -> Path:
+    """The one trace file to read: the file itself, the rank-0 (or first) file of a folder or of one
+    of our run directories, or the rank-0 (or first) .json/.json.gz member of a zip, copied into
+    ``tmp`` (never a path from the archive, and no larger than its header says or ``max_bytes``)."""
     if path.is_dir():
         if (path / "run.json").is_file():
             path = path / "ranks" if (path / "ranks").is_dir() else path / "trace.json.gz"
@@ -179,92 +179,100 @@ def _trace_bytes(path: Path, max_bytes: int) -> tuple[bytes, str]:
     if not path.is_file():
         raise TraceError(f"no trace file {path.name}")
     try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as z:
-                members = sorted(m.filename for m in z.infolist() if m.filename.endswith((".json", ".json.gz")))
-                if not members:
-                    raise TraceError(f"{path.name} holds no .json or .json.gz files")
-                first = next((m for m in members if _RANK0.search(m)), members[0])
-                with z.open(first) as f:
-                    raw = (gzip.GzipFile(fileobj=f) if first.endswith(".gz") else f).read(max_bytes + 1)
-                return _capped(raw, first, max_bytes), Path(first).name
-        with gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb") as f:
-            raw = f.read(max_bytes + 1)
+        if not zipfile.is_zipfile(path):
+            return path
+        with zipfile.ZipFile(path) as z:
+            members = sorted(
+                (m for m in z.infolist() if m.filename.endswith((".json", ".json.gz"))), key=lambda m: m.filename
+            )
+            if not members:
+                raise TraceError(f"{path.name} holds no .json or .json.gz files")
+            m = next((m for m in members if _RANK0.search(m.filename)), members[0])
+            if m.file_size > max_bytes:
+                raise TraceError(f"{path.name}: {m.filename} is over the {max_bytes / 2**20:.0f} MiB limit")
+            out = tmp / Path(m.filename).name
+            with z.open(m) as src, open(out, "wb") as dst:
+                copied = 0
+                while chunk := src.read(2**20):
+                    copied += len(chunk)
+                    if copied > m.file_size:
+                        raise TraceError(f"{path.name}: member {m.filename} is larger than its header says")
+                    dst.write(chunk)
+            return out
     except (OSError, EOFError, zlib.error, zipfile.BadZipFile) as err:
         raise TraceError(f"{path.name} cannot be read ({type(err).__name__}: {err})") from None
-    return _capped(raw, path.name, max_bytes), path.name
 
 
-def _capped(raw: bytes, name: str, max_bytes: int) -> bytes:
-    if len(raw) > max_bytes:
-        raise TraceError(
-            f"{name} is over the {max_bytes / 2**20:.0f} MiB limit decompressed for the roofline's full parse"
-        )
-    return raw
+class _Collector:
+    """Keeps, from each block of parsed events, only what the roofline reads."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple] = []
+        self.gpu: list[tuple] = []
+        self.runtime: dict[int, tuple[int, float, float]] = {}
+        self.steps = 0
+
+    def add(self, events: list) -> None:
+        for e in events:
+            if not isinstance(e, dict) or e.get("ph") != "X":
+                continue
+            cat = e.get("cat")
+            a = e.get("args") or {}
+            if cat == "cpu_op":
+                self.ops.append(
+                    (
+                        e.get("name", ""),
+                        _tid(e.get("tid")),
+                        float(e["ts"]),
+                        float(e.get("dur", 0.0)),
+                        a.get("Input Dims", []),
+                        a.get("Input type", []),
+                        a.get("Concrete Inputs", []),
+                        float(a["flops"]) if isinstance(a.get("flops"), (int, float)) else math.nan,
+                    )
+                )
+            elif cat == "cuda_runtime" and "correlation" in a:
+                self.runtime[a["correlation"]] = (_tid(e.get("tid")), float(e["ts"]), float(e.get("dur", 0.0)))
+            elif cat in _GPU_CATS:
+                self.gpu.append(
+                    (
+                        e.get("name", ""),
+                        _GPU_CATS[cat],
+                        float(e["ts"]),
+                        float(e.get("dur", 0.0)),
+                        int(a.get("bytes", 0) or 0),
+                        a.get("correlation", -1),
+                    )
+                )
+            elif cat == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#"):
+                self.steps += 1
 
 
-def read_trace_work(path: str | Path, max_bytes: int = 2 * 2**30) -> TraceWork:
+def read_trace_work(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> TraceWork:
     """The ops, GPU events and devices of a Kineto trace (see ``TraceWork``). A folder, run directory
-    or zip of rank files gives its rank-0 file (or its first). A kernel is linked to its op through
-    its correlation id: the runtime call with the same id (cudaLaunchKernel...) runs inside the op on
-    the op's thread, so the innermost op that spans that call launched it. Raises TraceError on a file
-    that is not a readable Kineto trace."""
-    raw, name = _trace_bytes(Path(path), max_bytes)
-    try:
-        trace = orjson.loads(raw)
-    except orjson.JSONDecodeError as err:
-        raise TraceError(f"{name} is not valid JSON ({err})") from None
-    events = trace.get("traceEvents") if isinstance(trace, dict) else None
-    if not isinstance(events, list):
-        raise TraceError(f"{name} is JSON without a traceEvents array: not a Kineto trace")
-    ops, gpu = [], []
-    runtime: dict[int, tuple[int, float, float]] = {}
-    steps = 0
-    for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        cat = e.get("cat")
-        a = e.get("args") or {}
-        if cat == "cpu_op":
-            ops.append(
-                (
-                    e.get("name", ""),
-                    _tid(e.get("tid")),
-                    float(e["ts"]),
-                    float(e.get("dur", 0.0)),
-                    a.get("Input Dims", []),
-                    a.get("Input type", []),
-                    a.get("Concrete Inputs", []),
-                    float(a["flops"]) if "flops" in a else math.nan,
-                )
-            )
-        elif cat == "cuda_runtime" and "correlation" in a:
-            runtime[a["correlation"]] = (_tid(e.get("tid")), float(e["ts"]), float(e.get("dur", 0.0)))
-        elif cat in _GPU_CATS:
-            gpu.append(
-                (
-                    e.get("name", ""),
-                    _GPU_CATS[cat],
-                    float(e["ts"]),
-                    float(e.get("dur", 0.0)),
-                    int(a.get("bytes", 0) or 0),
-                    a.get("correlation", -1),
-                )
-            )
-        elif cat == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#"):
-            steps += 1
-    if not ops and not gpu:
+    or zip of rank files gives its rank-0 file (or its first). The file is parsed block by block
+    (``advisor.trace_kineto.stream_events``), keeping only ops, runtime calls and GPU events. A kernel
+    is linked to its op through its correlation id: the runtime call with the same id
+    (cudaLaunchKernel...) runs inside the op on the op's thread, so the innermost op that spans that
+    call launched it. Raises TraceError on a file that is not a readable Kineto trace."""
+    keep = _Collector()
+    with tempfile.TemporaryDirectory(prefix="advisor-roofline-") as tmp:
+        file = _trace_file(Path(path), Path(tmp), max_bytes)
+        with gc_paused():
+            meta = stream_events(file, keep.add, max_bytes=max_bytes)
+    name = file.name
+    if not keep.ops and not keep.gpu:
         raise TraceError(f"{name} holds no cpu_op or GPU events (was the profiler run without activities?)")
     cols = ["name", "tid", "start_us", "dur_us", "input_dims", "input_types", "concrete_inputs", "flops"]
-    op_df = pd.DataFrame(ops, columns=cols)
+    op_df = pd.DataFrame(keep.ops, columns=cols)
     kcols = ["name", "kind", "start_us", "dur_us", "bytes", "correlation"]
-    k_df = pd.DataFrame(gpu, columns=kcols)
-    k_df["launch_op"] = _launching_ops(op_df, k_df["correlation"].tolist(), runtime)
-    devices = trace.get("deviceProperties") or []
+    k_df = pd.DataFrame(keep.gpu, columns=kcols)
+    k_df["launch_op"] = _launching_ops(op_df, k_df["correlation"].tolist(), keep.runtime)
+    devices = meta.get("deviceProperties") or []
     gpus = [
         (str(d["name"]), int(d.get("totalGlobalMem") or 0)) for d in devices if isinstance(d, dict) and d.get("name")
     ]
-    return TraceWork(op_df, k_df.drop(columns="correlation"), gpus[:1] if gpus else [], steps, name)
+    return TraceWork(op_df, k_df.drop(columns="correlation"), gpus[:1], keep.steps, name)
 
 
 def _tid(t: object) -> int:
@@ -295,7 +303,7 @@ def _launching_ops(ops: pd.DataFrame, correlations: list, runtime: dict) -> np.n
     return np.array([found.get(c, -1) for c in correlations], dtype=np.int64)
 
 
-def read_op_shapes(path: str | Path, max_bytes: int = 2 * 2**30) -> pd.DataFrame:
+def read_op_shapes(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> pd.DataFrame:
     """The framework ops of a Kineto trace with their recorded shapes (``TraceWork.ops``);
     ``df.attrs['profiler_steps']`` counts the ProfilerStep#N ranges."""
     work = read_trace_work(path, max_bytes)
@@ -371,6 +379,8 @@ def op_work(
             flops /= 2  # causal: only the lower triangle of the score matrix is computed
         out = sum(_numel(t) for t, _ in ts[1:4]) if bwd else _numel(q)  # dq, dk, dv or the output
         return flops, moved + out * e0
+    if name in _CONV_ARGS or name == "aten::convolution_backward":
+        return _conv_work(name, ts, concrete)
     if name in _ELEMENTWISE:
         shapes = [d for d, _ in ts]
         try:
@@ -405,6 +415,67 @@ def op_work(
     if name == "aten::nll_loss_backward" and len(ts) >= 2:
         return 0.0, float(size[1] * ts[1][1] + size[-1] * ts[-1][1])  # full grad written, target read
     return None
+
+
+# Argument positions of (stride, padding, dilation, transposed) in the convolution ops that carry the
+# model's view of a convolution (the cudnn_/mkldnn_ variants below them order theirs differently and
+# are left to these, their callers); None: the op has no transposed flag.
+_CONV_ARGS = {
+    "aten::convolution": (3, 4, 5, 6),
+    "aten::_convolution": (3, 4, 5, 6),
+    "aten::conv1d": (3, 4, 5, None),
+    "aten::conv2d": (3, 4, 5, None),
+    "aten::conv3d": (3, 4, 5, None),
+}
+
+
+def _int_list(text: str, n: int) -> list[int] | None:
+    try:
+        v = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    v = [v] if isinstance(v, int) else v
+    if not isinstance(v, list) or not all(isinstance(x, int) for x in v):
+        return None
+    return v * n if len(v) == 1 else v
+
+
+def _conv_work(name: str, ts: list, concrete: list) -> tuple[float, float] | None:
+    """Convolution: every output element is a dot product over C_in/groups x kernel inputs, so
+    forward FLOPs are 2 x N x prod(output spatial) x numel(weight) (the bias add left out, as for
+    addmm). The backward computes the input gradient and the weight gradient, each as many FLOPs as
+    the forward (per its output_mask)."""
+    bwd = name == "aten::convolution_backward"
+    shapes = [d for d, _ in ts]
+    if len(shapes) < (3 if bwd else 2):
+        return None
+    x, w = (shapes[1], shapes[2]) if bwd else (shapes[0], shapes[1])
+    nd = len(w) - 2
+    if nd < 1 or len(x) != nd + 2:
+        return None
+    e = ts[0][1]
+    if bwd:
+        out = shapes[0]
+        if len(out) != nd + 2 or (len(concrete) > 7 and concrete[7] == "True"):
+            return None  # a transposed convolution's backward: not modelled
+        mask = concrete[10] if len(concrete) > 10 else "[True, True, True]"
+        grads = mask.count("True", 0, mask.rfind(",") if mask.count(",") == 2 else len(mask))  # input, weight
+        macs = out[0] * _numel(out[2:]) * _numel(w)
+        moved = sum(_numel(d) * b for d, b in ts[:3]) + (_numel(x) + _numel(w)) * e
+        return 2.0 * macs * grads, float(moved)
+    i_stride, i_pad, i_dil, i_trans = _CONV_ARGS[name]
+    if i_trans is not None and len(concrete) > i_trans and concrete[i_trans] == "True":
+        return None
+    stride, pad, dil = (_int_list(concrete[i], nd) if len(concrete) > i else [1] * nd for i in (i_stride, i_pad, i_dil))
+    if stride is None or pad is None or dil is None:
+        return None  # padding='same' and other spellings: not modelled
+    spatial = [(x[2 + k] + 2 * pad[k] - dil[k] * (w[2 + k] - 1) - 1) // stride[k] + 1 for k in range(nd)]
+    if min(spatial) <= 0:
+        return None
+    out_numel = x[0] * w[0] * _numel(spatial)
+    macs = x[0] * _numel(spatial) * _numel(w)
+    moved = sum(_numel(d) * b for d, b in ts) + out_numel * e
+    return 2.0 * macs, float(moved)
 
 
 def _precision(types: list) -> str:
@@ -501,6 +572,8 @@ def op_category(name: str) -> str:
     """A CPU op's class in the words ``advisor.analysis.kernel_category`` uses for GPU kernels."""
     if name in _MATMUL:
         return "gemm"
+    if name in _CONV_ARGS or name == "aten::convolution_backward":
+        return "convolution"
     if name in _ATTN_FWD or name in _ATTN_BWD:
         return "attention"
     if name in _NORMS:
@@ -515,10 +588,18 @@ def op_category(name: str) -> str:
 
 
 def _op_work_list(ops: pd.DataFrame, optimizer_params: int) -> list:
-    return [
-        op_work(n, d, t, c, optimizer_params)
-        for n, d, t, c in zip(ops["name"], ops["input_dims"], ops["input_types"], ops["concrete_inputs"], strict=True)
-    ]
+    """(FLOPs, bytes) per op, or None. Where the trace carries the profiler's own FLOP count for a call
+    (``with_flops``: matmuls and convolutions) that count is taken, with the bytes from the shapes."""
+    out = []
+    for n, d, t, c, f in zip(
+        ops["name"], ops["input_dims"], ops["input_types"], ops["concrete_inputs"], ops["flops"], strict=True
+    ):
+        w = op_work(n, d, t, c, optimizer_params)
+        if isinstance(f, float) and not math.isnan(f) and f > 0:
+            moved = float(sum(_numel(s) * e if s else e for s, e in _tensors(d, t)))
+            w = (f, w[1] if w else moved)
+        out.append(w)
+    return out
 
 
 def _group(rows: pd.DataFrame) -> pd.DataFrame:
@@ -723,12 +804,18 @@ VERDICTS = {
 
 
 def step_roofline_summary(
-    roofline: pd.DataFrame, *, gpu_idle_frac: float | None = None, host_wait_frac: float | None = None
+    roofline: pd.DataFrame,
+    *,
+    gpu_idle_frac: float | None = None,
+    host_wait_frac: float | None = None,
+    step_ms: float | None = None,
 ) -> dict:
     """Where the step's time goes by bound, and the verdict.
 
-    CPU tables (``op_roofline``): the shares are of the modelled op time, ``modelled_frac`` is the
-    modelled share of all top-level op time.
+    CPU tables (``op_roofline``): with ``step_ms`` (the profiled step's mean time) and ProfilerStep
+    ranges, the shares are of the step (what is not in a modelled op, data loading or Python, is
+    ``other_frac``); without, of the modelled op time. ``modelled_frac`` is the modelled share of all
+    top-level op time.
 
     GPU tables (``kernel_roofline``): the shares are of the GPU's span. The busy part (1 -
     ``gpu_idle_frac``) is split by each bound's share of summed kernel time; the idle time the GPU
@@ -748,13 +835,21 @@ def step_roofline_summary(
     out: dict = {"modelled_ms": total}
     by_bound = {b: float(roofline.loc[roofline["bound"] == b, "time_ms"].sum()) for b in BOUNDS}
     gpu = roofline.attrs.get("device") == "gpu"
+    steps = int(roofline.attrs.get("profiler_steps", 0))
     idle = min(max(gpu_idle_frac or 0.0, 0.0), 1.0) if gpu else 0.0
     host_wait = idle * min(max(host_wait_frac or 0.0, 0.0), 1.0)
+    # The CPU base: the steps' time where known (never below the modelled time: ops on several
+    # threads can add up to more than the wall time), else the modelled time itself.
+    base = max(step_ms * steps, total) if not gpu and step_ms and steps else total
     for b in BOUNDS:
         out[f"{b}_ms"] = by_bound[b]
         share = by_bound[b] / total if total else 0.0
-        out[f"{b}_frac"] = (1.0 - idle) * share + (host_wait if b == "latency" else 0.0) if gpu else share
+        if gpu:
+            out[f"{b}_frac"] = (1.0 - idle) * share + (host_wait if b == "latency" else 0.0)
+        else:
+            out[f"{b}_frac"] = by_bound[b] / base if base else 0.0
     out["idle_other_frac"] = idle - host_wait
+    out["other_frac"] = 0.0 if gpu else max(0.0, 1.0 - total / base) if base else 0.0
     headroom = roofline["time_ms"] * roofline["headroom_frac"]
     out["headroom_ms"] = float(headroom.sum(min_count=1)) if headroom.notna().any() else 0.0
     if gpu:
@@ -765,11 +860,10 @@ def step_roofline_summary(
         op_time = float(roofline.attrs.get("op_time_ms", 0.0))
         out["op_time_ms"] = op_time
         out["modelled_frac"] = total / op_time if op_time else math.nan
-    steps = int(roofline.attrs.get("profiler_steps", 0))
     out["per_step_ms"] = total / steps if steps else math.nan
     out["headroom_per_step_ms"] = out["headroom_ms"] / steps if steps else math.nan
     # GEMMs and fusable memory-bound ops, on the same base as the bound shares.
-    scale = (1.0 - idle) / total if gpu and total else 1.0 / total if total else 0.0
+    scale = ((1.0 - idle) if gpu else 1.0) / (total if gpu else base) if total else 0.0
     gemm = roofline[(roofline["category"] == "gemm") & (roofline["bound"] != "latency")]
     out["gemm_frac"] = float(gemm["time_ms"].sum()) * scale
     known = gemm[gemm["headroom_frac"].notna()]
@@ -790,10 +884,10 @@ def total_flops(roofline: pd.DataFrame, names: Sequence[str]) -> float:
     return float(roofline.loc[roofline["name"].isin(list(names)), "flops"].sum())
 
 
-ROOFLINE_MAX_BYTES = 512 * 2**20
-"""The largest trace file (decompressed) whose roofline is made: it is parsed whole, with the op
-arguments the event table leaves out, at several times its size in memory. A larger trace is still
-analyzed; its roofline is skipped with this reason."""
+ROOFLINE_MAX_BYTES = DEFAULT_MAX_BYTES
+"""The largest trace file (decompressed) whose roofline is made, as for the rest of the analysis
+(the file is streamed; only its ops' arguments and GPU events are kept). A larger trace is still
+analyzed as far as it can be; its roofline is skipped with the reason."""
 
 
 @dataclass(frozen=True)

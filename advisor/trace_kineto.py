@@ -16,7 +16,7 @@ import gc
 import gzip
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,7 @@ def load_kineto(
     files = trace_files(Path(path))
     tables, meta = [], []
     for i, f in enumerate(files):
-        with _gc_paused():
+        with gc_paused():
             table, info = _load_file(f, max_bytes, block_bytes, default_rank=i)
         tables.append(table)
         meta.append(info)
@@ -93,7 +93,7 @@ def load_kineto(
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector: parsing makes millions of short-lived dicts and no cycles,
     and the collector's passes over them cost about a quarter of the load time."""
     was_enabled = gc.isenabled()
@@ -128,9 +128,17 @@ def _blocks(path: Path, max_bytes: int, block_bytes: int) -> Iterator[bytes]:
         raise TraceError(f"{path.name} is damaged or not gzip ({type(err).__name__}: {err})") from None
 
 
-def _load_file(path: Path, max_bytes: int, block_bytes: int, default_rank: int) -> tuple[pd.DataFrame, dict]:
-    parts: list[dict[str, np.ndarray]] = []
-    names: dict[str, int] = {}
+def stream_events(
+    path: Path,
+    on_events: Callable[[list], None],
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    block_bytes: int = BLOCK_BYTES,
+) -> dict[str, Any]:
+    """Parse one Kineto file block by block, handing each block's whole events (a list of dicts) to
+    ``on_events`` as they are parsed, so no more than a block of parsed events is alive at once;
+    returns the trace's metadata (everything outside traceEvents). Raises TraceError on anything that
+    is not a Kineto trace (damaged gzip, invalid JSON, no traceEvents array, a truncated file)."""
     head = bytearray()  # the JSON outside traceEvents, kept to read the metadata
     tail = bytearray()
     state = "head"
@@ -155,7 +163,7 @@ def _load_file(path: Path, max_bytes: int, block_bytes: int, default_rank: int) 
         else:
             carry += block
         if state == "events":
-            carry, after = _take_events(carry, names, path, parts, last=False)
+            carry, after = _take_events(carry, path, on_events, last=False)
             if after is not None:
                 tail += after
                 state = "tail"
@@ -166,11 +174,22 @@ def _load_file(path: Path, max_bytes: int, block_bytes: int, default_rank: int) 
         _check_json(bytes(head), path)
         raise TraceError(f"{path.name} is JSON without a traceEvents array: not a Kineto (PyTorch profiler) trace")
     if state == "events":  # the array's end is in what is left, or the file is cut short
-        carry, after = _take_events(carry, names, path, parts, last=True)
+        carry, after = _take_events(carry, path, on_events, last=True)
         if after is None:
             raise TraceError(f"{path.name} ends inside its traceEvents array: the file is truncated")
         tail += after
-    meta = _metadata(bytes(head) + bytes(tail), path)
+    return _metadata(bytes(head) + bytes(tail), path)
+
+
+def _load_file(path: Path, max_bytes: int, block_bytes: int, default_rank: int) -> tuple[pd.DataFrame, dict]:
+    parts: list[dict[str, np.ndarray]] = []
+    names: dict[str, int] = {}
+
+    def columns(events: list) -> None:
+        if part := _events_to_columns(events, names, path):
+            parts.append(part)
+
+    meta = stream_events(path, columns, max_bytes=max_bytes, block_bytes=block_bytes)
     rank = _rank(meta, path, default_rank)
     if not parts:
         raise TraceError(f"{path.name} holds no trace events")
@@ -196,9 +215,9 @@ def _load_file(path: Path, max_bytes: int, block_bytes: int, default_rank: int) 
 
 
 def _take_events(
-    carry: bytes, names: dict[str, int], path: Path, parts: list[dict[str, np.ndarray]], *, last: bool
+    carry: bytes, path: Path, on_events: Callable[[list], None], *, last: bool
 ) -> tuple[bytes, bytes | None]:
-    """Turn the whole events at the start of ``carry`` into columns, appended to ``parts``; return
+    """Hand the whole events at the start of ``carry`` to ``on_events``; return
     (the rest of ``carry``, the bytes after the traceEvents array's end or None while inside it).
     ``last``: no more bytes follow, so the array's end must be in ``carry``.
 
@@ -215,12 +234,11 @@ def _take_events(
             except orjson.JSONDecodeError:
                 pass
             else:
-                if part := _events_to_columns(events, names, path):
-                    parts.append(part)
+                on_events(events)
                 return carry[cut:], None
     cut, end = _last_event_end(carry)
-    if cut and (part := _events_to_columns(_parse_events(carry[:cut], path), names, path)):
-        parts.append(part)
+    if cut:
+        on_events(_parse_events(carry[:cut], path))
     return (b"", carry[end + 1 :]) if end is not None else (carry[cut:], None)
 
 

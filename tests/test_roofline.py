@@ -45,6 +45,12 @@ def roofline(ops, hardware):
     return op_roofline(ops, hardware, optimizer_params=n_params)
 
 
+def tiny_cpu() -> HardwareSpec:
+    from advisor.presets import cpu_host
+
+    return cpu_host()
+
+
 def _first(ops, name, dims):
     row = ops[(ops["name"] == name) & (ops["input_dims"].map(lambda d: d == dims))].iloc[0]
     return op_work(row["name"], row["input_dims"], row["input_types"], row["concrete_inputs"])
@@ -129,7 +135,7 @@ def test_measured_ceilings_override_the_spec(ops, hardware):
 def test_damaged_trace_is_refused(tmp_path):
     bad = tmp_path / "trace.json.gz"
     bad.write_bytes(b"not gzip")
-    with pytest.raises(TraceError, match="cannot be read"):
+    with pytest.raises(TraceError, match=r"trace\.json\.gz is damaged or not gzip"):
         read_op_shapes(bad)
 
 
@@ -307,7 +313,63 @@ def test_a_trace_too_large_for_the_roofline_is_still_analyzed(monkeypatch, capsy
     report = analyze_path(RUN)
     assert "roofline" not in report.tables and report.metrics.roofline_bound is None
     assert report.metrics.step_time_ms is not None  # the rest of the analysis is there
-    assert (
-        "roofline skipped: trace.json.gz is over the 0 MiB limit decompressed for the roofline"
-        in capsys.readouterr().out
+    assert "roofline skipped: trace.json.gz decompresses to over 0 MiB; refusing it" in capsys.readouterr().out
+
+
+def test_convolution_flops_equal_the_profilers_own_count(tmp_path):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    conv = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+    x = torch.randn(4, 16, 32, 32, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+        conv(x).sum().backward()
+    prof.export_chrome_trace(str(tmp_path / "conv.json"))
+    own = {e.key: e.flops for e in prof.key_averages() if e.flops}
+    table = op_roofline(tmp_path / "conv.json", tiny_cpu())
+    fwd = table[table["name"] == "aten::conv2d"].iloc[0]
+    bwd = table[table["name"] == "aten::convolution_backward"].iloc[0]
+    # Output 16x16 (stride 2, padding 1): 2 x N x 16 x 16 x numel(weight) = 2*4*256*(32*16*9).
+    assert fwd["flops"] == own["aten::conv2d"] == 2 * 4 * 16 * 16 * 32 * 16 * 9 == 9_437_184
+    assert fwd["category"] == "convolution" and fwd["bytes"] == 4 * (
+        4 * 16 * 32 * 32 + 32 * 16 * 9 + 32 + 4 * 32 * 16 * 16
+    )
+    # Backward: input and weight gradients, each a forward's worth.
+    assert bwd["flops"] == 2 * 9_437_184
+
+
+def test_the_profilers_own_flop_count_wins_where_present():
+    ops = read_op_shapes(RUN / "trace.json.gz").head(0).copy()
+    row = {"name": "aten::mm", "tid": 1, "start_us": 0.0, "dur_us": 100.0, "input_dims": [[8, 4], [4, 2]]}
+    row |= {"input_types": ["float", "float"], "concrete_inputs": ["", ""], "flops": 999.0}
+    ops.loc[0] = row
+    r = op_roofline(ops, tiny_cpu())
+    assert r["flops"].iloc[0] == 999.0 and r["bytes"].iloc[0] == 4 * (32 + 8 + 16)  # bytes still by shapes
+
+
+@needs_traces
+def test_a_zip_of_rank_files_gives_rank_0s_roofline(tmp_path):
+    import zipfile
+
+    archive = tmp_path / "ranks.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for f in sorted((TRACES / "kineto" / "trace_filter").glob("*.json.gz")):
+            z.write(f, f"job/{f.name}")
+    zipped, plain = read_trace_work(archive), read_trace_work(A100_SHAPES)
+    assert zipped.file == "sampled_rank-0.json.gz"
+    assert zipped.ops.drop(columns="tid").equals(plain.ops.drop(columns="tid"))
+    assert zipped.kernels.equals(plain.kernels)
+
+
+def test_cpu_shares_are_of_the_step_when_its_time_is_known(roofline):
+    # A step with 400 ms of data loading outside any op: the ops' shares shrink to their part of it,
+    # so a roofline rule cannot outrank the loading stall on the ops' share alone.
+    s = step_roofline_summary(roofline, step_ms=465.72)
+    base = 465.72 * 2
+    assert s["compute_frac"] == pytest.approx(s["compute_ms"] / base)
+    assert s["other_frac"] == pytest.approx(1 - s["modelled_ms"] / base) and s["other_frac"] > 0.85
+    assert s["fusable_frac"] < 0.03 and s["verdict"] == "compute"
+    # Ops on several threads can add up to more than the wall time: the base never drops below them.
+    assert step_roofline_summary(roofline, step_ms=1.0)["compute_frac"] == pytest.approx(
+        step_roofline_summary(roofline)["compute_frac"]
     )
