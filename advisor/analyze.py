@@ -353,7 +353,7 @@ def format_roofline(report: TraceReport, top: int = 8) -> list[str]:
         )
     if m.roofline_headroom_ms is not None:
         out.append(f"  time above the roofline: {m.roofline_headroom_ms:.2f} ms per step (upper bound)")
-    known = table[table["headroom_frac"].notna() & (table["flops"] > 0)]
+    known = table[table["headroom_frac"].notna()]
     known = known.assign(above_ms=known["time_ms"] * known["headroom_frac"]).nlargest(top, "above_ms")
     if len(known):
         out.append("  most time above the roof (ms over trace, bound, achieved, intensity FLOP/B, op shapes):")

@@ -157,13 +157,15 @@ def measure_ceilings(
     dtypes: tuple[str, ...] = ("fp32", "bf16"),
     *,
     matmul_n: int = 0,
-    copy_mib: int = 256,
+    copy_mib: int = 0,
     repeats: int = 5,
 ) -> Ceilings:
     """Measure this device's matmul FLOP/s per precision and its large-copy bandwidth (bytes/s).
 
-    ``matmul_n`` 0 picks 2048 on CUDA (large enough to fill an H100's SMs) and 1024 on the CPU
-    (2.1 GFLOP a product: ~15 ms on two cores, so five repeats stay well under a second). bf16 is
+    ``matmul_n`` 0 picks 8192 on CUDA (1.1 TFLOP a product, ~1.5 ms in bf16 on an H200: smaller
+    squares leave the matrix units launch- and tail-bound) and 1024 on the CPU (2.1 GFLOP a product:
+    ~15 ms on two cores, so five repeats stay well under a second). ``copy_mib`` 0 picks 1024 MiB on
+    CUDA (far past an H100/H200's 50-60 MiB L2) and 256 on the CPU. bf16 is
     measured where ``torch`` supports it (CUDA with compute capability >= 8, or a CPU with
     AVX512-BF16/AMX; elsewhere PyTorch's CPU bf16 GEMM is a slow fallback that is not a ceiling and
     is skipped). Takes about 2-5 s on two CPU cores.
@@ -178,7 +180,8 @@ def measure_ceilings(
     for d in dtypes:
         if d not in _DTYPES:
             raise AdvisorError(f"measure_ceilings: dtype {d!r}; allowed: {_DTYPES}")
-    n = matmul_n or (2048 if dev.type == "cuda" else 1024)
+    n = matmul_n or (8192 if dev.type == "cuda" else 1024)
+    copy_mib = copy_mib or (1024 if dev.type == "cuda" else 256)
     torch_dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     mm: dict[str, float] = {}
     for d in dtypes:

@@ -191,15 +191,17 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _cmd_ceilings(args: argparse.Namespace) -> int:
+    import torch
+
     from advisor.ceilings import measure_ceilings, store_ceilings, stored_ceilings
     from advisor.presets import local_hardware
     from advisor.runstore import default_root
 
     device = args.device
     if device == "auto":
-        import torch
-
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise AdvisorError("ceilings --device cuda: CUDA is not available on this machine (use --device cpu)")
     hw = local_hardware(device)
     root = Path(args.traces) if args.traces else default_root()
     if args.show:
@@ -211,7 +213,7 @@ def _cmd_ceilings(args: argparse.Namespace) -> int:
         dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
         for name, value, lo in (
             ("--matmul-n", args.matmul_n, 0),
-            ("--copy-mib", args.copy_mib, 1),
+            ("--copy-mib", args.copy_mib, 0),
             ("--repeats", args.repeats, 1),
         ):
             if value < lo:
@@ -527,8 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ce.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: cuda when present")
     ce.add_argument("--dtypes", default="fp32,bf16,fp16", help="matmul precisions (default: %(default)s)")
-    ce.add_argument("--matmul-n", type=int, default=0, help="square matmul size (default: 2048 on CUDA, 1024 on CPU)")
-    ce.add_argument("--copy-mib", type=int, default=256, help="copy buffer size in MiB (default: %(default)s)")
+    ce.add_argument("--matmul-n", type=int, default=0, help="square matmul size (default: 8192 on CUDA, 1024 on CPU)")
+    ce.add_argument("--copy-mib", type=int, default=0, help="copy buffer in MiB (default: 1024 on CUDA, 256 on CPU)")
     ce.add_argument("--repeats", type=int, default=5, help="timed repeats, best kept (default: %(default)s)")
     ce.add_argument("--show", action="store_true", help="print the stored ceilings of this device, measure nothing")
     ce.add_argument("--traces", default=None, help="run store directory (default: traces/)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import tempfile
 import zipfile
 import zlib
@@ -219,19 +220,23 @@ class _Collector:
             cat = e.get("cat")
             a = e.get("args") or {}
             if cat == "cpu_op":
+                name = sys.intern(str(e.get("name", "")))
+                # Only ops with a model keep their arguments (the rest, views and allocations, are most
+                # of a trace's ops): what is kept per op stays a few hundred bytes.
+                args = name in MODELLED_OPS or "flops" in a
                 self.ops.append(
                     (
-                        e.get("name", ""),
+                        name,
                         _tid(e.get("tid")),
                         float(e["ts"]),
                         float(e.get("dur", 0.0)),
-                        a.get("Input Dims", []),
-                        a.get("Input type", []),
-                        a.get("Concrete Inputs", []),
+                        a.get("Input Dims", []) if args else [],
+                        a.get("Input type", []) if args else [],
+                        a.get("Concrete Inputs", []) if args else [],
                         float(a["flops"]) if isinstance(a.get("flops"), (int, float)) else math.nan,
                     )
                 )
-            elif cat == "cuda_runtime" and "correlation" in a:
+            elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in a:  # cuLaunchKernel: Triton
                 self.runtime[a["correlation"]] = (_tid(e.get("tid")), float(e["ts"]), float(e.get("dur", 0.0)))
             elif cat in _GPU_CATS:
                 self.gpu.append(
@@ -343,7 +348,15 @@ def op_work(
     name: str, dims: list, types: list, concrete: list, optimizer_params: int = 0
 ) -> tuple[float, float] | None:
     """(FLOPs, bytes) of one op call from its recorded input shapes; None when the op has no model
-    here (views, allocations, autograd nodes) or its shapes were not recorded."""
+    here (views, allocations, autograd nodes), its shapes were not recorded, or its arguments are
+    not what the model expects (an odd trace never stops the analysis)."""
+    try:
+        return _op_work(name, dims, types, concrete, optimizer_params)
+    except (ArithmeticError, IndexError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _op_work(name: str, dims: list, types: list, concrete: list, optimizer_params: int) -> tuple[float, float] | None:
     ts = _tensors(dims, types)
     size = [_numel(d) if d else 1 for d, _ in ts]
     moved = float(sum(n * e for n, (_, e) in zip(size, ts, strict=True)))
@@ -360,9 +373,14 @@ def op_work(
         if len(mats) < 2:
             return None
         a, b = mats[0], mats[1]
-        # Leading dims of a (batch of bmm, rows of a 3-D linear input) fold into M.
-        m, k = _numel(a[:-1]), a[-1]
-        n = b[0] if name == "aten::linear" else b[-1]  # linear's weight is [out, in]
+        if name == "aten::linear" or len(b) == 2:
+            # Leading dims of a (rows of a 3-D linear input, a batch against one matrix) fold into M;
+            # linear's weight is [out, in].
+            m, k = _numel(a[:-1]), a[-1]
+            n = b[0] if name == "aten::linear" else b[-1]
+        else:  # batched: the batch dims broadcast (bmm: equal; matmul: [m, k] @ [B, k, n] too)
+            batch = _numel(list(np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2])))) or 1
+            m, k, n = batch * a[-2], a[-1], b[-1]
         # 2*M*N*K as torch.profiler counts mm/addmm/bmm (the bias add of addmm, M*N, left out).
         return 2.0 * m * n * k, moved + m * n * e0
     if name in _ATTN_FWD or name in _ATTN_BWD:
@@ -387,8 +405,9 @@ def op_work(
             n_out = _numel(list(np.broadcast_shapes(*[tuple(s) for s in shapes]))) or 1
         except ValueError:
             return None
-        # One FLOP per output element: even a gelu's ~8 is far below any machine's ridge point.
-        return float(n_out), moved + n_out * e0
+        # One FLOP per output element: even a gelu's ~8 is far below any machine's ridge point. The
+        # output has the widest input's element size (where's bool condition is not it).
+        return float(n_out), moved + n_out * max(e for _, e in ts)
     if name in _ROWWISE_FLOPS:
         n_in = size[0]
         reduce = name in ("aten::sum", "aten::mean", "aten::amax", "aten::norm")
@@ -412,8 +431,9 @@ def op_work(
         row = ts[0][0][-1]
         # grad rows read and accumulated into a zeroed [vocab, hidden] table: one add per element.
         return float(size[0]), moved + vocab * row * e0
-    if name == "aten::nll_loss_backward" and len(ts) >= 2:
-        return 0.0, float(size[1] * ts[1][1] + size[-1] * ts[-1][1])  # full grad written, target read
+    if name == "aten::nll_loss_backward" and len(ts) >= 3:
+        # grad_output, self, target[, weight], total_weight: the full gradient written, target read.
+        return 0.0, float(size[1] * ts[1][1] + size[2] * ts[2][1])
     return None
 
 
@@ -458,17 +478,22 @@ def _conv_work(name: str, ts: list, concrete: list) -> tuple[float, float] | Non
         out = shapes[0]
         if len(out) != nd + 2 or (len(concrete) > 7 and concrete[7] == "True"):
             return None  # a transposed convolution's backward: not modelled
-        mask = concrete[10] if len(concrete) > 10 else "[True, True, True]"
-        grads = mask.count("True", 0, mask.rfind(",") if mask.count(",") == 2 else len(mask))  # input, weight
+        flags = re.findall(r"True|False", concrete[10]) if len(concrete) > 10 else []
+        # output_mask = [input, weight, bias]; where the trace does not render it, both gradients.
+        grads = flags[:2].count("True") if len(flags) == 3 else 2
         macs = out[0] * _numel(out[2:]) * _numel(w)
         moved = sum(_numel(d) * b for d, b in ts[:3]) + (_numel(x) + _numel(w)) * e
         return 2.0 * macs * grads, float(moved)
     i_stride, i_pad, i_dil, i_trans = _CONV_ARGS[name]
     if i_trans is not None and len(concrete) > i_trans and concrete[i_trans] == "True":
         return None
-    stride, pad, dil = (_int_list(concrete[i], nd) if len(concrete) > i else [1] * nd for i in (i_stride, i_pad, i_dil))
-    if stride is None or pad is None or dil is None:
+    if len(concrete) <= max(i_stride, i_pad, i_dil):
+        return None  # the trace has no literal arguments: the output size is unknown
+    stride, pad, dil = (_int_list(concrete[i], nd) for i in (i_stride, i_pad, i_dil))
+    if stride is None or pad is None or dil is None or len({len(stride), len(pad), len(dil), nd}) != 1:
         return None  # padding='same' and other spellings: not modelled
+    if min(stride) <= 0 or min(dil) <= 0:
+        return None
     spatial = [(x[2 + k] + 2 * pad[k] - dil[k] * (w[2 + k] - 1) - 1) // stride[k] + 1 for k in range(nd)]
     if min(spatial) <= 0:
         return None
@@ -485,9 +510,10 @@ def _precision(types: list) -> str:
     return "fp32"
 
 
-def _modelled_outermost(df: pd.DataFrame, modelled: np.ndarray) -> np.ndarray:
-    """True for modelled events not nested (on the same thread) inside another modelled event."""
-    keep = np.zeros(len(df), dtype=bool)
+def _outermost_of(df: pd.DataFrame, modelled: np.ndarray) -> np.ndarray:
+    """For each event, the outermost modelled event around it on its thread, itself included; -1
+    where there is none. An op is counted at this level, with everything it calls."""
+    outer = np.full(len(df), -1, dtype=np.int64)
     order = np.lexsort((-df["dur_us"].to_numpy(), df["start_us"].to_numpy(), df["tid"].to_numpy()))
     tid, start = df["tid"].to_numpy(), df["start_us"].to_numpy()
     end = start + df["dur_us"].to_numpy()
@@ -495,9 +521,30 @@ def _modelled_outermost(df: pd.DataFrame, modelled: np.ndarray) -> np.ndarray:
     for i in order:
         while stack and (tid[stack[-1]] != tid[i] or end[stack[-1]] <= start[i]):
             stack.pop()
-        keep[i] = modelled[i] and not any(modelled[j] for j in stack)
+        parent = outer[stack[-1]] if stack else -1
+        outer[i] = parent if parent >= 0 else (i if modelled[i] else -1)
         stack.append(i)
-    return keep
+    return outer
+
+
+def _modelled_outermost(df: pd.DataFrame, modelled: np.ndarray) -> np.ndarray:
+    """True for modelled events not nested (on the same thread) inside another modelled event."""
+    return _outermost_of(df, modelled) == np.arange(len(df))
+
+
+_NARROW = ("fp8", "fp16", "bf16", "tf32", "fp32")
+
+
+def _group_precisions(df: pd.DataFrame, outer: np.ndarray) -> dict[int, str]:
+    """The precision each outermost modelled op computes in: the narrowest among it and the ops it
+    calls (under autocast ``aten::linear`` records fp32 inputs and its ``aten::mm`` runs in bf16)."""
+    out: dict[int, str] = {}
+    for i in np.flatnonzero(outer >= 0):
+        p = _precision(df["input_types"].iat[i])
+        j = int(outer[i])
+        if j not in out or _NARROW.index(p) < _NARROW.index(out[j]):
+            out[j] = p
+    return out
 
 
 def op_roofline(
@@ -519,12 +566,14 @@ def op_roofline(
     df = read_op_shapes(ops) if isinstance(ops, (str, Path)) else ops
     work = _op_work_list(df, optimizer_params)
     modelled = np.array([w is not None for w in work], dtype=bool)
-    keep = _modelled_outermost(df, modelled)
+    outer = _outermost_of(df, modelled)
+    keep = outer == np.arange(len(df))
     sel = df[keep].copy()
     sel["w_flops"] = [w[0] for w, k in zip(work, keep, strict=True) if k]
     sel["w_bytes"] = [w[1] for w, k in zip(work, keep, strict=True) if k]
     sel["shape"] = [json.dumps(d) for d in sel["input_dims"]]
-    sel["precision"] = [_precision(t) for t in sel["input_types"]]
+    group_precision = _group_precisions(df, outer)
+    sel["precision"] = [group_precision[i] for i in np.flatnonzero(keep)]
     sel["op"] = sel["name"]
     sel["basis"] = "shapes"
     sel["klass"] = ""
@@ -560,6 +609,22 @@ ROOFLINE_COLUMNS = {
 }
 
 
+MODELLED_OPS = frozenset(
+    {
+        *_MATMUL,
+        *_ATTN_FWD,
+        *_ATTN_BWD,
+        *_ELEMENTWISE,
+        *_MOVEMENT,
+        *_ROWWISE_FLOPS,
+        *_FUSED_OPT,
+        *_CONV_ARGS,
+        "aten::convolution_backward",
+        "aten::embedding_dense_backward",
+        "aten::nll_loss_backward",
+    }
+)
+"""Every op name ``op_work`` has a model for."""
 _NORMS = {
     "aten::native_layer_norm",
     "aten::native_layer_norm_backward",
@@ -701,12 +766,13 @@ def kernel_roofline(
     """The roofline of each GPU kernel, copy and set of a Kineto trace (same columns as
     ``op_roofline``), most time first.
 
-    A kernel takes its FLOPs and bytes from the op that launched it (``TraceWork.kernels.launch_op``),
-    or from the nearest op around that one that has a model (``aten::mm`` inside ``aten::linear``;
-    a flash-attention kernel inside ``scaled_dot_product_attention``); an op that launches several
-    kernels gives each a share of its work in proportion to the kernel's time. A GEMM kernel's peak
-    follows its math (``ampere_sgemm``: fp32 cores; ``s1688gemm``/``tf32``: TF32 tensor cores; other
-    tensor-core kernels: the op's dtype). Copies and sets are judged by their bytes (HBM, or the host
+    A kernel takes its FLOPs and bytes from the outermost modelled op around the op that launched it
+    (``TraceWork.kernels.launch_op``), as the CPU table counts ops (``aten::linear`` for the GEMM its
+    ``aten::mm`` launches; ``scaled_dot_product_attention`` for the flash kernels; a loss backward for
+    the fill of its gradient and its own kernel); that op's work is shared among all the kernels
+    launched inside it, in proportion to their time. Collectives take no op's work. A GEMM kernel's
+    peak follows its math (``ampere_sgemm``: fp32 cores; fp32 tensors on tensor-core kernels:
+    TF32; otherwise the narrowest dtype the op computes in). Copies and sets are judged by their bytes (HBM, or the host
     link for host copies). Kernels with no shapes to go by (a trace recorded without
     ``record_shapes``) get the verdict of their class: GEMM, convolution and attention kernels
     compute, the rest memory, collectives communication; any of them under the latency cut latency.
@@ -715,10 +781,16 @@ def kernel_roofline(
     ops, k = work.ops, work.kernels
     work_of = _op_work_list(ops, optimizer_params) if len(ops) else []
     modelled = np.array([w is not None for w in work_of], dtype=bool)
-    nearest = _nearest_modelled(ops, modelled) if len(ops) else np.zeros(0, dtype=np.int64)
+    outer = _outermost_of(ops, modelled) if len(ops) else np.zeros(0, dtype=np.int64)
+    group_precision = _group_precisions(ops, outer) if len(ops) else {}
     launch = k["launch_op"].to_numpy()
-    src = np.where(launch >= 0, nearest[np.clip(launch, 0, None)] if len(nearest) else -1, -1)
+    src = np.where(launch >= 0, outer[np.clip(launch, 0, None)] if len(outer) else -1, -1)
     src[k["kind"].to_numpy() != "kernel"] = -1
+    names = k["name"].astype(str).to_numpy()
+    kinds = k["kind"].to_numpy()
+    categories = {n: kernel_category(n) for n in set(names)}
+    # A collective launched inside a modelled op keeps its own verdict and takes none of the op's work.
+    src[np.array([categories[n] == "communication" for n in names], dtype=bool)] = -1
     dur = k["dur_us"].to_numpy(float)
     # Each modelled op instance's work is shared among its kernels by time.
     op_kernel_time = pd.Series(dur[src >= 0]).groupby(src[src >= 0]).sum()
@@ -730,14 +802,12 @@ def kernel_roofline(
     op_name = np.full(len(k), "", dtype=object)
     basis = np.full(len(k), "kernel class", dtype=object)
     klass = np.full(len(k), "", dtype=object)
-    names = k["name"].astype(str).to_numpy()
-    kinds = k["kind"].to_numpy()
-    categories = {n: kernel_category(n) for n in set(names)}
     for i in range(len(k)):
         if kinds[i] != "kernel":
             basis[i] = "transfer"
             copies = 2 if "DtoD" in names[i] else 1  # a device copy reads and writes HBM
-            nbytes[i], flops[i] = float(k["bytes"].iat[i]) * copies, 0.0
+            if k["bytes"].iat[i] > 0:  # a copy whose size the trace does not give is judged by its length
+                nbytes[i], flops[i] = float(k["bytes"].iat[i]) * copies, 0.0
             continue
         cat = categories[names[i]]
         if launch[i] >= 0:
@@ -754,9 +824,10 @@ def kernel_roofline(
         w_flops, w_bytes = work_of[j]
         flops[i], nbytes[i] = w_flops * share, w_bytes * share
         shape[i] = json.dumps(ops["input_dims"].iat[j])
-        precision[i] = _precision(ops["input_types"].iat[j])
+        precision[i] = group_precision.get(j, "fp32")
         if cat == "gemm" and precision[i] == "fp32":
-            precision[i] = {"tf32": "tf32", "fp32": "fp32"}.get(gemm_math(names[i]), "fp32")
+            # fp32 tensors on tensor cores run as TF32 (s1688gemm, xmma/nvjet/wgmma with fp32 in/out).
+            precision[i] = "fp32" if gemm_math(names[i]) == "fp32" else "tf32"
         basis[i] = "shapes"
     rows = rows.assign(
         op=op_name,
@@ -772,22 +843,6 @@ def kernel_roofline(
     out.attrs["profiler_steps"] = work.profiler_steps
     out.attrs["device"] = "gpu"
     return out
-
-
-def _nearest_modelled(ops: pd.DataFrame, modelled: np.ndarray) -> np.ndarray:
-    """For each op, itself if it has a model, else its nearest enclosing op (same thread) that has
-    one, else -1."""
-    nearest = np.full(len(ops), -1, dtype=np.int64)
-    order = np.lexsort((-ops["dur_us"].to_numpy(), ops["start_us"].to_numpy(), ops["tid"].to_numpy()))
-    tid, start = ops["tid"].to_numpy(), ops["start_us"].to_numpy()
-    end = start + ops["dur_us"].to_numpy()
-    stack: list[int] = []
-    for i in order:
-        while stack and (tid[stack[-1]] != tid[i] or end[stack[-1]] <= start[i]):
-            stack.pop()
-        nearest[i] = i if modelled[i] else (nearest[stack[-1]] if stack else -1)
-        stack.append(i)
-    return nearest
 
 
 def _top_level(df: pd.DataFrame) -> np.ndarray:
@@ -872,7 +927,11 @@ def step_roofline_summary(
         if known["time_ms"].sum() > 0
         else math.nan
     )
-    fusable = roofline["category"].isin(FUSABLE) & (roofline["bound"] == "memory")
+    fusable = (
+        roofline["category"].isin(FUSABLE)
+        & (roofline["bound"] == "memory")
+        & ~roofline["name"].str.startswith(("triton_", "fused_"))  # compiled: fused already
+    )
     out["fusable_frac"] = float(roofline.loc[fusable, "time_ms"].sum()) * scale
     shares = {b: out[f"{b}_frac"] for b in BOUNDS}
     out["verdict"] = max(shares, key=shares.get) if total or host_wait else None
@@ -884,10 +943,10 @@ def total_flops(roofline: pd.DataFrame, names: Sequence[str]) -> float:
     return float(roofline.loc[roofline["name"].isin(list(names)), "flops"].sum())
 
 
-ROOFLINE_MAX_BYTES = DEFAULT_MAX_BYTES
-"""The largest trace file (decompressed) whose roofline is made, as for the rest of the analysis
-(the file is streamed; only its ops' arguments and GPU events are kept). A larger trace is still
-analyzed as far as it can be; its roofline is skipped with the reason."""
+ROOFLINE_MAX_BYTES = 2 * 2**30
+"""The largest trace file (decompressed) whose roofline is made. The file is streamed and only the
+modelled ops' arguments, the runtime calls and the GPU events are kept, but those still cost about as
+much memory as their JSON; a larger trace is analyzed without its roofline, and says why."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from advisor.advise import advise_trace
 from advisor.analyze import analyze_path, load_trace
 from advisor.ceilings import Ceilings, ceilings_path, load_ceilings, measure_ceilings, store_ceilings, stored_ceilings
 from advisor.errors import AdvisorError, TraceError
-from advisor.presets import hardware_for_trace, tiny
+from advisor.presets import get_hardware, hardware_for_trace, tiny
 from advisor.roofline import (
     kernel_roofline,
     op_roofline,
@@ -373,3 +373,117 @@ def test_cpu_shares_are_of_the_step_when_its_time_is_known(roofline):
     assert step_roofline_summary(roofline, step_ms=1.0)["compute_frac"] == pytest.approx(
         step_roofline_summary(roofline)["compute_frac"]
     )
+
+
+def _kineto(tmp_path, events, name="synthetic.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return path
+
+
+def _op(name, ts, dur, dims=(), types=(), concrete=(), tid=1):
+    args = {"Input Dims": list(dims), "Input type": list(types), "Concrete Inputs": list(concrete)}
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def _launch(corr, ts, cat="cuda_runtime", tid=1):
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": "cudaLaunchKernel",
+        "pid": 1,
+        "tid": tid,
+        "ts": ts,
+        "dur": 2,
+        "args": {"correlation": corr},
+    }
+
+
+def _kernel(name, corr, ts, dur):
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "pid": 0,
+        "tid": 7,
+        "ts": ts,
+        "dur": dur,
+        "args": {"correlation": corr, "stream": 7},
+    }
+
+
+def test_an_op_and_the_modelled_op_it_calls_are_counted_once(tmp_path):
+    # nll_loss_backward zeroes its [N, V] gradient through fill_ (a modelled op) and then launches its
+    # own kernel: the two kernels share the outer op's bytes by time, not each take a full copy.
+    n, v = 8192, 1000
+    dims = [[], [n, v], [n], [], [], [], []]
+    types = ["float", "float", "long int", "", "Scalar", "Scalar", "float"]
+    events = [
+        _op("aten::nll_loss_backward", 0, 100, dims, types),
+        _op("aten::fill_", 10, 40, [[n, v], []], ["float", "Scalar"]),
+        _launch(1, 20),
+        _launch(2, 60),
+        _kernel("void at::native::vectorized_elementwise_kernel<4, FillFunctor<float>>", 1, 200, 300),
+        _kernel("void nll_loss_backward_reduce_cuda_kernel_2d<float, long>", 2, 510, 10),
+    ]
+    work = read_trace_work(_kineto(tmp_path, events))
+    assert work.kernels["launch_op"].tolist() == [1, 0]  # innermost op around each launch
+    table = kernel_roofline(work, get_hardware("h100"))
+    outer_bytes = n * v * 4 + n * 8  # the full gradient written once, the targets read
+    assert table["bytes"].sum() == pytest.approx(outer_bytes)
+    assert set(table["op"]) == {"aten::nll_loss_backward"}
+    fill = table[table["name"].str.contains("Fill")].iloc[0]
+    assert fill["bytes"] == pytest.approx(outer_bytes * 300 / 310)  # its share of the op's kernel time
+
+
+def test_triton_kernels_launched_through_the_driver_api_are_linked(tmp_path):
+    # torch.compile's Triton kernels go through cuLaunchKernel, recorded as cuda_driver.
+    events = [
+        _op("aten::mm", 0, 50, [[4096, 4096], [4096, 4096]], ["float", "float"]),
+        _launch(9, 10, cat="cuda_driver"),
+        _kernel("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT", 9, 100, 500),
+    ]
+    table = kernel_roofline(read_trace_work(_kineto(tmp_path, events)), get_hardware("h100"))
+    row = table.iloc[0]
+    assert row["basis"] == "shapes" and row["flops"] == 2 * 4096**3
+    # fp32 tensors on a tensor-core kernel run as TF32: judged against H100's TF32 roof, not FP32's.
+    assert row["precision"] == "tf32" and row["roof_flops_per_s"] == get_hardware("h100").peak_tf32_flops
+
+
+def test_a_copy_of_unknown_size_is_not_called_compute_bound(tmp_path):
+    events = [{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": 7,
+               "ts": 0, "dur": 500, "args": {"correlation": 3, "bytes": 0}}]  # fmt: skip
+    table = kernel_roofline(read_trace_work(_kineto(tmp_path, events)), get_hardware("h100"))
+    assert table["bound"].iloc[0] == "memory" and math.isnan(table["headroom_frac"].iloc[0])
+
+
+def test_autocast_matmuls_are_judged_in_the_precision_they_run_in():
+    # Under autocast aten::linear records its fp32 inputs; the aten::mm it calls runs in bf16, and
+    # the linear is counted (and judged) as the bf16 GEMM it is.
+    table = analyze_path(RUN.parent / "20261130-165253-tiny-617152").tables["roofline"]
+    gemm = table[table["category"] == "gemm"]
+    assert len(gemm) and (gemm["precision"] == "bf16").all()
+
+
+@pytest.mark.parametrize(
+    ("name", "dims", "types", "concrete", "expected"),
+    [
+        # A batch of 4 against one [64, 128] matrix: 2 * 4 * 64 * 128 * 32.
+        ("aten::matmul", [[64, 128], [4, 128, 32]], ["float"] * 2, ["", ""], 2 * 4 * 64 * 128 * 32),
+        ("aten::bmm", [[4, 64, 128], [4, 128, 32]], ["float"] * 2, ["", ""], 2 * 4 * 64 * 128 * 32),
+        # No literal arguments recorded: a convolution's output size is unknown.
+        ("aten::conv2d", [[1, 3, 32, 32], [8, 3, 3, 3]], ["float"] * 2, [], None),
+        # 3x3, stride 1, no padding: a 30x30 output.
+        ("aten::conv2d", [[1, 3, 32, 32], [8, 3, 3, 3], [], [], [], [], []], ["float"] * 2,
+         ["", "", "", "[1, 1]", "[0, 0]", "[1, 1]", "1"], 2 * 30 * 30 * 8 * 27),
+        # Odd arguments are not modelled rather than raised.
+        ("aten::conv2d", [[1, 3, 32, 32], [8, 3, 3, 3], [], [], [], [], []], ["float"] * 2,
+         ["", "", "", "[0, 0]", "[0, 0]", "[1, 1]", "1"], None),
+        ("aten::conv2d", [[1, 3, 32, 32], [8, 3, 3, 3], [], [], [], [], []], ["float"] * 2,
+         ["", "", "", "[1, 1]", "[]", "[1, 1]", "1"], None),
+        ("aten::embedding_dense_backward", [[], [4]], ["float", "long int"], ["", "", "100"], None),
+    ],
+)  # fmt: skip
+def test_op_work_by_hand(name, dims, types, concrete, expected):
+    work = op_work(name, dims, types, concrete)
+    assert (work is None) if expected is None else (work[0] == expected)
