@@ -659,7 +659,7 @@ def _op_work_list(ops: pd.DataFrame, optimizer_params: int) -> list:
     for n, d, t, c, f in zip(
         ops["name"], ops["input_dims"], ops["input_types"], ops["concrete_inputs"], ops["flops"], strict=True
     ):
-        w = op_work(n, d, t, c, optimizer_params)
+        w = op_work(n, d, t, c, optimizer_params) if n in MODELLED_OPS else None
         if isinstance(f, float) and not math.isnan(f) and f > 0:
             moved = float(sum(_numel(s) * e if s else e for s, e in _tensors(d, t)))
             w = (f, w[1] if w else moved)
@@ -802,20 +802,27 @@ def kernel_roofline(
     op_name = np.full(len(k), "", dtype=object)
     basis = np.full(len(k), "kernel class", dtype=object)
     klass = np.full(len(k), "", dtype=object)
+    op_names = ops["name"].to_numpy(object) if len(ops) else np.zeros(0, dtype=object)
+    op_dims = ops["input_dims"].to_numpy(object) if len(ops) else np.zeros(0, dtype=object)
+    k_bytes = k["bytes"].to_numpy()
+    row_category = np.array(
+        [categories[n] if kd == "kernel" else kd for n, kd in zip(names, kinds, strict=True)], dtype=object
+    )
     for i in range(len(k)):
         if kinds[i] != "kernel":
             basis[i] = "transfer"
             copies = 2 if "DtoD" in names[i] else 1  # a device copy reads and writes HBM
-            if k["bytes"].iat[i] > 0:  # a copy whose size the trace does not give is judged by its length
-                nbytes[i], flops[i] = float(k["bytes"].iat[i]) * copies, 0.0
+            if k_bytes[i] > 0:  # a copy whose size the trace does not give is judged by its length
+                nbytes[i], flops[i] = float(k_bytes[i]) * copies, 0.0
             continue
         cat = categories[names[i]]
         if launch[i] >= 0:
-            op_name[i] = ops["name"].iat[src[i] if src[i] >= 0 else launch[i]]
+            op_name[i] = op_names[src[i] if src[i] >= 0 else launch[i]]
             if cat == "other":  # a vendor kernel whose name says nothing (cuDNN's scudnn_*): its op does
-                cat = _OP_CLASSES.get(op_category(ops["name"].iat[launch[i]]), cat)
-                if cat == "other" and "conv" in ops["name"].iat[launch[i]]:
+                cat = _OP_CLASSES.get(op_category(op_names[launch[i]]), cat)
+                if cat == "other" and "conv" in op_names[launch[i]]:
                     cat = "convolution"
+                row_category[i] = cat
         klass[i] = "compute" if cat in _COMPUTE_CLASSES else "communication" if cat == "communication" else "memory"
         j = src[i]
         if j < 0:
@@ -823,7 +830,7 @@ def kernel_roofline(
         share = dur[i] / op_kernel_time[j] if op_kernel_time[j] > 0 else 0.0
         w_flops, w_bytes = work_of[j]
         flops[i], nbytes[i] = w_flops * share, w_bytes * share
-        shape[i] = json.dumps(ops["input_dims"].iat[j])
+        shape[i] = json.dumps(op_dims[j])
         precision[i] = group_precision.get(j, "fp32")
         if cat == "gemm" and precision[i] == "fp32":
             # fp32 tensors on tensor cores run as TF32 (s1688gemm, xmma/nvjet/wgmma with fp32 in/out).
@@ -835,7 +842,7 @@ def kernel_roofline(
         precision=precision,
         basis=basis,
         klass=klass,
-        category=[kernel_category(n, kd) for n, kd in zip(names, kinds, strict=True)],
+        category=row_category,
         w_flops=flops,
         w_bytes=nbytes,
     )
