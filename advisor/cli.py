@@ -168,10 +168,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
     path = Path(args.path)
     hardware = get_hardware(args.gpu) if args.gpu else None
-    ceilings = None if args.ceilings is None else "auto" if args.ceilings == "auto" else load_ceilings(args.ceilings)
+    ceilings = load_ceilings(args.ceilings_file) if args.ceilings_file else "auto" if args.ceilings else None
     report = analyze_path(path, path.name, max_bytes=int(args.max_mb * 2**20), hardware=hardware, ceilings=ceilings)
     roofs = report.metrics.roofline_roofs or ""
-    if args.ceilings == "auto" and "roofs measured" not in roofs:
+    if args.ceilings and "roofs measured" not in roofs:
         device = roofs.split(":")[0].split(",")[0]
         print(
             f"note: no ceilings measured for {device} are stored; datasheet roofs used "
@@ -514,15 +514,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"judge the roofline against this device's datasheet: {', '.join(HARDWARE)} "
         "(default: the device the trace names, or its kernel names give away)",
     )
-    an.add_argument(
+    roofs = an.add_mutually_exclusive_group()
+    roofs.add_argument(
         "--ceilings",
-        nargs="?",
-        const="auto",
-        default=None,
-        metavar="FILE",
-        help="roofs measured by `ceilings` instead of the datasheet: a ceilings JSON file, or none to use the ones "
-        "stored for the trace's device (our own runs use them by default)",
+        action="store_true",
+        help="judge the roofline against the ceilings `ceilings` measured and stored for the trace's device "
+        "instead of its datasheet (our own runs use them by default)",
     )
+    roofs.add_argument("--ceilings-file", metavar="FILE", help="judge the roofline against this ceilings JSON file")
     an.set_defaults(func=_cmd_analyze)
     ce = sub.add_parser(
         "ceilings", help="measure this machine's matmul FLOP/s and copy bandwidth (the roofline's measured roofs)"

@@ -156,7 +156,8 @@ class TraceWork:
     ops: pd.DataFrame
     """One row per ``cpu_op``: name, tid, start_us, dur_us, input_dims (list per argument; [] for
     scalars), input_types, concrete_inputs (literal scalar arguments as strings), flops (the profiler's
-    own count where the trace carries one, else NaN)."""
+    own count where the trace carries one, else NaN). The three argument columns are kept for the ops
+    in MODELLED_OPS and those with a FLOP count; other ops (views, allocations) have them empty."""
     kernels: pd.DataFrame
     """One row per GPU event: name, kind ('kernel', 'memcpy', 'memset'), start_us, dur_us, bytes
     (copies and sets), launch_op (index into ``ops`` of the innermost op around the runtime call that

@@ -121,6 +121,7 @@ _SPEC_FIELDS = {
     "hw_memory_gib": "device memory, GiB",
     "hw_has_fp8": "fp8 tensor cores",
     "hw_bf16_speedup": "peak bf16 over peak fp32 FLOP/s, ratio",
+    "hw_fp16_speedup": "peak fp16 over peak fp32 FLOP/s, ratio",
 }
 _ESTIMATE_FIELDS = {
     "est_step_time_ms": "estimated step time, ms",
@@ -511,6 +512,7 @@ def build_context(
             hw_memory_gib=hw.memory_bytes / GiB,
             hw_has_fp8=hw.peak_fp8_flops > 0,
             hw_bf16_speedup=hw.peak_bf16_flops / hw.peak_fp32_flops,
+            hw_fp16_speedup=hw.peak_fp16_flops / hw.peak_fp32_flops,
         )
         ctx["optimizer_impl"] = t.optimizer_impl
     if estimate is not None:

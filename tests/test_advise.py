@@ -222,3 +222,12 @@ def test_a_faulty_gain_does_not_take_the_advice_down(monkeypatch):
     advice = advise(setup=make_setup(model="llama-3.1-70b", gpu="h100", gpus=8, seq=4096))
     notes = [r.action_note for r in advice.recommendations if r.rule.gain == "whatif"]
     assert notes and all(n == "gain not computed: ZeroDivisionError: boom" for n in notes)
+
+
+def test_fp32_on_a_v100_is_advised_fp16_not_bf16():
+    # V100: no bf16 math, fp16 tensor cores at 125 against 15.7 TFLOP/s fp32.
+    setup = make_setup(model="gpt2-124m", gpu="v100", seq=1024, micro_batch=8, precision="fp32")
+    advice = advise(setup=setup, source="setup")
+    top = advice.recommendations[0]
+    assert top.rule.id == "prec-fp32-to-fp16-no-bf16" and top.after.train.precision == "fp16"
+    assert "prec-fp32-to-bf16" not in fired(advice) and top.gain.gain_pct > 50

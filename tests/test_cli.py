@@ -101,7 +101,7 @@ def test_ceilings_measure_store_show_and_feed_analyze(tmp_path, capsys):
     shown = json.loads(capsys.readouterr().out)
     assert shown["device_name"].startswith("CPU host") and shown["matmul_flops_per_s"]["fp32"] > 0
     stored = next((tmp_path / "ceilings").glob("*.json"))
-    assert main(["analyze", str(RUN), "--ceilings", str(stored)]) == 0
+    assert main(["analyze", str(RUN), "--ceilings-file", str(stored)]) == 0
     out = capsys.readouterr().out
     assert "Roofline verdict: compute-bound" in out and f"roofs measured {shown['measured_utc']}" in out
 
@@ -111,7 +111,7 @@ def test_ceilings_errors_are_clear(tmp_path, capsys):
     assert "no ceilings stored for CPU host" in capsys.readouterr().err
     assert main(["ceilings", "--device", "cpu", "--repeats", "0", "--traces", str(tmp_path)]) == 2
     assert "--repeats=0: must be >= 1" in capsys.readouterr().err
-    assert main(["analyze", str(RUN), "--ceilings", str(tmp_path / "none.json")]) == 2
+    assert main(["analyze", str(RUN), "--ceilings-file", str(tmp_path / "none.json")]) == 2
     assert "ceilings file none.json cannot be read" in capsys.readouterr().err
 
 
