@@ -358,11 +358,12 @@ def format_roofline(report: TraceReport, top: int = 8) -> list[str]:
     if len(known):
         out.append("  most time above the roof (ms over trace, bound, achieved, intensity FLOP/B, op shapes):")
         for r in known.itertuples():
-            rate = (
-                f"{r.achieved_flops_per_s / 1e12:.2f} TFLOP/s" if gpu else f"{r.achieved_flops_per_s / 1e9:.1f} GFLOP/s"
-            )
+            if r.flops > 0:
+                rate = f"{r.achieved_flops_per_s / (1e12 if gpu else 1e9):.2f} {'T' if gpu else 'G'}FLOP/s"
+            else:  # a copy or set: its bandwidth
+                rate = f"{r.achieved_bytes_per_s / 1e9:.1f} GB/s"
             out.append(
                 f"  {r.above_ms:9.3f} of {r.time_ms:9.3f} ms  {r.bound:8s} {rate:>15s} {r.intensity_flops_per_byte:8.1f}"
-                f"  {r.op} {r.input_dims[:60]}"
+                f"  {r.op or r.name[:60]} {r.input_dims[:60]}"
             )
     return out

@@ -487,3 +487,13 @@ def test_autocast_matmuls_are_judged_in_the_precision_they_run_in():
 def test_op_work_by_hand(name, dims, types, concrete, expected):
     work = op_work(name, dims, types, concrete)
     assert (work is None) if expected is None else (work[0] == expected)
+
+
+@needs_traces
+def test_the_cli_summary_lists_copies_by_their_bandwidth():
+    from advisor.analyze import format_report
+
+    text = format_report(analyze_path(V100), "v100")
+    assert "Roofline verdict: compute-bound (compute 62.4 %, memory 34.9 %, latency 1.3 % of the GPU span)" in text
+    copy = next(line for line in text.splitlines() if "Memcpy DtoD" in line)
+    assert "GB/s" in copy and "memory" in copy
