@@ -21,8 +21,9 @@ from advisor.collectives import collective_table
 from advisor.errors import AdvisorError, TraceError
 from advisor.metrics import StepMetrics
 from advisor.roofline import VERDICTS, Roofline, step_roofline_summary, trace_roofline
+from advisor.runstore import run_trace
 from advisor.specs import HardwareSpec
-from advisor.trace_kineto import DEFAULT_MAX_BYTES, load_kineto
+from advisor.trace_kineto import DEFAULT_MAX_BYTES, copy_zip_member, load_kineto
 from advisor.trace_nsys import load_nsys_sqlite
 from advisor.trace_table import GPU_KINDS, kind_mask
 
@@ -37,7 +38,7 @@ def load_trace(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> pd.Da
     p = Path(path)
     if p.is_dir():
         if (p / "run.json").is_file():  # one of our run directories: one trace, or one per rank
-            inner = p / "ranks" if (p / "ranks").is_dir() else p / "trace.json.gz"
+            inner = run_trace(p)
             if not inner.exists():
                 raise TraceError(f"run {p.name} has no trace (its status says why)")
             df = load_kineto(inner, max_bytes=max_bytes)
@@ -77,13 +78,7 @@ def _load_zip(path: Path, max_bytes: int) -> pd.DataFrame:
                 if name in names:
                     raise TraceError(f"{path.name} holds two files named {name}")
                 names.add(name)
-                with z.open(m) as src, open(Path(tmp) / name, "wb") as dst:
-                    copied = 0
-                    while chunk := src.read(2**20):
-                        copied += len(chunk)
-                        if copied > m.file_size:
-                            raise TraceError(f"{path.name}: member {name} is larger than its header says")
-                        dst.write(chunk)
+                copy_zip_member(z, m, Path(tmp) / name, path.name)
             df = load_kineto(tmp, max_bytes=max_bytes)
     df.attrs["files"] = [path.name]
     return df

@@ -31,8 +31,9 @@ import pandas as pd
 from advisor.analysis import gemm_math, kernel_category
 from advisor.ceilings import Ceilings
 from advisor.errors import TraceError
+from advisor.runstore import run_trace
 from advisor.specs import HardwareSpec
-from advisor.trace_kineto import DEFAULT_MAX_BYTES, gc_paused, stream_events, trace_files
+from advisor.trace_kineto import DEFAULT_MAX_BYTES, copy_zip_member, gc_paused, stream_events, trace_files
 from advisor.trace_table import GPU_KINDS, kind_mask
 
 BOUNDS = ("compute", "memory", "latency", "communication")
@@ -174,7 +175,7 @@ def _trace_file(path: Path, tmp: Path, max_bytes: int) -> Path:
     ``tmp`` (never a path from the archive, and no larger than its header says or ``max_bytes``)."""
     if path.is_dir():
         if (path / "run.json").is_file():
-            path = path / "ranks" if (path / "ranks").is_dir() else path / "trace.json.gz"
+            path = run_trace(path)
         if path.is_dir():
             files = trace_files(path)
             path = next((f for f in files if _RANK0.search(f.name)), files[0])
@@ -192,14 +193,8 @@ def _trace_file(path: Path, tmp: Path, max_bytes: int) -> Path:
             m = next((m for m in members if _RANK0.search(m.filename)), members[0])
             if m.file_size > max_bytes:
                 raise TraceError(f"{path.name}: {m.filename} is over the {max_bytes / 2**20:.0f} MiB limit")
-            out = tmp / Path(m.filename).name
-            with z.open(m) as src, open(out, "wb") as dst:
-                copied = 0
-                while chunk := src.read(2**20):
-                    copied += len(chunk)
-                    if copied > m.file_size:
-                        raise TraceError(f"{path.name}: member {m.filename} is larger than its header says")
-                    dst.write(chunk)
+            out = tmp / Path(m.filename).name  # never a path from the archive
+            copy_zip_member(z, m, out, path.name)
             return out
     except (OSError, EOFError, zlib.error, zipfile.BadZipFile) as err:
         raise TraceError(f"{path.name} cannot be read ({type(err).__name__}: {err})") from None
@@ -540,8 +535,9 @@ def _group_precisions(df: pd.DataFrame, outer: np.ndarray) -> dict[int, str]:
     """The precision each outermost modelled op computes in: the narrowest among it and the ops it
     calls (under autocast ``aten::linear`` records fp32 inputs and its ``aten::mm`` runs in bf16)."""
     out: dict[int, str] = {}
+    types = df["input_types"].to_numpy(object)
     for i in np.flatnonzero(outer >= 0):
-        p = _precision(df["input_types"].iat[i])
+        p = _precision(types[i])
         j = int(outer[i])
         if j not in out or _NARROW.index(p) < _NARROW.index(out[j]):
             out[j] = p

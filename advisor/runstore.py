@@ -30,6 +30,12 @@ RESERVED_DIRS = ("calibration", "verifications", "ceilings")
 ceilings."""
 
 
+def run_trace(run_dir: Path) -> Path:
+    """Where a run directory keeps its trace: ``ranks/`` (one file per rank) for a distributed run,
+    else ``trace.json.gz`` (the path may not exist: a run that failed before tracing)."""
+    return run_dir / "ranks" if (run_dir / "ranks").is_dir() else run_dir / "trace.json.gz"
+
+
 def default_root() -> Path:
     """``$ADVISOR_TRACES_DIR`` or the repo's ``traces/``."""
     return Path(os.environ.get("ADVISOR_TRACES_DIR", DEFAULT_ROOT))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import gzip
 import re
+import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -65,6 +66,18 @@ def trace_files(path: Path) -> list[Path]:
     if not path.is_file():
         raise TraceError(f"no trace file {path.name}")
     return [path]
+
+
+def copy_zip_member(z: zipfile.ZipFile, member: zipfile.ZipInfo, dest: Path, archive: str) -> None:
+    """Copy one member of an open zip to ``dest`` in 1 MiB chunks, refusing one that unpacks to more
+    than its header says (the caller has checked the header's size against its limit)."""
+    with z.open(member) as src, open(dest, "wb") as dst:
+        copied = 0
+        while chunk := src.read(2**20):
+            copied += len(chunk)
+            if copied > member.file_size:
+                raise TraceError(f"{archive}: member {Path(member.filename).name} is larger than its header says")
+            dst.write(chunk)
 
 
 def load_kineto(
