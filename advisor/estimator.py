@@ -616,9 +616,16 @@ def estimate(setup: Setup) -> Estimate:
 
     # Tensor parallel: 2 all-reduces forward, 2 backward per block (+2 when full recompute replays the
     # forward); with sp each is an all-gather + reduce-scatter of the same volume [Korthikanti 4.2.2].
+    # The vocab-parallel embedding all-reduces its output and the head its input's gradient: both on
+    # one stage without a pipeline, else one on the slowest (last) stage.
     tp_bw = _group_bw(setup, 1, t)
     n_tp_collectives = 6 if tr.recompute == "full" else 4
-    tp_s = mb * layers_stage * n_tp_collectives * _ring_all_reduce_s(tokens_mb * m.hidden * e, t, tp_bw)
+    edge_collectives = (2 if pp == 1 else 1) if t > 1 else 0
+    tp_s = (
+        mb
+        * (layers_stage * n_tp_collectives + edge_collectives)
+        * _ring_all_reduce_s(tokens_mb * m.hidden * e, t, tp_bw)
+    )
 
     # Context parallel ring: each rank receives cp-1 K/V chunks forward, K/V and dK/dV backward.
     cp_s = 0.0

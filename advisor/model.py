@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from advisor.specs import RECOMPUTE_MODES, ModelSpec
@@ -219,8 +220,11 @@ class Transformer(nn.Module):
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy (computed in fp32) of logits (batch, seq, vocab) against targets."""
-    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+    """Mean next-token cross-entropy (computed in fp32) of logits (batch, seq, vocab) against targets.
+    Vocab-sharded DTensor logits (tensor parallelism, under ``loss_parallel``) give the same loss as a
+    plain tensor, replicated on every TP rank."""
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1))
+    return loss.to_local() if isinstance(loss, DTensor) else loss
 
 
 def build_model(

@@ -22,22 +22,24 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
+    loss_parallel,
     parallelize_module,
 )
 from torch.nn.parallel import DistributedDataParallel
@@ -257,16 +259,22 @@ def split_pipeline(model: Transformer, setup: Setup, info: ParallelInfo) -> list
 
 
 def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
-    """Megatron tensor parallelism on ``model``'s blocks, in place (Shoeybi et al. 2019): q/k/v and the
-    MLP's gate/up split by output columns, o_proj and down by input rows, so each block costs two
-    all-reduces in forward (after attention and after the MLP) and two in backward. With ``sequence_parallel`` the norms run on sequence shards
-    and those all-reduces become all-gather + reduce-scatter (Korthikanti et al. 2022), following
-    torchtitan's Llama plan.
+    """Megatron tensor parallelism on ``model``, in place (Shoeybi et al. 2019), following torchtitan's
+    Llama plan. In each block q/k/v and the MLP's gate/up split by output columns, o_proj and down by
+    input rows, so a block costs two all-reduces in forward (after attention and after the MLP) and
+    two in backward. With ``sequence_parallel`` the norms run on sequence shards and those all-reduces
+    become all-gather + reduce-scatter (Korthikanti et al. 2022).
 
-    The embedding, final norm and head stay replicated: tied embeddings (the tiny preset, Llama 3.2)
-    share one weight between embedding and head, which a vocab-parallel split would have to keep in
-    one DTensor, and the loss stays the plain cross-entropy over full logits. This costs vocab x hidden
-    weights per TP rank and repeats the head's matmul on every TP rank.
+    The embedding and the head are vocabulary-parallel: each TP rank keeps vocab / tp rows of the
+    embedding (one all-reduce, or with SP a reduce-scatter, of its output) and computes the logits of
+    its vocab / tp columns, which the loss reads in place (``loss_parallel``: cross-entropy over
+    vocab-sharded logits, a few per-token all-reduces), so no rank holds the full logits. A tied head
+    stays one weight: both shard the (vocab, hidden) matrix by rows. With learned positions the
+    embedding's output is all-reduced and cut into sequence shards after the positions are added, as
+    Megatron-LM does; with RoPE and SP it is reduce-scattered straight into them.
+
+    ``loss_parallel`` must be active around the forward and backward of a step
+    (``ParallelTrainer.micro_batch_context``).
     """
     seq = Shard(1)
     out = seq if sequence_parallel else Replicate()
@@ -281,30 +289,67 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -
         }
         if block.mlp.swiglu:
             plan["mlp.gate"] = ColwiseParallel()
+        # Attention and MLP take their input as one replicated DTensor (gathered from the sequence
+        # shards under SP), so the gradients of q, k and v (gate and up) add up before one all-reduce
+        # or reduce-scatter, as Megatron's fused QKV and gate-up projections do, not one each.
+        plan |= {
+            "attn": PrepareModuleInput(input_layouts=(out, None), desired_input_layouts=(Replicate(), None)),
+            "mlp": PrepareModuleInput(input_layouts=(out,), desired_input_layouts=(Replicate(),)),
+        }
         if sequence_parallel:
-            plan |= {
-                "norm1": SequenceParallel(),
-                "attn": PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(Replicate(), None)),
-                "norm2": SequenceParallel(),
-                "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
-            }
+            plan |= {"norm1": SequenceParallel(), "norm2": SequenceParallel()}
         parallelize_module(block, tp_mesh, plan)
-    if sequence_parallel:
-        # Between blocks the residual stream is this rank's sequence shard (a plain tensor): the first
-        # block cuts it from the replicated embedding, the head gathers it back after the final norm.
-        parallelize_module(
-            model,
-            tp_mesh,
-            {
-                "blocks.0": PrepareModuleInput(
-                    input_layouts=(Replicate(), None), desired_input_layouts=(seq, None), use_local_output=True
-                ),
-                "norm": SequenceParallel(),
-                "head": PrepareModuleInput(
-                    input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=True
-                ),
-            },
+    # A pipeline stage holds the embedding (first stage), the head (last) or neither.
+    tied = model.embed is not None and model.head is not None and model.head.weight is model.embed.weight
+    edges: dict[str, object] = {}
+    if model.head is not None:
+        if sequence_parallel:
+            edges["norm"] = SequenceParallel()
+        edges["head"] = ColwiseParallel(input_layouts=out, output_layouts=Shard(-1), use_local_output=False)
+    scatter = sequence_parallel and model.pos is None  # reduce-scatter straight into sequence shards
+    if model.embed is not None and sequence_parallel and not scatter:
+        # Between blocks the residual stream is this rank's sequence shard (a plain tensor): cut it
+        # from the replicated embedding + positions.
+        edges["blocks.0"] = PrepareModuleInput(
+            input_layouts=(Replicate(), None), desired_input_layouts=(seq, None), use_local_output=True
         )
+    parallelize_module(model, tp_mesh, edges)
+    if model.embed is not None:
+        # The head's plan shards a tied weight by rows already: the embedding takes that parameter.
+        weight = (
+            model.head.weight
+            if tied
+            else nn.Parameter(distribute_tensor(model.embed.weight.detach(), tp_mesh, [Shard(0)]))
+        )
+        model.embed = VocabParallelEmbedding(weight, seq if scatter else Replicate())
+
+
+class VocabParallelEmbedding(nn.Module):
+    """An embedding whose (vocab, hidden) weight is a DTensor sharded by rows over a TP mesh (Megatron-
+    LM's VocabParallelEmbedding): each rank looks up the tokens in its vocabulary range, zeroes the
+    others, and the partial sums are all-reduced (``output`` Replicate) or reduce-scattered over the
+    sequence (``output`` Shard(1)); the output is a plain tensor. Backward gives each rank the gradient
+    of its own rows only, as a DTensor of the weight's placement (``parallelize_module``'s
+    RowwiseParallel embedding computes the full vocab x hidden gradient on every rank and keeps it
+    replicated)."""
+
+    def __init__(self, weight: nn.Parameter, output: Shard | Replicate) -> None:
+        super().__init__()
+        if not (isinstance(weight, DTensor) and weight.placements == (Shard(0),)):
+            raise ValueError(f"weight must be a DTensor sharded by rows (Shard(0)), got {type(weight).__name__}")
+        self.weight, self.output = weight, output
+        mesh = weight.device_mesh
+        rows = -(-weight.shape[0] // mesh.size())  # torch.chunk's split: the last shard may be shorter
+        self.first = rows * mesh.get_local_rank()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        local = self.weight.to_local()  # its backward hands the gradient back as a Shard(0) DTensor
+        index = tokens - self.first
+        outside = (index < 0) | (index >= local.shape[0])
+        x = F.embedding(index.masked_fill(outside, 0), local).masked_fill(outside.unsqueeze(-1), 0.0)
+        mesh = self.weight.device_mesh
+        partial = DTensor.from_local(x, mesh, [Partial()], run_check=False)
+        return partial.redistribute(mesh, [self.output]).to_local()
 
 
 def apply_compile(model: Transformer) -> None:
@@ -402,10 +447,14 @@ class ParallelTrainer(Trainer):
 
     def micro_batch_context(self, last: bool) -> AbstractContextManager:
         """DDP's ``no_sync`` on all but the step's last micro-batch (gradients accumulate locally, one
-        all-reduce per step); FSDP reduce-scatters every micro-batch, as ZeRO-2/3 keep gradients sharded."""
+        all-reduce per step); FSDP reduce-scatters every micro-batch, as ZeRO-2/3 keep gradients sharded.
+        Under TP, ``loss_parallel`` around forward and backward: the loss reads vocab-sharded logits."""
+        stack = ExitStack()
         if isinstance(self.model, DistributedDataParallel) and not last:
-            return self.model.no_sync()
-        return nullcontext()
+            stack.enter_context(self.model.no_sync())
+        if self.info.tp > 1:
+            stack.enter_context(loss_parallel())  # the head's logits stay vocab-sharded (apply_tp)
+        return stack
 
     def reduce_loss(self, loss_sum: torch.Tensor) -> float:
         """The step's loss averaged over the data-parallel ranks (one all-reduce, outside the timed step)."""
@@ -514,7 +563,9 @@ class PipelineTrainer(ParallelTrainer):
                 t1 = clock.mark()
             # The schedule splits the batch back into grad_accum micro-batches (the same samples as the
             # single-process step's) and divides the gradients by grad_accum (scale_grads).
-            self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+            # The last stage's loss and backward run inside the schedule (vocab-sharded logits under TP).
+            with loss_parallel() if info.tp > 1 else nullcontext():
+                self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
             self._sum_tied_gradients()
             t2 = clock.mark()
             with phase("optimizer"):

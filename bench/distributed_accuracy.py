@@ -3,7 +3,7 @@ against what the runs measured (targets: dry run within 8 % of the measured peak
 within 5 % of the analytic count).
 
 Run: ``.venv/bin/python bench/distributed_accuracy.py`` (about 2 minutes on 2 shared cores). For each
-model and layout (DDP, FSDP2 ZeRO-2 and ZeRO-3, TP 2 + SP, PP 2 with 4 micro-batches) it profiles one
+model and layout (DDP, FSDP2 ZeRO-2 and ZeRO-3, TP 2 with and without SP, PP 2 with 4 micro-batches) it profiles one
 step on gloo with ``profile_run`` (2 processes under torchrun), then compares, rank by rank:
 
 - memory: ``rank_peak_memory_bytes`` against ``estimate(setup)`` (the first or last stage's breakdown
@@ -61,6 +61,7 @@ LAYOUTS: dict[str, dict] = {
     "DDP": {"gpus": 2},
     "FSDP2 ZeRO-2": {"gpus": 2, "zero": 2},
     "FSDP2 ZeRO-3": {"gpus": 2, "zero": 3},
+    "TP 2": {"gpus": 2, "tp": 2},
     "TP 2 + SP": {"gpus": 2, "tp": 2, "sequence_parallel": True},
     "PP 2, m=4": {"gpus": 2, "pp": 2, "global_batch": 8},
 }
@@ -95,15 +96,22 @@ def analytic_comm(setup: Setup) -> dict:
     DDP: one ring all-reduce of the gradients per step (no_sync on earlier micro-batches); its call
     count is the number of DDP buckets, which the formula leaves open (None). FSDP (Rajbhandari et al.
     2019; every block and the root are units): per micro-batch an all-gather of the parameters in
-    forward, again in backward under ZeRO-3, and a reduce-scatter of the gradients. TP (Shoeybi et al.
-    2019) per block: 2 all-reduces forward and 2 backward of b x s x h activations; with SP each is an
-    all-gather plus a reduce-scatter of the same volume (Korthikanti et al. 2022), and this layout adds
-    two all-gathers per micro-batch at the edges of the sequence-parallel region, whose ends stay
-    replicated (advisor.parallel.apply_tp): the final norm's output gathered for the head in forward,
-    the first block's input gradient gathered for the embedding in backward. PP: per micro-batch
-    the activation (b x s x h) sent forward and its gradient sent back over each stage boundary, so a
-    rank of a 2-stage pipeline sends m and receives m. Element size: 4 bytes (fp32 weights, gradients
-    and activations in these runs).
+    forward, again in backward under ZeRO-3, and a reduce-scatter of the gradients.
+
+    TP (Shoeybi et al. 2019), per micro-batch: each block all-reduces b x s x h activations twice in
+    forward (after attention and after the MLP) and twice in backward (the inputs' gradients of the
+    q/k/v and gate/up projections); the vocabulary-parallel embedding all-reduces its output and the
+    column-parallel head its input's gradient; ``loss_parallel`` all-reduces three b x s fp32 vectors
+    (the max and the sum of exponentials of each token's logits, and the target's logit). With SP
+    every activation all-reduce is an all-gather plus a reduce-scatter of the same volume (Korthikanti
+    et al. 2022): the embedding reduce-scatters into sequence shards, except with learned positions,
+    where it all-reduces and the first block's input is cut (its gradient all-gathered in backward);
+    the head all-gathers the final norm's output and reduce-scatters its gradient. SP also all-reduces
+    the norms' weight (and bias) gradients, once per step (advisor.parallel.apply_tp).
+
+    PP: per micro-batch the activation (b x s x h) sent forward and its gradient sent back over each
+    stage boundary, so a rank of a 2-stage pipeline sends m and receives m. Element size: 4 bytes
+    (fp32 weights, gradients and activations in these runs).
     """
     m, p, t = setup.model, setup.parallel, setup.train
     e = 4
@@ -114,10 +122,18 @@ def analytic_comm(setup: Setup) -> dict:
     if p.pp > 1:
         return {"send": (mb, mb * act), "recv": (mb, mb * act)}
     if p.tp > 1:
-        n = 4 * m.n_layers * mb
+        edges = 4 * m.n_layers + 2  # the blocks' four, the embedding's and the head's
+        loss = 3 * mb, 3 * mb * t.micro_batch * t.seq_len * 4
         if not p.sequence_parallel:
-            return {"all_reduce": (n, n * act)}
-        return {"all_gather": (n + 2 * mb, (n + 2 * mb) * act), "reduce_scatter": (n, n * act)}
+            return {"all_reduce": (edges * mb + loss[0], edges * mb * act + loss[1])}
+        learned = int(m.position == "learned")
+        norms = (2 * m.n_layers + 1) * (2 if m.norm_bias else 1)
+        all_reduce = (learned * mb + loss[0] + norms, learned * mb * act + loss[1] + norms * m.hidden * e)
+        return {
+            "all_gather": (edges * mb, edges * mb * act),
+            "reduce_scatter": ((edges - learned) * mb, (edges - learned) * mb * act),
+            "all_reduce": all_reduce,
+        }
     if p.zero == 0:
         return {"all_reduce": (None, params)}
     passes = 2 if p.zero == 3 else 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -18,11 +19,16 @@ from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
 from advisor.parallel import build_parallel_trainer, init_parallel, rank_loader
+from advisor.presets import gpt2_style
 from advisor.sizing import make_setup
 
 STEPS = 3
 SEED = 0
 BASE = {"model": "tiny", "gpu": "cpu", "seq": 32, "micro_batch": 2, "precision": "fp32"}
+
+# GPT-2 shaped (learned positions, LayerNorm, GELU, tied head) with a vocabulary that splits unevenly
+# over 2 TP ranks: under SP its embedding is all-reduced and then cut into sequence shards.
+GPT2_ODD = replace(gpt2_style("gpt2-odd", n_layers=2, hidden=64, n_heads=4), vocab=1001)
 
 # name -> (processes, make_setup overrides). global_batch fixes grad_accum: 2 micro-batches per step
 # on each data-parallel rank (DDP's no_sync path), 4 through the pipeline (1F1B's steady state).
@@ -32,6 +38,7 @@ LAYOUTS: dict[str, tuple[int, dict]] = {
     "fsdp_zero2": (2, {"gpus": 2, "global_batch": 8, "zero": 2}),
     "tp": (2, {"gpus": 2, "tp": 2, "global_batch": 4}),
     "tp_sp": (2, {"gpus": 2, "tp": 2, "sequence_parallel": True, "global_batch": 4}),
+    "tp_sp_gpt2": (2, {"model": GPT2_ODD, "gpus": 2, "tp": 2, "sequence_parallel": True, "global_batch": 4}),
     "pp_1f1b": (2, {"gpus": 2, "pp": 2, "global_batch": 8}),
     "pp_interleaved": (2, {"gpus": 2, "pp": 2, "vpp": 2, "global_batch": 8}),
     "fsdp_tp": (4, {"gpus": 4, "tp": 2, "zero": 3, "sequence_parallel": True, "global_batch": 8}),
@@ -58,7 +65,11 @@ def layout_setup(name: str):
 def reference_setup(name: str):
     """The single-process Setup that sees the same samples: micro_batch x dp, the same global batch."""
     setup = layout_setup(name)
-    kw = BASE | {"micro_batch": BASE["micro_batch"] * setup.parallel.dp, "global_batch": setup.global_batch}
+    kw = BASE | {
+        "model": setup.model,
+        "micro_batch": BASE["micro_batch"] * setup.parallel.dp,
+        "global_batch": setup.global_batch,
+    }
     return make_setup(**kw)
 
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from advisor.errors import AdvisorError
 from advisor.sizing import make_setup
+from advisor.specs import Setup
 from advisor.step import build_trainer, make_loader
 from tests import parallel_worker as worker
 
@@ -43,6 +44,7 @@ EXPECTED_COMM = {
     "fsdp_zero2": {"all_gather", "reduce_scatter"},
     "tp": {"all_reduce"},
     "tp_sp": {"all_gather", "reduce_scatter"},
+    "tp_sp_gpt2": {"all_gather", "reduce_scatter", "all_reduce"},
     "pp_1f1b": {"send", "recv", "all_reduce"},
     "pp_interleaved": {"send", "recv", "all_reduce"},
     "fsdp_tp": {"all_gather", "reduce_scatter"},
@@ -70,9 +72,8 @@ def runs(tmp_path_factory) -> tuple[dict, Path]:
 
 
 @functools.cache
-def _reference(micro_batch: int, global_batch: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+def _reference(setup: Setup) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Losses and final weights of the single-process step over the same samples."""
-    setup = make_setup(**(worker.BASE | {"micro_batch": micro_batch, "global_batch": global_batch}))
     trainer = build_trainer(setup, CPU, seed=worker.SEED)
     batches = iter(make_loader(setup, worker.STEPS * setup.grad_accum, 0, False, worker.SEED))
     for _ in range(worker.STEPS):
@@ -82,8 +83,7 @@ def _reference(micro_batch: int, global_batch: int) -> tuple[list[float], dict[s
 
 
 def _reference_for(name: str):
-    ref = worker.reference_setup(name)
-    return _reference(ref.train.micro_batch, ref.global_batch)
+    return _reference(worker.reference_setup(name))
 
 
 def _gathered_params(out_dir: Path, name: str) -> dict[str, torch.Tensor]:
@@ -110,6 +110,11 @@ def test_layout_losses_and_weights_equal_the_single_process_step(runs, name):
         # weights differ by more than 1e-6, none by more than 2e-5. A wrong or missing gradient
         # reduction shifts most weights of a tensor.
         assert diff.max() <= 5e-5, f"{name} {key}: max difference {diff.max():.2e}"
+        if key.endswith("k_proj.bias"):
+            # Its gradient is zero in exact arithmetic (q.(k + b) shifts every score of a query by the
+            # same q.b, and softmax ignores shifts): only rounding noise is left, which AdamW scales up
+            # to about lr, so its weights follow the summation order and only the bound above applies.
+            continue
         off = int((diff > 1e-6).sum())
         assert off <= max(2, ref.numel() // 1000), f"{name} {key}: {off} of {ref.numel()} weights differ by > 1e-6"
 
