@@ -124,6 +124,27 @@ def _one_per_lever(recs: list[Recommendation]) -> list[Recommendation]:
     return out
 
 
+def _already_in_place(values: dict[str, Any], setup: Setup | None, options: dict[str, Any] | None) -> str:
+    """Why an action changes nothing (empty: it changes something): every value it sets is already the
+    setup's or the run's (a compiled run that is still launch-bound is not told to compile). A value
+    the input does not record (a trace's options) counts as a change."""
+    if not values:
+        return ""
+    for key, value in values.items():
+        section, _, name = key.partition(".")
+        if section == "options":
+            if not options or name not in options:
+                return ""
+            current = options[name]
+        elif setup is not None and hasattr(getattr(setup, section, None), name):
+            current = getattr(getattr(setup, section), name)
+        else:
+            return ""
+        if current != value:
+            return ""
+    return "already in place: " + ", ".join(f"{k} = {v}" for k, v in values.items())
+
+
 def _rejection(rec: Recommendation, est: Any) -> str:
     """Why a fired rule's action is not recommended (empty: it is): it is predicted not to help, or it
     would make a setup that fits no longer fit."""
@@ -212,7 +233,7 @@ def advise(
             after, opts_after, values, gain = None, None, {}, None
             note = f"gain not computed: {type(err).__name__}: {err}"
         rec = Recommendation(rule, ev.message, gain, after, opts_after, note, values)
-        why_not = _rejection(rec, est)
+        why_not = _already_in_place(values, setup, options) or _rejection(rec, est)
         if why_not:
             rejected.append(replace(rec, action_note=why_not))
         else:

@@ -231,3 +231,31 @@ def test_fp32_on_a_v100_is_advised_fp16_not_bf16():
     top = advice.recommendations[0]
     assert top.rule.id == "prec-fp32-to-fp16-no-bf16" and top.after.train.precision == "fp16"
     assert "prec-fp32-to-bf16" not in fired(advice) and top.gain.gain_pct > 50
+
+
+def test_an_action_already_in_place_is_rejected_not_advised():
+    # A CPU step that is 60 % latency-bound: compile is the lever of roof-latency-bound. A run that
+    # already compiles is not told to compile; one that does not, is.
+    setup = make_setup(model="tiny", gpu="cpu", seq=128, micro_batch=2)
+    m = StepMetrics(
+        run_id="r",
+        source="profile",
+        steps_measured=3,
+        step_time_ms=100.0,
+        roofline_bound="latency",
+        roofline_latency_frac=0.6,
+        roofline_roofs="CPU; measured roofs",
+    )
+    eager = advise(m, setup, {"compile": False})
+    assert "roof-latency-bound" in fired(eager)
+    compiled = advise(m, setup, {"compile": True})
+    assert "roof-latency-bound" not in fired(compiled)
+    reasons = {r.rule.id: r.action_note for r in compiled.rejected}
+    assert reasons["roof-latency-bound"] == "already in place: options.compile = True"
+    # A trace records no options: the lever is not known to be in place.
+    assert "roof-latency-bound" in fired(advise(m, setup))
+    # A setup value counts too: an action setting the recompute mode the setup already has.
+    latency = next(r for r in R.load_rules() if r.id == "roof-latency-bound")
+    eager_rule = replace(latency, action={"set": {"train.recompute": "none"}})
+    reasons = {r.rule.id: r.action_note for r in advise(m, setup, {}, rules=[eager_rule]).rejected}
+    assert reasons["roof-latency-bound"] == "already in place: train.recompute = none"
