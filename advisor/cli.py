@@ -14,7 +14,7 @@ from advisor.estimator import Estimate, estimate
 from advisor.presets import HARDWARE, MODELS
 from advisor.profiling import RunOptions
 from advisor.report import format_estimate, format_run
-from advisor.runner import child_main, profile_run
+from advisor.runner import CHILD_COMMAND, child_main, profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup
 from advisor.specs import FRAMEWORKS, OFFLOAD_MODES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES, Setup
@@ -548,8 +548,6 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--traces", default=None, help="run store directory (default: traces/)")
     cmp.add_argument("--json", action="store_true")
     cmp.set_defaults(func=_cmd_compare)
-    child = sub.add_parser("_child", help=argparse.SUPPRESS)
-    child.add_argument("--run-dir", required=True)
     presets = sub.add_parser("presets", help="list the model and device presets")
     presets.add_argument("--json", action="store_true")
     presets.set_defaults(func=_cmd_presets)
@@ -580,12 +578,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (2 on bad input, with the reason on stderr)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    child = argv[:1] == [CHILD_COMMAND]  # the profiling child (advisor.runner), kept out of the help
+    if child:
+        parser = argparse.ArgumentParser(prog=f"python -m advisor {CHILD_COMMAND}")
+        parser.add_argument("--run-dir", required=True)
+        args = parser.parse_args(argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     try:
+        if child:
+            return child_main(Path(args.run_dir))
         if args.command == "profile":
             return _cmd_profile(args)
-        if args.command == "_child":
-            return child_main(Path(args.run_dir))
         return args.func(args)
     except AdvisorError as err:
         print(f"error: {err}", file=sys.stderr)

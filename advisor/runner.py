@@ -30,6 +30,9 @@ from advisor.runstore import RunInfo, RunStore, new_run_id, write_json_atomic
 from advisor.specs import Setup, setup_from_dict, spec_to_dict
 from advisor.step import resolve_device
 
+CHILD_COMMAND = "_child"
+"""The CLI command the profiling child runs (``python -m advisor _child --run-dir DIR``); not in the help."""
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NSYS_HELP = (
     "nsys (NVIDIA Nsight Systems) is not on the PATH. Install it from https://developer.nvidia.com/nsight-systems "
@@ -111,7 +114,7 @@ def launcher(options: RunOptions) -> list[str]:
 
 
 def _child_command(run_dir: Path, options: RunOptions) -> list[str]:
-    cmd = [*launcher(options), "-m", "advisor", "_child", "--run-dir", str(run_dir)]
+    cmd = [*launcher(options), "-m", "advisor", CHILD_COMMAND, "--run-dir", str(run_dir)]
     if options.nsys:
         cmd = nsys_prefix(run_dir / "nsys") + cmd
     return cmd

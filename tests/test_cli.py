@@ -120,3 +120,16 @@ def test_analyze_prints_the_roofline_against_a_chosen_gpu(capsys):
     captured = capsys.readouterr()
     assert "Roofline verdict: compute-bound (compute 72.5 %, memory 17.9 %, latency 0.6 % of the step)" in captured.out
     assert "datasheet roofs used" in captured.err or "roofs measured" in captured.out
+
+
+def test_help_lists_the_user_commands_only(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "{size,profile,dryrun,analyze,ceilings,runs,compare,presets,plan,calibrate,advise,rules,verify}" in out
+    # The profiling child's command works but is not offered (no "_child", no "==SUPPRESS==" line).
+    assert "_child" not in out and "SUPPRESS" not in out
+    with pytest.raises(SystemExit) as exit_:
+        main(["_child"])
+    assert exit_.value.code == 2 and "--run-dir" in capsys.readouterr().err
