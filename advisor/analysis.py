@@ -344,12 +344,18 @@ GEMM_PRECISIONS = ("fp32", "tf32", "tensor_core_16bit_or_other")
 _TF32_RE = _case_insensitive(r"tf32|s1688gemm")
 _SGEMM_RE = _case_insensitive(r"sgemm|gemmsn_|gemv2[tn]_kernel_val<float")
 _TENSOR_CORE_RE = _case_insensitive(r"tensorop|xmma|wgmma|hmma|16816|884|nvjet")
+# cuBLAS's fp32 GEMMs without TF32 on Ampere/Hopper: xmma kernels of fp32 in, compute and out on the
+# SIMT FMA units ("sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_..."; TF32 ones say "tf32f32"), and the
+# k = 1 outer-product kernel.
+_FP32_SIMT_RE = _case_insensitive(r"_ffma|f32f32_f32f32_f32|gemmk1_kernel<float")
 
 
 def gemm_math(name: str) -> str:
     """'fp32', 'tf32' or 'tensor_core_16bit_or_other' for one GEMM kernel name."""
     if _search(_TF32_RE, name):
         return "tf32"
+    if _search(_FP32_SIMT_RE, name):
+        return "fp32"
     if _search(_SGEMM_RE, name) and not _search(_TENSOR_CORE_RE, name):
         return "fp32"
     return "tensor_core_16bit_or_other"

@@ -191,11 +191,17 @@ def measure_ceilings(
         b = torch.randn(n, n, device=dev, dtype=torch_dtypes[d])
         sec = _best_seconds(lambda a=a, b=b: torch.mm(a, b), dev, repeats, budget_s=2.0)
         mm[d] = 2 * n**3 / sec
+        del a, b
     numel = copy_mib * 2**20 // 4
     src = torch.ones(numel, device=dev, dtype=torch.float32)
     dst = torch.empty_like(src)
-    sec = _best_seconds(lambda: dst.copy_(src), dev, repeats, budget_s=2.0)
+    sec = _best_seconds(lambda src=src, dst=dst: dst.copy_(src), dev, repeats, budget_s=2.0)
     copy_rate = 2 * numel * 4 / sec
+    del src, dst
+    if dev.type == "cuda":
+        # Hand the buffers back to the driver: a caller that goes on to profile (the GPU check) would
+        # otherwise keep ~3 GiB cached in its own process, beside its children's.
+        torch.cuda.empty_cache()
     from advisor.presets import local_hardware
 
     name = local_hardware(dev.type).name  # the name runs on this device record, so lookups match

@@ -28,14 +28,13 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-import orjson
 import pandas as pd
 
 from advisor.errors import AdvisorError, TraceError
 from advisor.specs import Setup
 
 # The Kineto loader's own rank and time conversions, so that sizes join the event table exactly.
-from advisor.trace_kineto import DEFAULT_MAX_BYTES, _rank, _to_ns, trace_files
+from advisor.trace_kineto import DEFAULT_MAX_BYTES, _rank, _to_ns, json_loads, trace_files
 from advisor.trace_table import kind_mask
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send", "recv", "broadcast", "all_to_all", "barrier", "other")
@@ -508,8 +507,8 @@ def _read_json(path: Path, max_bytes: int) -> dict:
     if len(raw) > max_bytes:
         raise TraceError(f"{path.name} decompresses to over {max_bytes / 2**20:.0f} MiB; refusing it (limit max_bytes)")
     try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as err:
+        data = json_loads(raw)
+    except ValueError as err:
         raise TraceError(f"{path.name} is not valid JSON ({err})") from None
     if not isinstance(data, dict):
         raise TraceError(f"{path.name}: the top level is not a JSON object; not a Kineto trace")

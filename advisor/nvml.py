@@ -46,11 +46,14 @@ class NvmlSampler:
     """Samples one GPU every ``interval_s`` seconds on a daemon thread; use as a context manager."""
 
     device_index: int = 0
+    """NVML's index of the GPU (PCI order, blind to CUDA_VISIBLE_DEVICES): used without ``device_uuid``."""
     interval_s: float = 0.1
     samples: list[dict[str, Any]] = field(default_factory=list)
     unavailable_reason: str | None = None
     device_name: str | None = None
     driver_version: str | None = None
+    device_uuid: str | None = None
+    """The GPU's UUID ("GPU-..."): names the same GPU as torch's device whatever the index orders."""
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -74,7 +77,7 @@ class NvmlSampler:
         try:
             nvml = _load_pynvml()
             nvml.nvmlInit()
-            self._handle = nvml.nvmlDeviceGetHandleByIndex(self.device_index)
+            self._handle = self._device_handle(nvml)
             self._nvml = nvml
             self.device_name = _text(nvml.nvmlDeviceGetName(self._handle))
             self.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
@@ -84,6 +87,14 @@ class NvmlSampler:
         self._t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
         self._thread.start()
+
+    def _device_handle(self, nvml: Any) -> Any:
+        if self.device_uuid:
+            try:
+                return nvml.nvmlDeviceGetHandleByUUID(self.device_uuid)
+            except Exception:  # an old driver or a UUID form it does not take: the index below
+                pass
+        return nvml.nvmlDeviceGetHandleByIndex(self.device_index)
 
     def stop(self) -> None:
         if self._thread is not None:

@@ -573,6 +573,7 @@ class PipelineTrainer(ParallelTrainer):
                 self.optimizer.zero_grad(set_to_none=True)
                 t3 = clock.mark()
         clock.sync()
+        self.times.clock.sync()  # its own clock: the device is synced already, this marks it readable
         forward_ms, backward_ms = self.times.total_ms("forward"), self.times.total_ms("backward")
         times = {
             "data": clock.ms(t0, t1),

@@ -20,6 +20,7 @@ import shutil
 import statistics
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -283,6 +284,10 @@ def _total_steps(options: RunOptions) -> int:
 def _sampler(options: RunOptions, device: torch.device) -> NvmlSampler:
     sampler = NvmlSampler(interval_s=options.nvml_interval_s, device_index=device.index or 0)
     if device.type == "cuda":
+        # CUDA's device order (fastest first, under CUDA_VISIBLE_DEVICES) need not be NVML's (PCI order):
+        # the UUID names the GPU this process runs on.
+        uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
+        sampler.device_uuid = uuid if not uuid or uuid.startswith("GPU-") else f"GPU-{uuid}"
         sampler.start()
     else:
         sampler.unavailable_reason = "NVML unavailable: the run is on the CPU"
@@ -401,7 +406,19 @@ _ANALYSIS_FIELDS = (
 def with_trace_analysis(metrics: StepMetrics, trace: Path, hardware: HardwareSpec | None = None) -> StepMetrics:
     """The metrics with the analysis of the run's own trace filled in (unchanged if it cannot be read),
     its roofline judged against ``hardware`` (the device the step ran on) with the ceilings measured
-    on it when there are (a single process: the ceilings are measured with the whole device)."""
+    on it when there are (a single process: the ceilings are measured with the whole device).
+
+    The measured step is worth more than its analysis: any failure here (a missing optional package
+    such as orjson, a trace shape the analysis has not met) is printed with its traceback to the run's
+    log and the measured metrics are kept."""
+    try:
+        return _with_trace_analysis(metrics, trace, hardware)
+    except Exception:
+        print(f"trace analysis failed; the measured metrics are kept:\n{traceback.format_exc()}", flush=True)
+        return metrics
+
+
+def _with_trace_analysis(metrics: StepMetrics, trace: Path, hardware: HardwareSpec | None) -> StepMetrics:
     from advisor.analyze import analyze, load_trace
     from advisor.roofline import trace_roofline
 

@@ -167,6 +167,9 @@ class Trainer:
         times = dict.fromkeys(PHASES, 0.0)
         clock = _Clock(self.device)
         micro_losses = []  # detached views of each loss: no memory beyond what the step holds anyway
+        # CUDA events can be read only once the GPU has passed them: every mark is turned into a time
+        # after the step's final sync (reading one earlier raises, the backward still queued).
+        marks = []
         with phase("step"):
             for i in range(self.grad_accum):
                 with phase("data"):
@@ -182,9 +185,7 @@ class Trainer:
                         (self.scaler.scale(loss) if self.scaler else loss).backward()
                     t3 = clock.mark()
                 micro_losses.append(loss.detach())
-                times["data"] += clock.ms(t0, t1)
-                times["forward"] += clock.ms(t1, t2)
-                times["backward"] += clock.ms(t2, t3)
+                marks.append((t0, t1, t2, t3))
             with phase("optimizer"):
                 t4 = clock.mark()
                 if self.scaler:
@@ -197,6 +198,10 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 t5 = clock.mark()
         clock.sync()
+        for t0, t1, t2, t3 in marks:
+            times["data"] += clock.ms(t0, t1)
+            times["forward"] += clock.ms(t1, t2)
+            times["backward"] += clock.ms(t2, t3)
         times["optimizer"] = clock.ms(t4, t5)
         for k, v in times.items():
             self.phase_ms[k].append(v)
@@ -216,12 +221,18 @@ class Trainer:
 
 
 class _Clock:
-    """Phase boundaries: CUDA events on a GPU (no host sync until the end), perf_counter on a CPU."""
+    """Phase boundaries: CUDA events on a GPU (no host sync until the end), perf_counter on a CPU.
+
+    Marks are read (``ms``) only after a ``sync`` that follows the last mark: a CUDA event's time is
+    there once the GPU has passed it, and reading it earlier raises. The rule is enforced on the CPU
+    too, so the CPU tests catch a read that would fail on a GPU."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self.unsynced = False
 
     def mark(self):
+        self.unsynced = True
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
@@ -231,8 +242,11 @@ class _Clock:
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
+        self.unsynced = False
 
     def ms(self, a, b) -> float:
+        if self.unsynced:
+            raise RuntimeError("_Clock.ms before sync(): a CUDA event cannot be read until the GPU has passed it")
         return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
 
 

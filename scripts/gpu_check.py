@@ -11,6 +11,11 @@ bandwidth), stores them in the check's run store, so every profiled run's roofli
 them, and writes them to ``bench/results/gpu_check_<gpu>_ceilings.json``; each row carries its run's
 roofline verdict and how close its GEMMs come to the measured matmul roof.
 
+A one-step tiny run goes first (a fault that would fail every row fails once, and the grid is not
+run); each child has ``--timeout`` seconds (240); the results are rewritten after every row, in
+bench/results/ and in ``$OUT`` when set (the device machine's), so a run cut short keeps what it
+finished, and a failed row carries the end of its run's log.
+
 The distributed part (NCCL on GPUs, gloo on the CPU) profiles DDP, FSDP2 with resharding and tensor
 parallel 2 with sequence parallel on every visible GPU under torchrun; with one GPU it is skipped
 and says so. ``--distributed N`` sets the process count (0 skips it).
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -66,6 +72,7 @@ def main() -> int:
     ap.add_argument(
         "--distributed", type=int, default=None, help="processes for the distributed part (default: every GPU; 0: skip)"
     )
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds each profiled child may take")
     args = ap.parse_args()
     device = local_device_type(args.device)
     out = Path(args.out)
@@ -74,8 +81,8 @@ def main() -> int:
     grid = QUICK if args.quick else FULL
     precisions = ("fp32", "bf16")
     recomputes = ("none", "full") if args.quick else ("none", "selective", "full")
-    rows = []
     t_start = time.perf_counter()
+    options = {"steps": args.steps, "warmup": 1, "timeout_s": args.timeout}
     # A large square matmul on the GPU (8192^3 = 1.1 TFLOP: ~2 ms in bf16 on an H200) reaches the
     # matrix units' real ceiling; 2048 leaves it launch- and tail-bound.
     cuda = device == "cuda"
@@ -88,6 +95,15 @@ def main() -> int:
     )
     store_ceilings(ceilings, store.root)
     print(f"[{time.perf_counter() - t_start:6.1f} s] ceilings: {ceilings.to_dict()}", flush=True)
+    report = _Report(out, args.quick, ceilings, device, t_start)
+    if not args.quick:
+        # One tiny step first (seconds): a fault that would fail every row fails here, once, with its log.
+        setup = make_setup(model="tiny", gpu="cpu", seq=128, micro_batch=2, precision="bf16")
+        row = _profile("smoke test: tiny s128 b2 bf16 none", setup, device, 1, options, store, t_start)
+        report.add(row)
+        if row["status"] != "ok":
+            print("smoke test failed: the grid is not run", flush=True)
+            return 1
     for model, seq, micro in grid:
         for precision in precisions if not args.quick else ("fp32",):
             for recompute in recomputes:
@@ -95,25 +111,60 @@ def main() -> int:
                     model=model, gpu="cpu", seq=seq, micro_batch=micro, precision=precision, recompute=recompute
                 )
                 label = f"{model} s{seq} b{micro} {precision} {recompute}"
-                print(f"[{time.perf_counter() - t_start:6.1f} s] {label}", flush=True)
-                try:
-                    local = on_this_machine(setup, device)
-                    est = estimate(local)
-                    run = profile_run(setup, RunOptions(device=device, steps=args.steps, warmup=1), store)
-                except AdvisorError as err:
-                    rows.append({"config": label, "status": "refused", "message": str(err)})
-                    continue
-                rows.append(_row(label, run, est, _dry_run_peak(local)))
-    rows += distributed_rows(device, store, args, t_start)
-    device_name = next((r["device_name"] for r in rows if r.get("device_name")), device)
-    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
-    stem = out / f"gpu_check_{slug}{'_quick' if args.quick else ''}"
-    stem.with_suffix(".json").write_text(json.dumps(rows, indent=2), encoding="utf-8")
-    Path(f"{stem}_ceilings.json").write_text(json.dumps(ceilings.to_dict(), indent=2), encoding="utf-8")
-    md = _markdown(rows, device_name, time.perf_counter() - t_start) + _ceilings_markdown(ceilings, device)
-    stem.with_suffix(".md").write_text(md, encoding="utf-8")
-    print(stem.with_suffix(".md").read_text(encoding="utf-8"))
-    return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 1
+                report.add(_profile(label, setup, device, 1, options, store, t_start))
+    for row in distributed_rows(device, store, args, t_start, options):
+        report.add(row)
+    print(report.md_path.read_text(encoding="utf-8"))
+    return 0 if all(r["status"] in ("ok", "skipped") for r in report.rows) else 1
+
+
+class _Report:
+    """The check's results, rewritten after every row (in bench/results/ and in $OUT when set), so a
+    run cut short by a time limit still leaves every finished row behind."""
+
+    def __init__(self, out: Path, quick: bool, ceilings, device: str, t_start: float) -> None:
+        self.out, self.quick, self.ceilings, self.device, self.t_start = out, quick, ceilings, device, t_start
+        self.rows: list[dict] = []
+        self.md_path = out / "gpu_check.md"
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        device_name = self.ceilings.device_name  # the device the ceilings were measured on, named once
+        slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+        stem = self.out / f"gpu_check_{slug}{'_quick' if self.quick else ''}"
+        files = {
+            stem.with_suffix(".json"): json.dumps(self.rows, indent=2),
+            Path(f"{stem}_ceilings.json"): json.dumps(self.ceilings.to_dict(), indent=2),
+            stem.with_suffix(".md"): _markdown(self.rows, device_name, time.perf_counter() - self.t_start)
+            + _ceilings_markdown(self.ceilings, self.device),
+        }
+        extra = os.environ.get("OUT")
+        for path, text in files.items():
+            path.write_text(text, encoding="utf-8")
+            if extra and Path(extra).is_dir():
+                (Path(extra) / path.name).write_text(text, encoding="utf-8")
+        self.md_path = stem.with_suffix(".md")
+
+
+def _profile(label: str, setup, device: str, nproc: int, options: dict, store: RunStore, t_start: float) -> dict:
+    """One configuration profiled in a child process: its result row (refused, or the run's row)."""
+    print(f"[{time.perf_counter() - t_start:6.1f} s] {label}", flush=True)
+    try:
+        local = on_this_machine(setup, device, nproc)
+        est = estimate(local)
+        run = profile_run(setup, RunOptions(device=device, nproc=nproc, **options), store)
+    except AdvisorError as err:
+        return {"config": label, "status": "refused", "message": str(err)}
+    data_parallel = local.parallel.tp == 1 and local.parallel.pp == 1
+    row = _row(label, run, est, _dry_run_peak(local) if data_parallel else None)
+    if row["status"] != "ok":
+        log = run.path / "log.txt"
+        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:] if log.is_file() else []
+        row["log_tail"] = tail
+        print(f"  {row['status']}: {row['message']}\n    " + "\n    ".join(tail), flush=True)
+    elif device == "cuda" and row.get("device_name") in (None, "cpu"):
+        row["message"] = "no GPU device name in the metrics: NVML or the CUDA trace is missing"
+    return row
 
 
 def _row(label: str, run, est, dry_run_peak: float | None) -> dict:
@@ -156,7 +207,7 @@ def _processes(device: str, requested: int | None) -> tuple[int, str]:
     return (requested, "") if requested else (0, "skipped: on the CPU only with --distributed N")
 
 
-def distributed_rows(device: str, store: RunStore, args, t_start: float) -> list[dict]:
+def distributed_rows(device: str, store: RunStore, args, t_start: float, options: dict) -> list[dict]:
     """The distributed part: DDP, FSDP2 ZeRO-3 and TP 2 + SP on n processes, measured beside the
     estimator (and the dry run for the data-parallel layouts); one 'skipped' row saying why when it
     cannot run here."""
@@ -171,16 +222,9 @@ def distributed_rows(device: str, store: RunStore, args, t_start: float) -> list
     rows = []
     for name, layout in layouts:
         setup = make_setup(model=model, gpu="cpu", gpus=n, seq=seq, micro_batch=micro, precision=precision, **layout)
-        label = f"{name} x{n} {model} s{seq} b{micro} {precision}"
-        print(f"[{time.perf_counter() - t_start:6.1f} s] {label}", flush=True)
-        try:
-            local = on_this_machine(setup, device, n)
-            est = estimate(local)
-            run = profile_run(setup, RunOptions(device=device, steps=args.steps, warmup=1, nproc=n), store)
-        except AdvisorError as err:
-            rows.append({"config": label, "status": "refused", "message": str(err)})
-            continue
-        rows.append(_row(label, run, est, _dry_run_peak(local) if layout.get("tp", 1) == 1 else None))
+        rows.append(
+            _profile(f"{name} x{n} {model} s{seq} b{micro} {precision}", setup, device, n, options, store, t_start)
+        )
     return rows
 
 
@@ -205,7 +249,9 @@ def _markdown(rows: list[dict], device_name: str, wall_s: float) -> str:
     ]
     for r in rows:
         if r["status"] != "ok":
-            lines.append(f"| {r['config']} | {r['status']}: {r.get('message', '')} | | | | | | | | | | | |")
+            message = r.get("message", "")
+            said = message if message.startswith(r["status"]) else f"{r['status']}: {message}"
+            lines.append(f"| {r['config']} | {said} | | | | | | | | | | | |")
             continue
         gemm = r.get("roofline_gemm_roof_frac")
         meas = r["measured_peak_bytes"]

@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 "$PY" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device visible"; print(torch.__version__, torch.cuda.get_device_name(0))'
+# Optional packages the image may lack: each one's feature degrades (and says so), nothing stops.
+"$PY" -c 'import importlib.util as u; m = [n for n in ("orjson", "nvtx", "pynvml") if u.find_spec(n) is None]; print("optional packages missing:", ", ".join(m) or "none", "(orjson: slower trace parsing; nvtx: torch.cuda.nvtx ranges instead; pynvml: no NVML samples)")'
+"$PY" -c 'import numpy, pandas' || { echo "numpy and pandas are needed (pip install -r requirements.txt)"; exit 2; }
 status=0
 "$PY" scripts/gpu_check.py "$@" || status=$?
 if [[ -n "${OUT:-}" ]]; then

@@ -167,6 +167,11 @@ def test_gemm_math_of_kernel_names():
         "tensor_core_16bit_or_other"
     )
     assert gemm_math("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN") == "tensor_core_16bit_or_other"
+    # fp32 without TF32 on Ampere/Hopper: cuBLAS's xmma SIMT kernels and its k = 1 kernel.
+    assert gemm_math("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4") == (
+        "fp32"
+    )
+    assert gemm_math("void gemmk1_kernel<float, 256, 5, false, false, false, false>") == "fp32"
 
 
 def test_rocm_names_are_understood(tmp_path):

@@ -89,3 +89,28 @@ def test_cuda_profiled_step_has_nvml_and_allocator_peak(tmp_path):
     # kernel time (the GEMMs and flash attention) has FLOPs, judged against the H100/H200 roofs.
     assert m["roofline_modelled_frac"] > 0.5 and m["roofline_gemm_roof_frac"] is not None
     assert m["roofline_bound"] in ("compute", "memory", "latency")
+
+
+def test_a_failed_row_carries_its_log_and_every_row_is_written_at_once(tmp_path, monkeypatch):
+    # On the GPU box the check may be cut short by its time limit: each row is written (to --out and
+    # to $OUT) as soon as it is done, and a failed row carries the end of its run's log.
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check
+
+    from advisor.ceilings import Ceilings
+
+    out, extra = tmp_path / "results", tmp_path / "device-out"
+    out.mkdir()
+    extra.mkdir()
+    monkeypatch.setenv("OUT", str(extra))
+    ceilings = Ceilings("CPU host (2 cores)", {"fp32": 1e11}, 2e10, "2026-12-01T00:00:00+00:00", "test")
+    report = gpu_check._Report(out, False, ceilings, "cpu", 0.0)
+    setup = make_setup(model="tiny", gpu="cpu", seq=32, micro_batch=1)
+    options = {"steps": 1, "warmup": 0, "timeout_s": 120, "inject": "error"}
+    row = gpu_check._profile("tiny injected", setup, "cpu", 1, options, RunStore(tmp_path / "runs"), 0.0)
+    assert row["status"] == "failed" and any("RuntimeError: injected error" in line for line in row["log_tail"])
+    report.add(row)
+    for folder in (out, extra):
+        rows = json.loads((folder / "gpu_check_cpu-host-2-cores.json").read_text())
+        assert [r["config"] for r in rows] == ["tiny injected"]
+        assert "| tiny injected | failed: " in (folder / "gpu_check_cpu-host-2-cores.md").read_text()

@@ -85,3 +85,30 @@ def test_readings_and_throttle_reasons_are_decoded(monkeypatch):
 def test_decode_throttle_bits():
     assert decode_throttle(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
     assert decode_throttle(0) == []
+
+
+class TwoGpus(FakeNvml):
+    """GPU 0 in PCI order is another card; the one the process runs on has UUID GPU-b."""
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return ["ha", "hb"][i]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        return {"GPU-a": "ha", "GPU-b": "hb"}[uuid]
+
+    def nvmlDeviceGetName(self, h):
+        return {"ha": "NVIDIA A100-SXM4-80GB", "hb": "NVIDIA H200"}[h]
+
+
+def test_the_gpu_is_found_by_uuid_not_by_index(monkeypatch):
+    # CUDA numbers GPUs fastest first and under CUDA_VISIBLE_DEVICES, NVML in PCI order: the UUID
+    # names the GPU torch runs on; an unknown UUID falls back to the index.
+    monkeypatch.setattr(nvml_mod, "_load_pynvml", lambda: TwoGpus())
+    by_uuid = NvmlSampler(device_index=0, device_uuid="GPU-b")
+    by_uuid.start()
+    by_uuid.stop()
+    assert by_uuid.device_name == "NVIDIA H200"
+    unknown = NvmlSampler(device_index=0, device_uuid="GPU-z")
+    unknown.start()
+    unknown.stop()
+    assert unknown.device_name == "NVIDIA A100-SXM4-80GB"

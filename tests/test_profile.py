@@ -4,6 +4,7 @@ import gzip
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +15,10 @@ from advisor.profiling import RunOptions, run_profile
 from advisor.runner import on_this_machine, profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup
-from advisor.step import build_trainer, make_loader
+from advisor.step import _Clock, build_trainer, make_loader
 
 CPU = torch.device("cpu")
+CPU_TRACE_DIR = Path(__file__).resolve().parents[1] / "traces" / "20261130-165248-tiny-6bcb2f"
 
 
 def _setup(**kw):
@@ -110,6 +112,22 @@ def test_gradient_accumulation_matches_one_big_batch():
 
     for a, b in zip(grads(4, 1), grads(1, 4), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_phase_times_are_read_only_after_the_steps_sync():
+    # On a GPU the phase marks are CUDA events, readable only once the GPU has passed them; the clock
+    # refuses an early read on the CPU too, so this CPU step would fail as the GPU step would.
+    clock = _Clock(CPU)
+    a, b = clock.mark(), clock.mark()
+    with pytest.raises(RuntimeError, match="before sync"):
+        clock.ms(a, b)
+    clock.sync()
+    assert clock.ms(a, b) >= 0.0
+    # A step of 3 micro-batches reads its marks after the sync and times every phase.
+    setup = on_this_machine(_setup(micro_batch=1, global_batch=3), "cpu")
+    trainer = build_trainer(setup, CPU)
+    trainer.step(iter(make_loader(setup, 3, 0, False, 0)))
+    assert all(len(v) == 1 and v[0] > 0 for k, v in trainer.phase_ms.items() if k != "data")
 
 
 @pytest.mark.parametrize(
@@ -232,3 +250,19 @@ def test_fp16_skipped_steps_are_counted(tmp_path):
         ).fp16_skipped_steps
         is None
     )
+
+
+def test_a_failing_trace_analysis_keeps_the_measured_metrics(monkeypatch, capsys):
+    # The GPU box may lack an optional package, or the analysis meet a trace it has not seen: the
+    # measured step is kept, and the run's log says why the analysis is missing.
+    from advisor import profiling
+    from advisor.metrics import StepMetrics
+
+    def broken(*args):
+        raise ModuleNotFoundError("No module named 'orjson'")
+
+    monkeypatch.setattr(profiling, "_with_trace_analysis", broken)
+    measured = StepMetrics(run_id="r", source="profile", step_time_ms=12.5, peak_memory_bytes=2**30)
+    assert profiling.with_trace_analysis(measured, CPU_TRACE_DIR / "trace.json.gz") is measured
+    out = capsys.readouterr().out
+    assert "trace analysis failed; the measured metrics are kept" in out and "No module named 'orjson'" in out

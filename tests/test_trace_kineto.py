@@ -227,3 +227,18 @@ def test_non_utf8_file_names_load(tmp_path):
     shutil.copy(KINETO / "trace_filter" / "sampled_rank-1.json.gz", odd)
     df = load_kineto(odd)
     assert df.attrs["ranks"] == [1] and len(df) > 0
+
+
+def test_the_standard_library_parser_reads_the_same_table(tmp_path, monkeypatch):
+    # orjson is an optional speed-up (a GPU box's image may lack it): without it the standard
+    # library's json reads the same events, and bad input still fails clearly.
+    from advisor import trace_kineto
+
+    sample = Path(__file__).resolve().parents[1] / "traces" / "20261130-165248-tiny-6bcb2f" / "trace.json.gz"
+    fast = load_kineto(sample, block_bytes=4096)
+    monkeypatch.setattr(trace_kineto, "json_loads", json.loads)
+    pd.testing.assert_frame_equal(fast, load_kineto(sample, block_bytes=4096))
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b'{"traceEvents": [{"ph": "X", "name": "\xff\xfe", "ts": 1}, {"ph": "X",, }]}')
+    with pytest.raises(TraceError, match="is not valid JSON"):
+        load_kineto(bad)
