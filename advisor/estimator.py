@@ -261,6 +261,46 @@ def zero_model_state_bytes(
     )
 
 
+def pipeline_stage_layers(setup: Setup) -> tuple[int, ...]:
+    """Blocks of each pipeline stage (pp x vpp of them, in stage order) as the eager step splits them
+    (``advisor.parallel.split_pipeline``): balanced by training FLOPs with the output head counted on
+    the last stage, each stage at least one block, as torchtitan's split counts the embedding and head
+    as layers and Megatron-LM's ``--decoder-last-pipeline-num-layers`` lightens the last stage.
+
+    A block costs 6 x its matmul weights + 3 x its causal attention forward (4 s q, halved by flash
+    attention's causal skip) per token; the head 6 x vocab x hidden, about 1.8 blocks for Llama-3.1-8B
+    at sequence 8192. The last stage takes the block count that minimises the largest stage's cost (ties:
+    the larger count), the other stages share the rest evenly, the remainder going to the later ones
+    (the first stages keep the most micro-batches' activations in flight under 1F1B)."""
+    m, tr, p = setup.model, setup.train, setup.parallel
+    n = p.pp * p.vpp
+    if n == 1:
+        return (m.n_layers,)
+    attn_fwd = 4.0 * tr.seq_len * m.q_dim * (0.5 if tr.flash_attention else 1.0)
+    block = 6.0 * (m.matmul_params_per_token() - m.vocab * m.hidden) / m.n_layers + 3.0 * attn_fwd
+    head = 6.0 * m.vocab * m.hidden / block  # in blocks
+    best: tuple[float, int] | None = None
+    for last in range(1, m.n_layers - (n - 1) + 1):
+        cost = max(-(-(m.n_layers - last) // (n - 1)), last + head)
+        if best is None or cost <= best[0]:
+            best = (cost, last)
+    last = best[1]
+    base, extra = divmod(m.n_layers - last, n - 1)
+    return (*(base + (i >= n - 1 - extra) for i in range(n - 1)), last)
+
+
+def _rank_layers(setup: Setup, first: bool, last: bool) -> float:
+    """Blocks held by the first (``first``) or the last pipeline rank: the eager step's balanced split
+    (``pipeline_stage_layers``; a rank holds every pp-th stage under interleaving), else the even
+    split of n_layers / pp (Megatron-LM's default)."""
+    p = setup.parallel
+    if p.pp == 1 or setup.train.framework != "pytorch":
+        return setup.model.n_layers / p.pp
+    counts = pipeline_stage_layers(setup)
+    rank = 0 if first else p.pp - 1
+    return float(sum(counts[rank :: p.pp]))
+
+
 def _stage_params(setup: Setup, first: bool, last: bool) -> tuple[float, float, float, float, float]:
     """(dense, expert, block, matmul, root) parameters one GPU of a stage holds after TP/PP/EP.
 
@@ -291,7 +331,7 @@ def _stage_params(setup: Setup, first: bool, last: bool) -> tuple[float, float, 
         return (m.mlp_params(ffn) - (h if m.mlp_bias else 0)) / t + (h if m.mlp_bias else 0)
 
     norms = 2 * m.norm_params
-    layers = m.n_layers / p.pp
+    layers = _rank_layers(setup, first, last)
     moe_frac = m.n_moe_layers / m.n_layers
     dense_layer = attn + mlp(m.ffn_hidden) + norms
     dense = layers * (1 - moe_frac) * dense_layer
@@ -394,7 +434,7 @@ def _activation_memory(
     in flight, and, under full recompute, the one block being recomputed (alive after the loss
     backward has freed its buffers, so the two never add up)."""
     m, tr, p = setup.model, setup.train, setup.parallel
-    layers = m.n_layers / p.pp
+    layers = _rank_layers(setup, first, last)
     moe_frac = m.n_moe_layers / m.n_layers
     dense_tok, _ = activation_bytes_per_token(setup, moe=False)
     moe_tok, _ = activation_bytes_per_token(setup, moe=True) if m.is_moe else (0.0, 0.0)

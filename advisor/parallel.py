@@ -20,6 +20,7 @@ Nothing here needs a GPU at import time; NCCL and CUDA are touched only when ``d
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
@@ -46,6 +47,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from advisor.errors import AdvisorError, SpecError
+from advisor.estimator import pipeline_stage_layers
 from advisor.model import Block, Transformer, build_model, lm_loss
 from advisor.specs import Setup
 from advisor.step import _DTYPES, SyntheticTokens, Trainer, _Clock, build_optimizer, phase
@@ -237,19 +239,26 @@ def init_parallel(setup: Setup, device_type: str) -> ParallelInfo:
 # -- layouts ---------------------------------------------------------------------------------------
 
 
+def stage_bounds(setup: Setup) -> list[int]:
+    """Where each pipeline stage's blocks start, and the end: stage i holds blocks
+    [bounds[i], bounds[i + 1])."""
+    return [0, *itertools.accumulate(pipeline_stage_layers(setup))]
+
+
 def split_pipeline(model: Transformer, setup: Setup, info: ParallelInfo) -> list[tuple[int, Transformer]]:
     """This rank's pipeline stages as (stage index, model holding only that stage's blocks): the
-    layers split evenly over pp x vpp stages, the embedding on the first, final norm and head on the
+    layers split over pp x vpp stages balanced with the head's cost on the last one
+    (``estimator.pipeline_stage_layers``), the embedding on the first, final norm and head on the
     last. With vpp > 1 rank r holds stages r, r + pp, ... (interleaved 1F1B, Narayanan et al. 2021)."""
     p = setup.parallel
     n_stages = p.pp * p.vpp
-    per_stage = setup.model.n_layers // n_stages
+    bounds = stage_bounds(setup)
     indices = [info.pp_rank + v * p.pp for v in range(p.vpp)]
     stages = []
     for k, index in enumerate(indices):
         # The last local stage prunes the model itself; the others prune copies of the unpruned model.
         part = model if k == len(indices) - 1 else copy.deepcopy(model)
-        part.blocks = nn.ModuleList(list(part.blocks)[index * per_stage : (index + 1) * per_stage])
+        part.blocks = nn.ModuleList(list(part.blocks)[bounds[index] : bounds[index + 1]])
         if index != 0:
             part.embed = part.pos = None
         if index != n_stages - 1:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
-from advisor.parallel import build_parallel_trainer, init_parallel, rank_loader
+from advisor.parallel import build_parallel_trainer, init_parallel, rank_loader, stage_bounds
 from advisor.presets import gpt2_style
 from advisor.sizing import make_setup
 
@@ -77,18 +77,18 @@ def _canonical_params(trainer, setup) -> dict[str, torch.Tensor]:
     """Full (gathered) parameters under the single-process model's names; collective over the layout's
     dp/tp groups, so every rank of a stage calls it."""
     if hasattr(trainer, "stage_models"):
-        per_stage = setup.model.n_layers // (setup.parallel.pp * setup.parallel.vpp)
+        first_block = stage_bounds(setup)
         stages = [(trainer.info.pp_rank + v * setup.parallel.pp, m) for v, m in enumerate(trainer.stage_models)]
     else:
         stages = [(0, getattr(trainer.model, "module", trainer.model))]
-        per_stage = 0
+        first_block = [0]
     out = {}
     for index, model in stages:
         for name, p in model.named_parameters(remove_duplicate=False):
             full = p.full_tensor() if isinstance(p, DTensor) else p
             parts = name.split(".")
             if parts[0] == "blocks":
-                parts[1] = str(index * per_stage + int(parts[1]))
+                parts[1] = str(first_block[index] + int(parts[1]))
             out[".".join(parts)] = full.detach().cpu().clone()
     return out
 

@@ -15,6 +15,7 @@ from advisor.estimator import (
     activation_bytes_per_token,
     estimate,
     narayanan_flops_per_iteration,
+    pipeline_stage_layers,
     zero_model_state_bytes,
 )
 from advisor.presets import get_hardware, get_model
@@ -461,3 +462,36 @@ def test_eager_fsdp2_bf16_saves_16_bit_activations_and_no_weight_copies():
     # Full recompute keeps each block's input, a bf16 residual stream: 2h.
     full = replace(tiny, train=replace(tiny.train, recompute="full"))
     assert activation_bytes_per_token(full, moe=False)[0] == 2 * h
+
+
+def test_pipeline_stages_are_balanced_with_the_head_on_the_last():
+    # Per token: a block 6 x its matmul weights + 3 x its causal attention forward (4 s q / 2), the
+    # head 6 V h. Llama-3.1-8B at s 8192: block 6 x 218,103,808 + 3 x 67,108,864 = 1,509,949,440,
+    # head 3,152,019,456 = 2.09 blocks. Over 4 stages the last takes 6 (cost 8.09; 5 ties at 9 and
+    # the larger count wins), the others 26: 8, 9, 9. Even, the last would cost 8 + 2.09 = 10.09.
+    llama = make_setup(model="llama-3.1-8b", gpu="h100", gpus=4, pp=4, seq=8192, micro_batch=1, global_batch=8)
+    assert pipeline_stage_layers(llama) == (8, 9, 9, 6)
+    # GPT-2 124M at s 1024: head 6 x 50257 x 768 = 231.6M, block 6 x 7,077,888 + 3 x 1,572,864 =
+    # 47.2M: 4.91 blocks, so 8 + 4 (cost 8.91 against 10.91 for 6 + 6).
+    gpt2 = make_setup(model="gpt2-124m", gpu="h100", gpus=2, pp=2, seq=1024, micro_batch=1, global_batch=8)
+    assert pipeline_stage_layers(gpt2) == (8, 4)
+    # Interleaved: 8 stages of Llama's 32 layers, every stage at least one block.
+    inter = make_setup(model="llama-3.1-8b", gpu="h100", gpus=4, pp=4, vpp=2, seq=8192, micro_batch=1, global_batch=8)
+    counts = pipeline_stage_layers(inter)
+    assert len(counts) == 8 and sum(counts) == 32 and min(counts) >= 1 and counts[-1] == 2
+    # No pipeline: one stage of every block.
+    assert pipeline_stage_layers(make_setup(model="gpt2-124m", gpu="h100", seq=1024)) == (12,)
+
+
+def test_the_eager_steps_stages_hold_their_balanced_share():
+    # The eager step (framework 'pytorch', fp32 weights under bf16 autocast) puts 8 of GPT-2's 12
+    # blocks on stage 0 and 4 on stage 1 (Megatron's default: 6 + 6). A block holds 7,087,872 weights
+    # (12 h^2 + biases and norms, h = 768). Stage 0: 8 blocks + the token and position embeddings
+    # (50257 + 1024) x 768; stage 1: 4 blocks + the final norm (2 x 768) + its own copy of the tied head.
+    kw = {"model": "gpt2-124m", "gpu": "h100", "gpus": 2, "pp": 2, "seq": 1024, "micro_batch": 1, "global_batch": 8}
+    eager = estimate(make_setup(framework="pytorch", **kw))
+    block, embed, head = 7_087_872, 51_281 * 768, 50_257 * 768
+    assert eager.memory_first_stage.weights_bytes == 4 * (8 * block + embed)
+    assert eager.memory_last_stage.weights_bytes == 4 * (4 * block + 2 * 768 + head)
+    megatron = estimate(make_setup(**kw))  # even split, 16-bit weights
+    assert megatron.memory_first_stage.weights_bytes == 2 * (6 * block + embed)
