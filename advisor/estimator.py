@@ -268,8 +268,9 @@ def pipeline_stage_layers(setup: Setup) -> tuple[int, ...]:
     as layers and Megatron-LM's ``--decoder-last-pipeline-num-layers`` lightens the last stage.
 
     A block costs 6 x its matmul weights + 3 x its causal attention forward (4 s q, halved by flash
-    attention's causal skip) per token; the head 6 x vocab x hidden, about 1.8 blocks for Llama-3.1-8B
-    at sequence 8192. The last stage takes the block count that minimises the largest stage's cost (ties:
+    attention's causal skip) per token, plus the forward it recomputes (all of it under full recompute,
+    the attention under selective); the head 6 x vocab x hidden, about 2.1 blocks for Llama-3.1-8B at
+    sequence 8192 without recompute. The last stage takes the block count that minimises the largest stage's cost (ties:
     the larger count), the other stages share the rest evenly, the remainder going to the later ones
     (the first stages keep the most micro-batches' activations in flight under 1F1B)."""
     m, tr, p = setup.model, setup.train, setup.parallel
@@ -277,8 +278,10 @@ def pipeline_stage_layers(setup: Setup) -> tuple[int, ...]:
     if n == 1:
         return (m.n_layers,)
     attn_fwd = 4.0 * tr.seq_len * m.q_dim * (0.5 if tr.flash_attention else 1.0)
-    block = 6.0 * (m.matmul_params_per_token() - m.vocab * m.hidden) / m.n_layers + 3.0 * attn_fwd
-    head = 6.0 * m.vocab * m.hidden / block  # in blocks
+    mm_fwd = 2.0 * (m.matmul_params_per_token() - m.vocab * m.hidden) / m.n_layers
+    recomputed = {"full": mm_fwd + attn_fwd, "selective": attn_fwd}.get(tr.recompute, 0.0)
+    block = 3.0 * (mm_fwd + attn_fwd) + recomputed
+    head = 6.0 * m.vocab * m.hidden / block  # in blocks; the head is never recomputed
     best: tuple[float, int] | None = None
     for last in range(1, m.n_layers - (n - 1) + 1):
         cost = max(-(-(m.n_layers - last) // (n - 1)), last + head)
@@ -299,6 +302,14 @@ def _rank_layers(setup: Setup, first: bool, last: bool) -> float:
     counts = pipeline_stage_layers(setup)
     rank = 0 if first else p.pp - 1
     return float(sum(counts[rank :: p.pp]))
+
+
+def _last_chunk_layers(setup: Setup) -> float:
+    """Blocks of the last pipeline stage (the last rank's last chunk under interleaving)."""
+    p = setup.parallel
+    if setup.train.framework != "pytorch":
+        return setup.model.n_layers / (p.pp * p.vpp)
+    return float(pipeline_stage_layers(setup)[-1])
 
 
 def _stage_params(setup: Setup, first: bool, last: bool) -> tuple[float, float, float, float, float]:
@@ -548,7 +559,7 @@ def estimate(setup: Setup) -> Estimate:
         head_cast = 2.0 * m.vocab * m.hidden / t if casts and last else 0.0
         block_cast = 2.0 * (matmul - m.vocab * m.hidden / t * last) if casts else 0.0
         if tr.recompute == "full":
-            block_cast /= m.n_layers / pp
+            block_cast /= _rank_layers(setup, first, last)
             working += block_cast
         else:
             saved += block_cast
@@ -601,7 +612,13 @@ def estimate(setup: Setup) -> Estimate:
     in_flight_first = min(pp, mb) * ((1 + (pp - 1) / (pp * v)) if v > 1 else 1.0)
     mem_first, dense_first, expert_first = stage_memory(True, pp == 1, in_flight_first)
     if pp > 1:
-        mem_last, dense_last, expert_last = stage_memory(False, True, 1.0)
+        # The last rank runs each micro-batch's backward right after its forward through the last
+        # chunk; interleaved, it first runs (v-1) x pp warm-up forwards of its earlier chunks (torch's
+        # and Megatron-LM's schedules), so at its first backward it holds min(pp, m) micro-batches of
+        # those chunks and one of the last.
+        held, last_chunk = _rank_layers(setup, False, True), _last_chunk_layers(setup)
+        in_flight_last = (min(pp, mb) * (held - last_chunk) + last_chunk) / held
+        mem_last, dense_last, expert_last = stage_memory(False, True, in_flight_last)
     else:
         mem_last, dense_last, expert_last = mem_first, dense_first, expert_first
     worst = mem_first if mem_first.total_bytes >= mem_last.total_bytes else mem_last
@@ -657,7 +674,7 @@ def estimate(setup: Setup) -> Estimate:
     # Tensor parallel: 2 all-reduces forward, 2 backward per block (+2 when full recompute replays the
     # forward); with sp each is an all-gather + reduce-scatter of the same volume [Korthikanti 4.2.2].
     # The vocab-parallel embedding all-reduces its output and the head its input's gradient: both on
-    # one stage without a pipeline, else one on the slowest (last) stage.
+    # one stage without a pipeline, else one each on the first and the last stage.
     tp_bw = _group_bw(setup, 1, t)
     n_tp_collectives = 6 if tr.recompute == "full" else 4
     edge_collectives = (2 if pp == 1 else 1) if t > 1 else 0

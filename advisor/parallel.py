@@ -143,6 +143,13 @@ def check_supported(setup: Setup, device_type: str) -> None:
         raise SpecError(
             "train.precision", "fp16", "fp16 loss scaling runs with plain DDP only (zero=0, tp=1, pp=1); use bf16"
         )
+    if t.optimizer == "sgd" and t.optimizer_impl == "fused" and (p.tp > 1 or p.zero > 0):
+        # FSDP2 and TP parameters are DTensors; torch has no sharding rule for aten._fused_sgd_.
+        raise SpecError(
+            "train.optimizer_impl",
+            "fused",
+            "torch has no fused SGD for the sharded (DTensor) parameters of FSDP2 and TP; use 'foreach' or 'for-loop'",
+        )
     if p.offload != "none" and device_type == "cpu":
         # FSDP2's CPUOffloadPolicy moves shards from a GPU to the host; on the CPU there is no other
         # memory to move them to, so offload there would profile nothing real.
@@ -158,6 +165,14 @@ def check_supported(setup: Setup, device_type: str) -> None:
                     f"model.{name}={getattr(m, name)} must be divisible by tp: the profiled step splits query and "
                     "key/value heads over the TP ranks (it does not replicate KV heads)",
                 )
+        rows = -(-m.vocab // p.tp)  # VocabParallelEmbedding's rows per rank (torch.chunk's split)
+        if (p.tp - 1) * rows >= m.vocab:
+            raise SpecError(
+                "parallel.tp",
+                p.tp,
+                f"model.vocab={m.vocab} leaves the last TP rank no vocabulary rows ({rows} per rank); "
+                f"use tp <= {max(d for d in range(1, p.tp) if (d - 1) * -(-m.vocab // d) < m.vocab)}",
+            )
         if m.qk_norm:
             raise SpecError(
                 "parallel.tp", p.tp, f"{m.name} has q/k norms over whole heads; the profiled step runs them with tp=1"
@@ -436,7 +451,7 @@ def _apply_data_parallel(module: nn.Module, setup: Setup, info: ParallelInfo) ->
 def _param_groups(module: nn.Module) -> list[dict]:
     """``module``'s parameters as optimizer groups of DTensors and of plain tensors: a foreach or fused
     optimizer kernel refuses to mix the two ("got mixed torch.Tensor and DTensor"), and tensor
-    parallelism leaves the embedding, head and norms plain (see apply_tp)."""
+    parallelism leaves some parameters plain (the norms without SP, learned positions; see apply_tp)."""
     params = list(module.parameters())
     groups = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
     return [{"params": g} for g in groups if g]

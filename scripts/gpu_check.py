@@ -11,7 +11,7 @@ bandwidth), stores them in the check's run store, so every profiled run's roofli
 them, and writes them to ``bench/results/gpu_check_<gpu>_ceilings.json``; each row carries its run's
 roofline verdict and how close its GEMMs come to the measured matmul roof.
 
-A one-step tiny run goes first (a fault that would fail every row fails once, and the grid is not
+A short tiny run goes first (a fault that would fail every row fails once, and the grid is not
 run); each child has ``--timeout`` seconds (240); the results are rewritten after every row, in
 bench/results/ and in ``$OUT`` when set (the device machine's), so a run cut short keeps what it
 finished, and a failed row carries the end of its run's log.
@@ -97,7 +97,7 @@ def main() -> int:
     print(f"[{time.perf_counter() - t_start:6.1f} s] ceilings: {ceilings.to_dict()}", flush=True)
     report = _Report(out, args.quick, ceilings, device, t_start)
     if not args.quick:
-        # One tiny step first (seconds): a fault that would fail every row fails here, once, with its log.
+        # A tiny run first (seconds): a fault that would fail every row fails here, once, with its log.
         setup = make_setup(model="tiny", gpu="cpu", seq=128, micro_batch=2, precision="bf16")
         row = _profile("smoke test: tiny s128 b2 bf16 none", setup, device, 1, options, store, t_start)
         report.add(row)

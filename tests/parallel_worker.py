@@ -39,6 +39,19 @@ LAYOUTS: dict[str, tuple[int, dict]] = {
     "tp": (2, {"gpus": 2, "tp": 2, "global_batch": 4}),
     "tp_sp": (2, {"gpus": 2, "tp": 2, "sequence_parallel": True, "global_batch": 4}),
     "tp_sp_gpt2": (2, {"model": GPT2_ODD, "gpus": 2, "tp": 2, "sequence_parallel": True, "global_batch": 4}),
+    # SGD moves each weight by lr x its gradient, so a gradient off by a factor (a missing or doubled
+    # reduction over TP ranks) shows in the weights; AdamW's update is nearly blind to a uniform scale.
+    "tp_sp_sgd": (
+        2,
+        {
+            "gpus": 2,
+            "tp": 2,
+            "sequence_parallel": True,
+            "global_batch": 4,
+            "optimizer": "sgd",
+            "optimizer_impl": "foreach",
+        },
+    ),
     "pp_1f1b": (2, {"gpus": 2, "pp": 2, "global_batch": 8}),
     "pp_interleaved": (2, {"gpus": 2, "pp": 2, "vpp": 2, "global_batch": 8}),
     "fsdp_tp": (4, {"gpus": 4, "tp": 2, "zero": 3, "sequence_parallel": True, "global_batch": 8}),
@@ -67,6 +80,8 @@ def reference_setup(name: str):
     setup = layout_setup(name)
     kw = BASE | {
         "model": setup.model,
+        "optimizer": setup.train.optimizer,
+        "optimizer_impl": setup.train.optimizer_impl,
         "micro_batch": BASE["micro_batch"] * setup.parallel.dp,
         "global_batch": setup.global_batch,
     }

@@ -495,3 +495,12 @@ def test_the_eager_steps_stages_hold_their_balanced_share():
     assert eager.memory_last_stage.weights_bytes == 4 * (4 * block + 2 * 768 + head)
     megatron = estimate(make_setup(**kw))  # even split, 16-bit weights
     assert megatron.memory_first_stage.weights_bytes == 2 * (6 * block + embed)
+
+
+def test_interleaved_last_rank_holds_its_warm_up_micro_batches():
+    # Interleaved 1F1B, pp 4 x vpp 2, m 16: the last rank runs (v-1) x pp = 4 warm-up forwards of its
+    # first chunk before its first backward, so it holds 4 micro-batches of that chunk (4 layers) and 1
+    # of its last chunk (4 layers): (4 x 4 + 4) / 8 = 2.5 micro-batches of its 8 layers, not 1.
+    setup = make_setup(model="llama-3.1-8b", gpu="h100", gpus=4, pp=4, vpp=2, seq=8192, micro_batch=1, global_batch=16)
+    saved, _ = _activation_memory(setup, 8192, 2.5, first=False, last=True)
+    assert estimate(setup).memory_last_stage.activations_bytes == pytest.approx(saved, rel=1e-12)

@@ -232,12 +232,17 @@ def test_non_utf8_file_names_load(tmp_path):
 def test_the_standard_library_parser_reads_the_same_table(tmp_path, monkeypatch):
     # orjson is an optional speed-up (a GPU box's image may lack it): without it the standard
     # library's json reads the same events, and bad input still fails clearly.
-    from advisor import trace_kineto
+    from advisor import collectives, trace_kineto
 
     sample = Path(__file__).resolve().parents[1] / "traces" / "20261130-165248-tiny-6bcb2f" / "trace.json.gz"
-    fast = load_kineto(sample, block_bytes=4096)
+    # Collective sizes: a real 2-rank NCCL trace where ../shared is here (our sample run has none).
+    comm = KINETO / "trace_filter" if KINETO.is_dir() else sample
+    fast, fast_sizes = load_kineto(sample, block_bytes=4096), collectives.read_collective_sizes(comm)
+    assert len(fast_sizes) > 0 or comm == sample
     monkeypatch.setattr(trace_kineto, "json_loads", json.loads)
+    monkeypatch.setattr(collectives, "json_loads", json.loads)
     pd.testing.assert_frame_equal(fast, load_kineto(sample, block_bytes=4096))
+    pd.testing.assert_frame_equal(fast_sizes, collectives.read_collective_sizes(comm))
     bad = tmp_path / "bad.json"
     bad.write_bytes(b'{"traceEvents": [{"ph": "X", "name": "\xff\xfe", "ts": 1}, {"ph": "X",, }]}')
     with pytest.raises(TraceError, match="is not valid JSON"):
