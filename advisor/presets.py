@@ -250,6 +250,27 @@ def h200() -> HardwareSpec:
     return replace(h100_sxm(), name="H200 141GB", memory_bytes=143771 * MiB, mem_bw_bytes_per_s=4.8e12)
 
 
+def h200_nvl() -> HardwareSpec:
+    """NVIDIA H200 NVL 141 GB: the PCIe card of the H200, at a lower power limit (up to 600 W).
+
+    Datasheet (nvidia.com/en-us/data-center/h200, H200 NVL column; dense = half the sparsity figures):
+    FP32 60, TF32 417.5, BF16/FP16 835.5, FP8 1670.5 TFLOP/s; 141 GB HBM3e at 4.8 TB/s; NVLink bridge
+    900 GB/s between 2 or 4 cards; PCIe Gen5 128 GB/s (64 per direction). A node is modelled as one
+    4-card NVLink domain (450 GB/s per direction); past it, traffic goes over PCIe or the NICs
+    (50 GB/s per GPU, as the HGX nodes).
+    """
+    return replace(
+        h200(),
+        name="H200 NVL 141GB",
+        peak_fp32_flops=60 * TFLOPS,
+        peak_tf32_flops=417.5 * TFLOPS,
+        peak_bf16_flops=835.5 * TFLOPS,
+        peak_fp16_flops=835.5 * TFLOPS,
+        peak_fp8_flops=1670.5 * TFLOPS,
+        gpus_per_node=4,
+    )
+
+
 def gh200() -> HardwareSpec:
     """NVIDIA GH200 Grace Hopper Superchip (96 GB HBM3 version), in a 4-superchip node.
 
@@ -434,6 +455,7 @@ def cpu_host() -> HardwareSpec:
 HARDWARE: dict[str, Callable[[], HardwareSpec]] = {
     "h100": h100_sxm,
     "h200": h200,
+    "h200-nvl": h200_nvl,
     "gh200": gh200,
     "a100-80gb": a100_80gb,
     "a100-40gb": a100_40gb,
@@ -457,6 +479,7 @@ def get_hardware(name: str) -> HardwareSpec:
 # GPU names as the driver reports them -> presets, most specific first.
 _GPU_NAME_PRESETS = (
     ("GH200", "gh200"),
+    ("H200 NVL", "h200-nvl"),
     ("H200", "h200"),
     ("H100", "h100"),
     ("A100-SXM4-40GB", "a100-40gb"),

@@ -182,6 +182,11 @@ def test_gpu_names_from_traces_find_their_presets():
     assert (v100.peak_fp16_flops, v100.peak_fp32_flops, v100.peak_bf16_flops) == (125e12, 15.7e12, 0.0)
     assert v100.memory_bytes == 34079637504
     assert hardware_for_gpu_name("Some Future GPU") is None
+    # The PCIe H200 NVL (600 W) has 835.5 dense bf16 TFLOP/s against the SXM part's 989.5: its MFU
+    # would read 16 % low against the SXM peaks.
+    nvl, sxm = hardware_for_gpu_name("NVIDIA H200 NVL"), hardware_for_gpu_name("NVIDIA H200")
+    assert (nvl.name, nvl.peak_bf16_flops, nvl.peak_fp32_flops) == ("H200 NVL 141GB", 835.5e12, 60e12)
+    assert (sxm.name, sxm.peak_bf16_flops, nvl.mem_bw_bytes_per_s) == ("H200 141GB", 989.5e12, sxm.mem_bw_bytes_per_s)
     hw, how = hardware_for_trace([], ["volta_sgemm_128x64_nn"])
     assert hw.name == "V100 SXM2 32GB" and "guessed from kernel names" in how
     assert hardware_for_trace([], ["my_kernel"]) == (
