@@ -165,13 +165,13 @@ def check_supported(setup: Setup, device_type: str) -> None:
                     f"model.{name}={getattr(m, name)} must be divisible by tp: the profiled step splits query and "
                     "key/value heads over the TP ranks (it does not replicate KV heads)",
                 )
-        rows = -(-m.vocab // p.tp)  # VocabParallelEmbedding's rows per rank (torch.chunk's split)
+        rows = vocab_rows_per_rank(m.vocab, p.tp)
         if (p.tp - 1) * rows >= m.vocab:
             raise SpecError(
                 "parallel.tp",
                 p.tp,
                 f"model.vocab={m.vocab} leaves the last TP rank no vocabulary rows ({rows} per rank); "
-                f"use tp <= {max(d for d in range(1, p.tp) if (d - 1) * -(-m.vocab // d) < m.vocab)}",
+                f"use tp <= {max(d for d in range(1, p.tp) if (d - 1) * vocab_rows_per_rank(m.vocab, d) < m.vocab)}",
             )
         if m.qk_norm:
             raise SpecError(
@@ -348,6 +348,12 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -
         model.embed = VocabParallelEmbedding(weight, seq if scatter else Replicate())
 
 
+def vocab_rows_per_rank(vocab: int, tp: int) -> int:
+    """Rows of a (vocab, hidden) weight on each TP rank but the last, as DTensor's Shard(0) splits it
+    (torch.chunk's sizes: the last rank's shard may be shorter, or empty)."""
+    return -(-vocab // tp)
+
+
 class VocabParallelEmbedding(nn.Module):
     """An embedding whose (vocab, hidden) weight is a DTensor sharded by rows over a TP mesh (Megatron-
     LM's VocabParallelEmbedding): each rank looks up the tokens in its vocabulary range, zeroes the
@@ -363,7 +369,7 @@ class VocabParallelEmbedding(nn.Module):
             raise ValueError(f"weight must be a DTensor sharded by rows (Shard(0)), got {type(weight).__name__}")
         self.weight, self.output = weight, output
         mesh = weight.device_mesh
-        rows = -(-weight.shape[0] // mesh.size())  # torch.chunk's split: the last shard may be shorter
+        rows = vocab_rows_per_rank(weight.shape[0], mesh.size())
         self.first = rows * mesh.get_local_rank()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -569,7 +575,7 @@ class PipelineTrainer(ParallelTrainer):
         """One optimizer step over grad_accum micro-batches through the pipeline; appends per-phase
         times (ms) and the loss (of the last stage, averaged over data-parallel ranks)."""
         info = self.info
-        clock = _Clock(self.device)
+        clock = self.times.clock  # one clock for the step and its chunks: one sync makes all readable
         self.times.marks.clear()
         losses: list[torch.Tensor] = []
         with phase("step"):
@@ -597,7 +603,6 @@ class PipelineTrainer(ParallelTrainer):
                 self.optimizer.zero_grad(set_to_none=True)
                 t3 = clock.mark()
         clock.sync()
-        self.times.clock.sync()  # its own clock: the device is synced already, this marks it readable
         forward_ms, backward_ms = self.times.total_ms("forward"), self.times.total_ms("backward")
         times = {
             "data": clock.ms(t0, t1),
