@@ -486,6 +486,17 @@ class ParallelTrainer(Trainer):
             stack.enter_context(loss_parallel())  # the head's logits stay vocab-sharded (apply_tp)
         return stack
 
+    def finalize_grads(self) -> None:
+        """Reduces each gradient left ``Partial`` to its parameter's placements, once per step, before the
+        optimizer reads it: under sequence parallelism the norms' weight gradients (each TP rank holds
+        its sequence shard's sum), as Megatron-LM's ``finalize_model_grads`` all-reduces them. Left to
+        the optimizer, torch before 2.13 kept SGD's momentum buffer ``Partial`` and stepped the norms
+        wrongly (0.25 off a weight after 3 steps on torch 2.11; 3e-8 here)."""
+        for param in self.model.parameters():
+            grad = param.grad
+            if isinstance(grad, DTensor) and any(isinstance(pl, Partial) for pl in grad.placements):
+                param.grad = grad.redistribute(grad.device_mesh, param.placements)
+
     def reduce_loss(self, loss_sum: torch.Tensor) -> float:
         """The step's loss averaged over the data-parallel ranks (one all-reduce, outside the timed step)."""
         # Each data-parallel replica counts once: its TP ranks hold equal losses and only the last
@@ -588,8 +599,10 @@ class PipelineTrainer(ParallelTrainer):
                 if info.is_first_stage or info.is_last_stage:
                     micro = [next(batches) for _ in range(self.grad_accum)]
                     batch = torch.cat(micro).to(self.device, non_blocking=True)
-                    args = (batch[:, :-1],) if info.is_first_stage else ()
-                    target = batch[:, 1:] if info.is_last_stage else None
+                    # Contiguous: the stage checks its input's strides against the shapes it inferred
+                    # (torch 2.11 refuses the (s + 1, 1) strides of a slice; 2.13 no longer checks).
+                    args = (batch[:, :-1].contiguous(),) if info.is_first_stage else ()
+                    target = batch[:, 1:].contiguous() if info.is_last_stage else None
                 t1 = clock.mark()
             # The schedule splits the batch back into grad_accum micro-batches (the same samples as the
             # single-process step's) and divides the gradients by grad_accum (scale_grads).
@@ -599,6 +612,7 @@ class PipelineTrainer(ParallelTrainer):
             self._sum_tied_gradients()
             t2 = clock.mark()
             with phase("optimizer"):
+                self.finalize_grads()
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 t3 = clock.mark()

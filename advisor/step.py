@@ -162,6 +162,10 @@ class Trainer:
         # The dry run steps under FakeTensorMode, where the loss has a shape but no value.
         return math.nan if isinstance(loss_sum, FakeTensor) else loss_sum.item()
 
+    def finalize_grads(self) -> None:
+        """Whatever the gradients need between the last backward and the optimizer (nothing on one device;
+        ``advisor.parallel.ParallelTrainer`` reduces the ones left partial)."""
+
     def step(self, batches: Iterator[torch.Tensor]) -> None:
         """One optimizer step over grad_accum micro-batches; appends per-phase times (ms) and the loss."""
         times = dict.fromkeys(PHASES, 0.0)
@@ -188,6 +192,7 @@ class Trainer:
                 marks.append((t0, t1, t2, t3))
             with phase("optimizer"):
                 t4 = clock.mark()
+                self.finalize_grads()
                 if self.scaler:
                     scale = self.scaler.get_scale()
                     self.scaler.step(self.optimizer)

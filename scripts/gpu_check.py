@@ -50,16 +50,18 @@ FULL = [
 QUICK = [("tiny", 128, 2)]
 
 
-def _dry_run_peak(setup) -> float | None:
+def _dry_run_peak(setup) -> tuple[float | None, str]:
+    """The dry run's peak of ``setup``, or None and why there is none."""
     try:
         from advisor.dryrun import dry_run
-    except ImportError:
-        return None
+    except ImportError as err:
+        return None, f"the dry run cannot be imported: {err}"
     try:
-        return float(dry_run(setup, target=setup.hardware.kind if setup.hardware.kind == "cpu" else "cuda").peak_bytes)
+        target = setup.hardware.kind if setup.hardware.kind == "cpu" else "cuda"
+        return float(dry_run(setup, target=target).peak_bytes), ""
     except Exception as err:  # the check reports, it does not stop
         print(f"  dry run failed: {type(err).__name__}: {err}", file=sys.stderr)
-        return None
+        return None, f"{type(err).__name__}: {err}"
 
 
 def main() -> int:
@@ -156,7 +158,7 @@ def _profile(label: str, setup, device: str, nproc: int, options: dict, store: R
     except AdvisorError as err:
         return {"config": label, "status": "refused", "message": str(err)}
     data_parallel = local.parallel.tp == 1 and local.parallel.pp == 1
-    row = _row(label, run, est, _dry_run_peak(local) if data_parallel else None)
+    row = _row(label, run, est, *(_dry_run_peak(local) if data_parallel else (None, "")))
     if row["status"] != "ok":
         log = run.path / "log.txt"
         tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:] if log.is_file() else []
@@ -167,8 +169,9 @@ def _profile(label: str, setup, device: str, nproc: int, options: dict, store: R
     return row
 
 
-def _row(label: str, run, est, dry_run_peak: float | None) -> dict:
-    """One result row: the run's measurements beside the estimator's and the dry run's predictions."""
+def _row(label: str, run, est, dry_run_peak: float | None, dry_run_message: str = "") -> dict:
+    """One result row: the run's measurements beside the estimator's and the dry run's predictions
+    (``dry_run_message``: why the dry run gave none)."""
     m = run.metrics() or {}
     return {
         "config": label,
@@ -181,6 +184,7 @@ def _row(label: str, run, est, dry_run_peak: float | None) -> dict:
         "estimate_peak_bytes": est.memory.total_bytes,
         "estimate_allocated_bytes": est.memory.total_bytes - est.memory.overhead_bytes,
         "dry_run_peak_bytes": dry_run_peak,
+        "dry_run_message": dry_run_message,
         "step_time_ms": m.get("step_time_ms"),
         "estimate_step_time_ms": est.step_time_ms,
         "tokens_per_s": m.get("tokens_per_s"),
@@ -262,6 +266,9 @@ def _markdown(rows: list[dict], device_name: str, wall_s: float) -> str:
             f"{r['tokens_per_s']:,.0f} | {100 * r['mfu_frac']:.1f} % | {r.get('roofline_bound') or '-'} | "
             f"{'-' if gemm is None else f'{100 * gemm:.0f} %'} |"
         )
+    missing = [r for r in rows if r.get("dry_run_message")]
+    if missing:
+        lines += ["", "No dry run for:"] + [f"- {r['config']}: {r['dry_run_message']}" for r in missing]
     return "\n".join(lines) + "\n"
 
 
