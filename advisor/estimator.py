@@ -707,8 +707,8 @@ def estimate(setup: Setup) -> Estimate:
         pp_s = mb * v * 2 * p2p / _group_bw(setup, t * cp * p.dp, pp)
 
     # Data parallel. Communication hides behind two windows: the last micro-batch's backward (the
-    # gradient reduction of DDP and ZeRO-1, and the offloaded gradients' copy out) and the whole step's
-    # work (per-micro-batch collectives of ZeRO-2/3 and streamed offloaded weights). What shares a
+    # gradient reduction of DDP and ZeRO-1) and the whole step's work (per-micro-batch collectives of
+    # ZeRO-2/3, offloaded gradients' copy out and streamed offloaded weights). What shares a
     # window competes for it: exposed = max(0, everything hidden there - the window).
     step_work_s = compute_s + recompute_s + memory_bound_s + tp_s
     bwd_last_mb_s = (2.0 / 3.0) * (compute_s + memory_bound_s) / mb
@@ -733,14 +733,18 @@ def estimate(setup: Setup) -> Estimate:
         else:
             reduce_s = _ring_gather_s(gbytes_d, dense_shard, bw_dense) + _ring_gather_s(gbytes_e, expert_shard, bw_exp)
             gather_s = _ring_gather_s(wbytes_d, dense_shard, bw_dense) + _ring_gather_s(wbytes_e, expert_shard, bw_exp)
-            if p.zero == 1:
+            if p.zero == 1 and not offload_opt:
                 # Gradients accumulate unsharded; one reduce-scatter per step, then the updated shards
                 # are all-gathered after the optimizer step (exposed).
                 in_bwd_window = reduce_s + buckets * lat
                 dp_fixed_s = gather_s + buckets * lat
-            elif p.zero == 2:
+            elif p.zero <= 2:
                 # Gradients are sharded, so every micro-batch reduce-scatters its own (DeepSpeed ZeRO-2,
-                # FSDP SHARD_GRAD_OP without no_sync), hidden behind the backward passes.
+                # FSDP SHARD_GRAD_OP without no_sync), hidden behind the backward passes. ZeRO-1 with the
+                # optimizer offloaded too: its gradients leave for the host as they are produced
+                # (ZeRO-Offload accumulates them there, Ren et al. 2021), so none stay on the GPU to
+                # accumulate, as the memory above counts. Reduced once per step instead, the 405B plan
+                # on 1,024 H100s kept 47 GiB of bf16 gradients a GPU that its 73.7 GiB left out.
                 in_step_window = mb * (reduce_s + buckets * lat)
                 dp_fixed_s = gather_s + buckets * lat
             else:
@@ -765,7 +769,9 @@ def estimate(setup: Setup) -> Estimate:
         host_bw = hw.host_mem_bw_bytes_per_s / hw.gpus_per_node * MEM_BW_EFFICIENCY_FRAC
         link = hw.host_link_bw_bytes_per_s * COMM_EFFICIENCY_FRAC
         cpu_step_s = opt_params * opt_bytes_per_param / host_bw
-        d2h_s = opt_params * grad_e / link  # gradient partitions out, overlapped with backward
+        # Each micro-batch's gradient partitions go out as its backward makes them (accumulated on the
+        # host: the GPU keeps none), overlapped with the step's work.
+        d2h_s = mb * opt_params * grad_e / link
         h2d_s = opt_params * 2.0 / link  # updated 16-bit weights back
         offload_fixed_s = cpu_step_s + h2d_s
         if offload_params:
@@ -774,7 +780,10 @@ def estimate(setup: Setup) -> Estimate:
         optimizer_s = opt_params * opt_bytes_per_param / mem_rate
     # Each window's exposed time, split between DP communication and offload by their share of it.
     dp_s, offload_s = dp_fixed_s, offload_fixed_s
-    for dp_need, off_need, window in ((in_bwd_window, d2h_s, bwd_last_mb_s), (in_step_window, stream_s, step_work_s)):
+    for dp_need, off_need, window in (
+        (in_bwd_window, 0.0, bwd_last_mb_s),
+        (in_step_window, d2h_s + stream_s, step_work_s),
+    ):
         need = dp_need + off_need
         if need > 0:
             exposed = max(0.0, need - window)

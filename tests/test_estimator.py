@@ -289,6 +289,23 @@ def test_optimizer_offload_moves_state_to_host_and_the_host_link_matters():
     assert gh200.time.offload_ms < h100.time.offload_ms / 3  # NVLink-C2C 450 vs PCIe 64 GB/s, Grace DRAM
 
 
+def test_zero1_with_the_optimizer_offloaded_reduces_every_micro_batch_as_zero2():
+    # ZeRO-Offload sends each micro-batch's gradients to the host as they are made: no unsharded
+    # gradients stay on the GPU (the memory counts none), so they cannot wait for one reduction per
+    # step. Counted once per step, this layout led the 405B plan at 68.6 s with 47 GiB of bf16
+    # gradients a GPU left out of its 73.7 GiB.
+    kw = {"model": "llama-3.1-405b", "gpu": "h100", "gpus": 1024, "seq": 8192, "global_batch": 2048}
+    kw |= {"tp": 8, "pp": 2, "vpp": 3, "cp": 4, "offload": "optimizer", "sequence_parallel": True}
+    z1, z2 = (estimate(make_setup(zero=zero, **kw)) for zero in (1, 2))
+    assert z1.setup.grad_accum == 128 and z1.memory.grads_bytes == 0
+    assert z1.memory.total_bytes == z2.memory.total_bytes
+    assert z1.step_time_ms == pytest.approx(z2.step_time_ms) == pytest.approx(168_600, rel=1e-3)
+    assert z1.time.dp_comm_ms > 100_000  # 128 reduce-scatters of 405e9 / 16 bf16 gradients, exposed
+    # Each micro-batch's partitions cross the host link: the copies grow with the micro-batches.
+    few = estimate(make_setup(zero=1, **kw | {"global_batch": 256}))
+    assert few.setup.grad_accum == 16 and few.time.offload_ms < z1.time.offload_ms
+
+
 def test_host_memory_limit_is_checked():
     model = get_model("llama-3.1-405b")
     est = estimate(
