@@ -5,6 +5,7 @@ Run ``python app.py`` (binds 127.0.0.1:7860; set ADVISOR_HOST / ADVISOR_PORT to 
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import logging
@@ -14,6 +15,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -37,7 +39,7 @@ from advisor.errors import AdvisorError
 from advisor.estimator import estimate
 from advisor.presets import HARDWARE, MODELS
 from advisor.profiling import RunOptions
-from advisor.report import describe_setup, memory_rows, roofline_line, time_rows, verdict
+from advisor.report import describe_setup, fmt_duration, memory_rows, mfu_note, roofline_line, time_rows, verdict
 from advisor.roofline import trace_roofline
 from advisor.runner import profile_run
 from advisor.runstore import RunInfo, RunStore
@@ -121,10 +123,12 @@ def size_view(
     icon = "✅" if est.fits else "❌"
     summary = (
         f"### {icon} {verdict(est)}\n"
-        f"**{est.tokens_per_s:,.0f} tokens/s** · step {est.step_time_ms:,.0f} ms · "
+        f"**{est.tokens_per_s:,.0f} tokens/s** · step {fmt_duration(est.step_time_ms)} · "
         f"**MFU {100 * est.mfu_frac:.1f} %** · {est.setup.gpus} GPUs (dp {est.setup.parallel.dp})\n\n"
         f"<small>{describe_setup(est)}</small>"
     )
+    if note := mfu_note(est):
+        summary += f"\n\n<small>{note}</small>"
     mem = pd.DataFrame(memory_rows(est), columns=["component", "GiB", "share %"]).round(2)
     tim = pd.DataFrame(time_rows(est), columns=["component", "ms", "share %"]).round(1)
     return summary, memory_figure(est), time_figure(est), mem, tim
@@ -154,7 +158,9 @@ def build_size_tab() -> tuple[dict, list]:
             config_file = gr.File(label="…or a Hugging Face config.json", file_types=[".json"], type="filepath")
             with gr.Row():
                 gpu = gr.Dropdown(list(HARDWARE), value=d["gpu"], label="Device")
-                gpus = gr.Number(value=d["gpus"], precision=0, minimum=1, label="GPUs")
+                gpus = gr.Number(
+                    value=d["gpus"], precision=0, minimum=1, label="GPUs", info="empty: tp x pp x cp x ep, one replica"
+                )
             gr.Markdown("#### Training step")
             with gr.Row():
                 seq = gr.Number(value=d["seq"], precision=0, minimum=1, label="Sequence length")
@@ -193,8 +199,8 @@ def build_size_tab() -> tuple[dict, list]:
                 mem_plot = gr.Plot(label="Memory per GPU")
                 time_plot = gr.Plot(label="Step time")
             with gr.Row():
-                mem_table = gr.Dataframe(_EMPTY_MEMORY, label="Memory breakdown", interactive=False)
-                time_table = gr.Dataframe(_EMPTY_TIME, label="Step-time breakdown", interactive=False)
+                mem_table = gr.Dataframe(_EMPTY_MEMORY, label="Memory breakdown", interactive=False, wrap=True)
+                time_table = gr.Dataframe(_EMPTY_TIME, label="Step-time breakdown", interactive=False, wrap=True)
     widgets = {"model": model, "config_file": config_file, "gpu": gpu, "gpus": gpus, "seq": seq}
     widgets |= {"micro_batch": micro_batch, "global_batch": global_batch, "precision": precision}
     widgets |= {"optimizer": optimizer, "optimizer_impl": optimizer_impl, "framework": framework}
@@ -527,12 +533,16 @@ def _run_dropdown(label: str, **kwargs) -> gr.Dropdown:
     return gr.Dropdown(choices=[], label=label, interactive=True, allow_custom_value=True, **kwargs)
 
 
-def run_choices(index: int = 0) -> gr.Dropdown:
+def run_choices(index: int = 0, measured: bool = True) -> gr.Dropdown:
     """The stored runs, newest first, with the ``index``-th newest selected (0: the tab opens on the
-    latest run; 1 on the History tab's run A, so A and B start as the two latest)."""
+    latest run; 1 on the History tab's run A, so A and B start as the two latest). ``measured``: count
+    only runs that finished ok (where there are enough), so a tab does not open on a cancelled or
+    failed run with nothing to show ("has no trace", "cannot compare")."""
     runs, _ = _store().list_runs()
     ids = [r.run_id for r in runs]
-    return gr.Dropdown(choices=ids, value=ids[index] if len(ids) > index else None)
+    ok = [r.run_id for r in runs if r.status == "ok"] if measured else []
+    pool = ok if len(ok) > index else ids
+    return gr.Dropdown(choices=ids, value=pool[index] if len(pool) > index else None)
 
 
 def build_profile_tab() -> tuple[dict, gr.Dropdown]:
@@ -591,6 +601,8 @@ def build_profile_tab() -> tuple[dict, gr.Dropdown]:
                 pd.DataFrame(columns=_TOP_OPS_COLUMNS),
                 label="Top ops by self time",
                 interactive=False,
+                wrap=True,
+                column_widths=["52%", "12%", "12%", "12%", "12%"],
                 elem_id="profile-top-ops",
             )
             trace = gr.File(label="Chrome trace (open in ui.perfetto.dev)", interactive=False)
@@ -601,7 +613,9 @@ def build_profile_tab() -> tuple[dict, gr.Dropdown]:
     widgets |= {"nproc": nproc, "tp": ptp, "pp": ppp, "zero": pzero, "sequence_parallel": psp}
     inputs = [widgets[k] for k in PROFILE_DEFAULTS]  # profile_view's parameter order
     outputs = [summary, phases, memory, nvml, timeline, top_ops, trace, roofline]
-    run_btn.click(profile_view, inputs, outputs, api_name="profile", concurrency_limit=1, concurrency_id="device")
+    run_btn.click(profile_view, inputs, outputs, api_name="profile", concurrency_limit=1, concurrency_id="device").then(
+        lambda: run_choices(measured=False), None, runs, api_visibility="undocumented"
+    )  # the picker shows the run just made, whatever its status
     cancel_btn.click(cancel_profile, None, summary, api_visibility="undocumented", queue=False)
     runs.change(open_run, runs, outputs, api_name="open_run")
     refresh.click(run_choices, None, runs, api_visibility="undocumented")
@@ -727,7 +741,7 @@ def analyze_view(
         )
     top.columns = _TABLE_COLUMNS
     top["name"] = top["name"].astype(str).str.slice(0, _NAME_CHARS)
-    details = t["idle_time_breakdown"] if gpu else t["phases"]
+    details = _in_ms(t["idle_time_breakdown"]) if gpu else t["phases"]
     return (
         summary,
         temporal_figure(t["temporal_breakdown"]) if gpu else None,
@@ -739,6 +753,15 @@ def analyze_view(
         roofline_figure(roofline.table) if roofline else None,
         _roofline_rows(roofline.table) if roofline else pd.DataFrame(columns=_ROOFLINE_HEADERS),
     )
+
+
+def _in_ms(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with its ``*_ns`` columns in milliseconds (``*_ms``), as every other time in the app."""
+    ns = [c for c in table.columns if str(c).endswith("_ns")]
+    out = table.copy()
+    for c in ns:
+        out[c] = out[c] / 1e6
+    return out.rename(columns={c: c[:-3] + "_ms" for c in ns})
 
 
 def analyze_job(upload: str | None, run_id: str | None, request: gr.Request | None = None):
@@ -788,6 +811,8 @@ def build_analyze_tab() -> gr.Dropdown:
                 pd.DataFrame(columns=_TABLE_COLUMNS),
                 label="Top kernels / ops",
                 interactive=False,
+                wrap=True,
+                column_widths=["56%", "14%", "10%", "10%", "10%"],  # the numbers stay in view beside long names
                 elem_id="analyze-top",
             )
             roofline = gr.Plot(label=_ROOFLINE_LABEL, elem_id="analyze-roofline")
@@ -796,17 +821,19 @@ def build_analyze_tab() -> gr.Dropdown:
                 label=f"Roofline per op / kernel and shapes (top {_ROOFLINE_ROWS} by time; headroom: the share "
                 "of its time above the roof)",
                 interactive=False,
+                wrap=True,
                 max_chars=40,  # a click on a cell shows the rest; the numbers stay in view beside the names
                 pinned_columns=1,
                 elem_id="analyze-roofline-table",
             )
             details = gr.Dataframe(
-                pd.DataFrame(), label="Idle time by stream (GPU) / step phases (CPU)", interactive=False
+                pd.DataFrame(), label="Idle time by stream (GPU) / step phases (CPU)", interactive=False, wrap=True
             )
             collectives = gr.Dataframe(
                 pd.DataFrame(columns=_COLLECTIVE_COLUMNS),
                 label="Collectives per rank: time, and exposed time with no compute beside it",
                 interactive=False,
+                wrap=True,
                 elem_id="analyze-collectives",
             )
     outputs = [summary, temporal, categories, timeline, top, details, collectives, roofline, roofline_table]
@@ -839,7 +866,8 @@ _VERIFY_COLUMNS = [
     "measured",
     "predicted gain %",
     "measured gain %",
-    "original spread %",
+    "baseline spread %",
+    "baseline run",
     "re-run",
 ]
 
@@ -887,7 +915,7 @@ def advice_view(source: str, run_id: str | None, upload: str | None, *size_input
     """Advice tab: (summary, ranked table, full report markdown, report files, Advice) for a stored
     run, an uploaded trace, or the setup on the Size tab. The Advice goes to a session State (which
     the API does not return), for Apply."""
-    from advisor.advise import TARGET_LABELS, advice_markdown, advise, advise_run, advise_trace
+    from advisor.advise import advice_markdown, advise, advise_run, advise_trace, gain_phrase
 
     try:
         if source == "stored run":
@@ -917,7 +945,7 @@ def advice_view(source: str, run_id: str | None, upload: str | None, *size_input
     if n:
         top = advice.recommendations[0]
         g = top.gain
-        gain = f" (predicted {g.gain_pct:+.1f} % {TARGET_LABELS[g.target]})" if g else ""
+        gain = f" (predicted: {gain_phrase(g.target, g.gain_pct)})" if g else ""
         summary = f"### {n} recommendation{'s' * (n > 1)} for {advice.source}\nTop: **{top.rule.title}**{gain}."
     else:
         summary = f"### Nothing to recommend for {advice.source}\nNo rule fired on this input."
@@ -940,7 +968,7 @@ def apply_choices(advice) -> gr.Dropdown:
 def apply_recommendation(advice, choice: str | None, source: str):
     """(message, Size tab values, Profile tab values, rule id) that load a recommendation's change into
     the shared spec. Values are keyed like DEFAULTS / PROFILE_DEFAULTS; empty dicts change nothing."""
-    from advisor.advise import fmt_value
+    from advisor.advise import fmt_value, gain_phrase
 
     if advice is None:
         return "Press **Advise** first.", {}, {}, None
@@ -954,19 +982,24 @@ def apply_recommendation(advice, choice: str | None, source: str):
     msg = f"### Applied {rec.rule.title}\n{change} is now the current setup on the Size, Profile and Plan tabs."
     if rec.gain is not None:
         g = rec.gain
-        msg += f" Predicted: {fmt_value(g.target, g.before)} → {fmt_value(g.target, g.after)} ({g.gain_pct:+.1f} %)."
+        msg += (
+            f" Predicted: {fmt_value(g.target, g.before)} → {fmt_value(g.target, g.after)} "
+            f"({gain_phrase(g.target, g.gain_pct)})."
+        )
     if source == "stored run":
         msg += " Press **Re-run with the recommendation applied** to measure it on this machine."
         profile = profile_values(rec.after, rec.options_after)
     else:
         msg += " The Size tab shows its estimate; press **Advise** again for what to do next."
         profile = profile_values(rec.after, None)
-    return msg, size_values(rec.after), profile, rec.rule.id
+    # Only a stored run can be re-run with the rule: its id goes to the re-run box, else None clears it
+    # (a rule of the Size tab's setup left there failed the next run's re-run: "did not fire").
+    return msg, size_values(rec.after), profile, rec.rule.id if source == "stored run" else None
 
 
 def verify_view(run_id: str | None, rule_id: str | None, progress=gr.Progress()):  # noqa: B008 (Gradio injects it)
     """Re-run a stored run with a recommendation applied: (message, predicted vs measured table)."""
-    from advisor.advise import fmt_value
+    from advisor.advise import TARGET_LABELS, fmt_value, gain_phrase
     from advisor.verify import verify
 
     empty = pd.DataFrame(columns=_VERIFY_COLUMNS)
@@ -990,12 +1023,19 @@ def verify_view(run_id: str | None, rule_id: str | None, progress=gr.Progress())
         round(v.measured_gain_pct, 1),
         v.new_run_id,
     ]
-    row.insert(-1, None if v.noise_pct is None else round(v.noise_pct, 1))
+    row[-1:-1] = [None if v.noise_pct is None else round(v.noise_pct, 1), v.baseline_run_id or "(stored run)"]
     if v.noise_pct is not None and abs(v.measured_gain_pct) <= v.noise_pct:
-        verdict_ = f"within the original run's step-to-step spread of {v.noise_pct:.0f} %"
+        verdict_ = f"within the baseline's step-to-step spread of {v.noise_pct:.0f} %"
     else:
         verdict_ = "improved" if v.measured_gain_pct > 0 else "did NOT improve"
-    msg = f"### Re-ran with {v.changes}: measured {verdict_} ({v.measured_gain_pct:+.1f} %)"
+    change = ", ".join(f"`{k} = {val}`" for k, val in v.changes.items())
+    label = TARGET_LABELS.get(v.target, v.target.replace("_", " "))
+    msg = f"### Re-ran with {change}: {label} {verdict_} (measured {gain_phrase(v.target, v.measured_gain_pct)})"
+    if v.baseline_run_id and v.stored_before is not None:
+        msg += (
+            f"\nBefore is the original setup re-run just now, side by side with the change: "
+            f"{fmt_value(v.target, v.before)} (the stored run measured {fmt_value(v.target, v.stored_before)})."
+        )
     return msg, pd.DataFrame([row], columns=_VERIFY_COLUMNS)
 
 
@@ -1053,11 +1093,13 @@ def build_advice_tab(size_inputs: list) -> dict:
             verify_btn = gr.Button("Re-run with the recommendation applied", elem_id="advice-verify")
         with gr.Column(scale=2):
             summary = gr.Markdown("Pick what to advise on and press Advise.", elem_id="advice-summary")
-            table = gr.Dataframe(pd.DataFrame(columns=_ADVICE_COLUMNS), label="Recommendations", interactive=False)
+            table = gr.Dataframe(
+                pd.DataFrame(columns=_ADVICE_COLUMNS), label="Recommendations", interactive=False, wrap=True
+            )
             apply_msg = gr.Markdown(elem_id="advice-apply-result")
             verify_msg = gr.Markdown(elem_id="advice-verify-result")
             verify_table = gr.Dataframe(
-                pd.DataFrame(columns=_VERIFY_COLUMNS), label="Predicted vs measured", interactive=False
+                pd.DataFrame(columns=_VERIFY_COLUMNS), label="Predicted vs measured", interactive=False, wrap=True
             )
             files = gr.File(label="Report (Markdown, JSON)", file_count="multiple", interactive=False)
             with gr.Accordion("Full report", open=False):
@@ -1066,7 +1108,7 @@ def build_advice_tab(size_inputs: list) -> dict:
     advise_inputs = [source, runs, upload, *size_inputs]
     button.click(advice_view, advise_inputs, [summary, table, report, files, state], api_name="advise").then(
         apply_choices, state, apply_choice, api_visibility="undocumented"
-    )
+    ).then(lambda: "", None, rule, api_visibility="undocumented")  # a new advice: no rule carried over
     verify_btn.click(
         verify_view,
         [runs, rule],
@@ -1091,7 +1133,7 @@ def wire_apply(advice: dict, size: dict, profile: dict, plan: dict) -> None:
 
     def on_apply(state, choice, source):
         msg, size_vals, profile_vals, rule_id = apply_recommendation(state, choice, source)
-        values = [msg, rule_id if rule_id else gr.skip()]
+        values = [msg, rule_id or ""]
         # Each value as its widget takes it: a stored run's steps over the widget's maximum, or a degree
         # the dropdown lacks, would fail the next click's input check.
         values += [_follow_value(size[k], size_vals[k]) if k in size_vals else gr.skip() for k in size_keys]
@@ -1208,7 +1250,13 @@ def build_plan_tab() -> dict:
             button = gr.Button("Plan", variant="primary", elem_id="plan-run")
         with gr.Column(scale=2):
             summary = gr.Markdown("Pick a model, a device and a GPU count, then press Plan.", elem_id="plan-summary")
-            table = gr.Dataframe(pd.DataFrame(columns=_PLAN_COLUMNS), label="Best layouts", interactive=False)
+            table = gr.Dataframe(
+                pd.DataFrame(columns=_PLAN_COLUMNS),
+                label="Best layouts",
+                interactive=False,
+                wrap=True,
+                column_widths=["7%", "43%", "11%", "10%", "9%", "11%", "9%"],
+            )
             scatter = gr.Plot(label="Every layout that fits: memory per GPU vs tokens/s")
             explain = gr.Markdown()
     button.click(
@@ -1323,7 +1371,10 @@ def build_history_tab() -> dict:
         refresh = gr.Button("Refresh", size="sm")
     count = gr.Markdown(elem_id="history-count")
     table = gr.Dataframe(
-        pd.DataFrame(columns=_HISTORY_SHOWN), label="Runs (sort or filter with ⋮ on a column header)", interactive=False
+        pd.DataFrame(columns=_HISTORY_SHOWN),
+        label="Runs (sort or filter with ⋮ on a column header)",
+        interactive=False,
+        wrap=True,
     )
     with gr.Row():
         run_a = _run_dropdown("Run A", elem_id="history-a")
@@ -1335,10 +1386,14 @@ def build_history_tab() -> dict:
             pd.DataFrame(columns=["field", "a", "b"]),
             label="Spec differences",
             interactive=False,
+            wrap=True,
             elem_id="history-diff",
         )
         metrics = gr.Dataframe(
-            pd.DataFrame(columns=["metric", "a", "b", "change_pct"]), label="Measured, side by side", interactive=False
+            pd.DataFrame(columns=["metric", "a", "b", "change_pct"]),
+            label="Measured, side by side",
+            interactive=False,
+            wrap=True,
         )
     with gr.Row():
         phases = gr.Plot(label="Step phases, A and B")
@@ -1396,6 +1451,49 @@ def _follow_value(component: gr.components.Component, value):
     return value
 
 
+def fit_seq_to_model(model: str | None, seq: float | None):
+    """The sequence length a newly picked preset can take: its learned positions' count where ``seq``
+    runs past them (GPT-2's 1024 against the default 8192, which failed the estimate at once), else
+    gr.skip()."""
+    make = MODELS.get(model or "")
+    if make is None or seq is None:
+        return gr.skip()
+    spec = make()
+    if spec.position == "learned" and seq > spec.max_positions:
+        return spec.max_positions
+    return gr.skip()
+
+
+def fit_impl_to_optimizer(optimizer: str | None, impl: str | None):
+    """Optimizer kernels the picked optimizer has: Adafactor has no fused kernel, so a fused choice
+    becomes foreach (the next fastest) instead of an error; else gr.skip()."""
+    return "foreach" if optimizer == "adafactor" and impl == "fused" else gr.skip()
+
+
+def wire_model_limits(*tabs: dict) -> None:
+    """On each tab: a preset picked clears a loaded config.json (which would go on winning over the
+    dropdown, unseen), and the sequence length and optimizer kernels follow what the pick allows."""
+    quiet = {"api_visibility": "undocumented", "show_progress": "hidden", "queue": False}
+    for tab in tabs:
+        if "config_file" in tab:
+            tab["model"].input(lambda: None, None, tab["config_file"], **quiet)
+        if "seq" in tab:
+            tab["model"].change(fit_seq_to_model, [tab["model"], tab["seq"]], tab["seq"], **quiet)
+        if "optimizer" in tab and "optimizer_impl" in tab:
+            tab["optimizer"].change(
+                fit_impl_to_optimizer, [tab["optimizer"], tab["optimizer_impl"]], tab["optimizer_impl"], **quiet
+            )
+
+
+def _copier(targets: list) -> Callable:
+    """The event function that copies a value to ``targets``: a list of values for several, the bare
+    value for one (Gradio reads a one-output function's list as the value itself: the GPU count of
+    the Size tab arrived on the Plan tab as [64])."""
+    if len(targets) == 1:
+        return lambda v, _c=targets[0]: _follow_value(_c, v)
+    return lambda v, _t=targets: [_follow_value(c, v) for c in _t]
+
+
 def link_tabs(*tabs: dict) -> None:
     """Copy each user change of a shared widget to the same widget on the other tabs. ``.input``
     fires on user changes only, so a copied value does not echo back."""
@@ -1408,7 +1506,7 @@ def link_tabs(*tabs: dict) -> None:
             if not targets:
                 continue
             source.input(
-                lambda v, _t=targets: [_follow_value(c, v) for c in _t],
+                _copier(targets),
                 source,
                 targets,
                 api_visibility="undocumented",
@@ -1487,6 +1585,7 @@ def build_app() -> gr.Blocks:
         with gr.Tab("History"):
             history = build_history_tab()
         link_tabs(size, profile, plan)
+        wire_model_limits(size, profile, plan)
         wire_apply(advice, size, profile, plan)
         size_inputs = [size[k] for k in SIZE_KEYS]
         demo.load(size_view, inputs=size_inputs, outputs=size_outputs, api_visibility="undocumented")
@@ -1516,10 +1615,36 @@ def auth_from_env(value: str | None) -> list[tuple[str, str]] | None:
     return pairs
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``python app.py [--host H] [--port P] [--traces DIR]``; the flags override ADVISOR_HOST,
+    ADVISOR_PORT and ADVISOR_TRACES_DIR, which override the defaults."""
+    parser = argparse.ArgumentParser(
+        prog="python app.py",
+        description="The LLM training advisor's web app: Size, Profile, Analyze, Advice, Plan and History tabs.",
+        epilog="ADVISOR_AUTH='user:password[,user2:password2]' asks for a login (needed to serve beyond localhost).",
+    )
+    parser.add_argument(
+        "--host", default=os.environ.get("ADVISOR_HOST", "127.0.0.1"), help="address to bind (default: %(default)s)"
+    )
+    parser.add_argument("--port", type=int, default=None, help="port (default: ADVISOR_PORT or 7860)")
+    parser.add_argument("--traces", default=None, help="the run store (default: ADVISOR_TRACES_DIR or traces/)")
+    args = parser.parse_args(argv)
+    if args.port is None:
+        try:
+            args.port = int(os.environ.get("ADVISOR_PORT", "7860"))
+        except ValueError:
+            parser.error(f"ADVISOR_PORT={os.environ['ADVISOR_PORT']!r}: must be a port number (1 to 65535)")
+    if not 1 <= args.port <= 65535:
+        parser.error(f"--port {args.port}: must be from 1 to 65535")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    host = os.environ.get("ADVISOR_HOST", "127.0.0.1")
-    port = int(os.environ.get("ADVISOR_PORT", "7860"))
+    if args.traces:
+        os.environ["ADVISOR_TRACES_DIR"] = args.traces
+    host, port = args.host, args.port
     try:
         auth = auth_from_env(os.environ.get("ADVISOR_AUTH"))
     except ValueError as err:

@@ -22,6 +22,13 @@ _SEVERITY_RANK = {s: i for i, s in enumerate(R.SEVERITIES)}
 TARGET_LABELS = {"step_time_ms": "step time", "peak_memory_bytes": "peak memory", "tokens_per_s": "tokens/s"}
 
 
+def gain_phrase(target: str, pct: float) -> str:
+    """A gain (``gains.improvement_pct``: positive is better) in words whose direction reads right:
+    "15.6 % less step time", "12.0 % more tokens/s". "+15.6 % step time" read as a slower step."""
+    up = (pct > 0) == (target == "tokens_per_s")
+    return f"{abs(pct):.1f} % {'more' if up else 'less'} {TARGET_LABELS.get(target, target)}"
+
+
 @dataclass(frozen=True)
 class Recommendation:
     """A fired rule, its message with the numbers filled in, and what its action would gain."""
@@ -151,9 +158,8 @@ def _rejection(rec: Recommendation, est: Any) -> str:
     g = rec.gain
     if g is None:
         return ""
-    label = TARGET_LABELS[g.target]
     if g.gain_pct <= 0:
-        return f"predicted {g.gain_pct:+.1f} % {label}: no gain"
+        return f"predicted {gain_phrase(g.target, g.gain_pct)}: no gain"
     side = g.side or {}
     if side.get("fits") is False and (est is None or est.fits):
         return f"the changed setup would not fit: {side['memory_pct_after']:.0f} % of device memory (estimated)"
@@ -308,6 +314,31 @@ def fmt_value(target: str, value: float | None) -> str:
     return f"{value:,.1f} ms"
 
 
+def _plan_pointer(setup: Setup | None) -> str:
+    """For a setup that does not fit: where to find one that does. Each recommendation is one change
+    (70B on 8 H100s: ZeRO-1 takes 1,218 GiB to 493 GiB, still 6x the device), while the planner
+    searches every layout of the model on its GPUs."""
+    if setup is None or setup.hardware is None:
+        return ""
+    est = estimate(setup)
+    if est.fits:
+        return ""
+    from advisor.presets import HARDWARE, MODELS
+
+    gpu = next((k for k, make in HARDWARE.items() if make().name == setup.hardware.name), None)
+    where = "the Plan tab"
+    if gpu and setup.model.name in MODELS:
+        where += (
+            f", or `python -m advisor plan --model {setup.model.name} --gpu {gpu} --gpus {setup.gpus} "
+            f"--seq {setup.train.seq_len} --global-batch {setup.global_batch}`"
+        )
+    return (
+        f"**The setup does not fit** ({est.memory.total_bytes / 2**30:,.1f} GiB of "
+        f"{setup.hardware.memory_bytes / 2**30:.1f} GiB per GPU) and each recommendation below is one change. "
+        f"To search every layout of this model on {setup.gpus} GPUs for those that fit: {where}."
+    )
+
+
 def advice_markdown(advice: Advice) -> str:
     """The report users download: ranked recommendations with numbers, then what did not apply."""
     lines = [f"# Advice for {advice.source}", ""]
@@ -317,6 +348,8 @@ def advice_markdown(advice: Advice) -> str:
         + ("Gains use this machine's calibrated regression." if advice.calibrated else "Gains use the estimator.")
     )
     lines.append("")
+    if note := _plan_pointer(advice.setup):
+        lines += [note, ""]
     if not advice.recommendations:
         lines.append("Nothing to recommend: no rule fired on this input.")
     for i, r in enumerate(advice.recommendations, 1):
@@ -330,9 +363,8 @@ def advice_markdown(advice: Advice) -> str:
         g = r.gain
         if g is not None:
             bound = " (upper bound)" if g.upper_bound else ""
-            label = TARGET_LABELS[g.target]
             lines.append(
-                f"- **Predicted gain:** {g.gain_pct:+.1f} % {label}{bound}: {fmt_value(g.target, g.before)} -> "
+                f"- **Predicted gain:** {gain_phrase(g.target, g.gain_pct)}{bound}: {fmt_value(g.target, g.before)} -> "
                 f"{fmt_value(g.target, g.after)}; {g.basis}"
             )
             if g.side:

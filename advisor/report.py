@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from advisor.estimator import Estimate
+import textwrap
+
+from advisor.estimator import ATTENTION_EFFICIENCY_FRAC, Estimate
 
 GiB = 2**30
 
@@ -27,6 +29,15 @@ TIME_LABELS = {
     "optimizer_ms": "optimizer step",
     "offload_ms": "CPU offload (exposed)",
 }
+
+
+def fmt_duration(ms: float) -> str:
+    """A step time in the unit a reader takes in at a glance: ms up to 10 s, then s, min, h, days (a
+    what-if at a billion-token sequence read "step 1,570,584,263,385 ms")."""
+    for limit, unit, scale in ((10e3, "ms", 1.0), (120e3, "s", 1e3), (7200e3, "min", 60e3), (172800e3, "h", 3600e3)):
+        if ms < limit:
+            return f"{ms:,.0f} ms" if unit == "ms" else f"{ms / scale:,.1f} {unit}"
+    return f"{ms / 86400e3:,.1f} days"
 
 
 def describe_setup(est: Estimate) -> str:
@@ -74,6 +85,28 @@ def time_rows(est: Estimate) -> list[tuple[str, float, float]]:
     return [(label, d[k], 100 * d[k] / total) for k, label in TIME_LABELS.items() if d[k] > 0]
 
 
+def mfu_note(est: Estimate) -> str:
+    """What the estimate's MFU assumes, said beside it: it is the ideal of this model (every GEMM at the
+    device's measured-ceiling efficiency, fused attention at half the peak, communication overlapped as
+    the framework schedules it), and MFU counts attention non-causally (PaLM, appendix B) while a
+    causal flash kernel executes half of it, so MFU runs above HFU and grows with the sequence.
+    Published large runs measure lower: Llama 3 405B 38-43 % on H100 (Llama 3 paper, table 4),
+    MegaScale 55.2 % (175B on 12,288 GPUs); a calibration on measured runs corrects the model."""
+    hw = est.setup.hardware
+    if hw is None or hw.kind == "cpu":
+        return ""
+    hfu = f"HFU {100 * est.hfu_frac:.1f} %"
+    if est.hfu_frac < est.mfu_frac:
+        hfu = f"it counts attention non-causally (PaLM), so it exceeds {hfu}, the FLOPs the causal kernel executes"
+    else:
+        hfu = f"{hfu} adds the recomputed FLOPs"
+    return (
+        f"MFU {100 * est.mfu_frac:.1f} % is this setup's ideal: GEMMs at {100 * hw.matmul_efficiency_frac:.0f} % "
+        f"of peak, fused attention at {100 * ATTENTION_EFFICIENCY_FRAC:.0f} %, communication overlapped as "
+        f"scheduled; {hfu}. Large published runs measure 38-55 %; calibrate on measured runs to correct it."
+    )
+
+
 def format_estimate(est: Estimate) -> str:
     """The CLI's readable breakdown."""
     head = f"Memory per GPU (fullest stage, {est.memory.moment})"
@@ -92,6 +125,8 @@ def format_estimate(est: Estimate) -> str:
         f"Throughput: {est.tokens_per_s:,.0f} tokens/s; MFU {100 * est.mfu_frac:.1f} %, HFU {100 * est.hfu_frac:.1f} %",
         f"FLOPs per step: {est.model_flops_per_step:.3e} model, {est.hardware_flops_per_step:.3e} executed",
     ]
+    if note := mfu_note(est):
+        out += ["", textwrap.fill(note, 110)]
     return "\n".join(out)
 
 

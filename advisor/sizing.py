@@ -29,6 +29,9 @@ def build_parallel(gpus: int | None, dp: int | None, **kw: object) -> ParallelSp
     return ParallelSpec(dp=1 if dp is None else dp, **kw)  # type: ignore[arg-type]
 
 
+DEFAULT_SEQ = 4096
+
+
 def make_setup(
     *,
     model: str | ModelSpec = "llama-3.1-8b",
@@ -36,12 +39,12 @@ def make_setup(
     gpu: str = "h100",
     gpus: int | None = None,
     dp: int | None = None,
-    seq: int = 4096,
+    seq: int | None = None,
     micro_batch: int = 1,
     global_batch: int = 0,
     precision: str = "bf16",
     optimizer: str = "adamw",
-    optimizer_impl: str = "fused",
+    optimizer_impl: str | None = None,
     framework: str = "megatron",
     recompute: str = "none",
     flash_attention: bool = True,
@@ -56,13 +59,20 @@ def make_setup(
     sequence_parallel: bool = False,
     offload: str = "none",
 ) -> Setup:
-    """The Setup these values describe; a config.json path overrides the preset. Raises AdvisorError."""
+    """The Setup these values describe; a config.json path overrides the preset. Raises AdvisorError.
+
+    Left out, ``seq`` is 4096, or the model's learned positions where it has fewer (GPT-2's 1024: 4096
+    would only be refused), and ``optimizer_impl`` is fused, or foreach for Adafactor (no fused kernel)."""
     if hf_config:
         model_spec = load_hf_config(hf_config)
     elif isinstance(model, ModelSpec):
         model_spec = model
     else:
         model_spec = get_model(model)
+    if seq is None:
+        seq = min(DEFAULT_SEQ, model_spec.max_positions) if model_spec.position == "learned" else DEFAULT_SEQ
+    if optimizer_impl is None:
+        optimizer_impl = "foreach" if optimizer == "adafactor" else "fused"
     train = TrainSpec(
         seq_len=seq,
         micro_batch=micro_batch,

@@ -1,6 +1,12 @@
-"""Verify a recommendation by re-running: profile the run again with the action applied, and set the
-predicted change beside the measured one. Each pair is filed under ``<store>/verifications/`` and
-the new run is an ordinary run, so the calibration learns from it too."""
+"""Verify a recommendation by re-running: profile the run again as it was and with the action
+applied, one right after the other, and set the predicted change beside the measured one. Each pair is
+filed under ``<store>/verifications/`` and both new runs are ordinary runs, so the calibration learns
+from them too.
+
+The baseline is measured again because a shared machine's speed drifts between runs made at
+different times. The shipped fp32 sample run (65.1 ms a step) re-ran in bf16 at 2,362 ms while a
+test suite held both cores: a -3530 % "gain". Side by side on a quiet machine the same change measured
+66.7 -> 46.9 ms (+29.8 %). Times measured minutes apart say more about the machine than the change."""
 
 from __future__ import annotations
 
@@ -27,7 +33,8 @@ class Verification:
     rule_id: str
     target: str
     before: float
-    """Measured on the original run."""
+    """Measured on the baseline: the original setup re-run just before the change (the original run's
+    own figure with ``baseline=False``)."""
     predicted_after: float
     measured_after: float
     predicted_gain_pct: float
@@ -39,8 +46,12 @@ class Verification:
     calibrated: bool = False
     """The prediction came from this machine's calibration (else the estimator alone)."""
     noise_pct: float | None = None
-    """The original run's step-time spread (max - min over its timed steps), % of its median: a
+    """The baseline's step-time spread (max - min over its timed steps), % of its median: a
     measured change smaller than this is within noise."""
+    baseline_run_id: str | None = None
+    """The re-run of the original setup (None with ``baseline=False``)."""
+    stored_before: float | None = None
+    """The original run's own figure, measured when it was made."""
 
     @property
     def error_pct(self) -> float:
@@ -56,6 +67,17 @@ def _measured(metrics: dict[str, Any], target: str) -> float:
     if value is None:
         raise AdvisorError(f"the re-run has no {target} to compare")
     return float(value)
+
+
+def _rerun(setup, options: RunOptions, store: RunStore, on_progress: ProgressFn | None, label: str):
+    """One profiled re-run, its progress messages prefixed with ``label``; raises AdvisorError unless ok."""
+    relay = None if on_progress is None else (lambda d, t, m: on_progress(d, t, f"{label}: {m}"))
+    run = profile_run(setup, options, store, on_progress=relay)
+    if run.status != "ok" or run.metrics() is None:
+        raise AdvisorError(
+            f"the re-run {label} ({run.run_id}) ended with status {run.status!r}: {run.record.get('message', '')}"
+        )
+    return run
 
 
 def verifiable(rec: Recommendation, device_type: str) -> str:
@@ -77,9 +99,12 @@ def verify(
     store: RunStore | None = None,
     *,
     on_progress: ProgressFn | None = None,
+    baseline: bool = True,
 ) -> Verification:
-    """Re-run ``run_id`` with the action of ``rule_id`` (default: the top recommendation that can be
-    re-run here) and file the predicted/measured pair. Raises AdvisorError when nothing can be re-run."""
+    """Re-run ``run_id`` as it was (``baseline``) and then with the action of ``rule_id`` (default: the
+    top recommendation that can be re-run here), and file the predicted/measured pair. With
+    ``baseline=False`` the change is measured against the original run's own figure (half the time,
+    but exposed to the machine's drift since). Raises AdvisorError when nothing can be re-run."""
     store = store or RunStore()
     check_run_id(run_id)
     info = store.load(run_id)
@@ -102,19 +127,22 @@ def verify(
     known = {f.name for f in fields(RunOptions)}
     opts = {k: v for k, v in {**record.get("options", {}), **(rec.options_after or {})}.items() if k in known}
     options = RunOptions(**opts)
-    new = profile_run(setup, options, store, on_progress=on_progress)
-    metrics = new.metrics()
-    if new.status != "ok" or metrics is None:
-        raise AdvisorError(f"the re-run {new.run_id} ended with status {new.status!r}: {new.record.get('message', '')}")
     g = rec.gain
     target = g.target
-    measured = _measured(metrics, target)
     original = info.metrics() or {}
     # The original run's own measurement (a gain may restate it, e.g. per useful fp16 step).
-    before = _measured(original, target) if original.get(target) is not None else float(g.before)
+    stored = _measured(original, target) if original.get(target) is not None else float(g.before)
+    reference, base_run = original, None
+    if baseline:
+        base_opts = {k: v for k, v in record.get("options", {}).items() if k in known}
+        base_run = _rerun(setup_from_dict(record["setup"]), RunOptions(**base_opts), store, on_progress, "as it was")
+        reference = base_run.metrics() or {}
+    new = _rerun(setup, options, store, on_progress, "with the change")
+    measured = _measured(new.metrics() or {}, target)
+    before = _measured(reference, target) if base_run is not None else stored
     spread = None
-    if original.get("step_time_max_ms") and original.get("step_time_min_ms") and original.get("step_time_ms"):
-        spread = 100.0 * (original["step_time_max_ms"] - original["step_time_min_ms"]) / original["step_time_ms"]
+    if reference.get("step_time_max_ms") and reference.get("step_time_min_ms") and reference.get("step_time_ms"):
+        spread = 100.0 * (reference["step_time_max_ms"] - reference["step_time_min_ms"]) / reference["step_time_ms"]
     result = Verification(
         run_id=run_id,
         rule_id=rec.rule.id,
@@ -130,6 +158,8 @@ def verify(
         upper_bound=g.upper_bound,
         calibrated=g.calibrated_after is not None,
         noise_pct=spread if target != "peak_memory_bytes" else None,
+        baseline_run_id=base_run.run_id if base_run is not None else None,
+        stored_before=stored,
     )
     out = store.root / VERIFY_DIR / f"{run_id}--{rec.rule.id}--{new.run_id}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -21,16 +21,8 @@ from pathlib import Path
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
+from tests.chromium import CHROMIUM, launch
+
 # Runs in the page: set the sequence-length input, fire its change, resolve when the verdict names the
 # new sequence length ("seq 4096 x"), so only the answer to this change counts (a MutationObserver,
 # so no polling interval adds to the figure).
@@ -68,7 +60,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=30, help="changes to time (default: %(default)s)")
     args = ap.parse_args()
-    if not Path(CHROMIUM).exists():
+    if not CHROMIUM.exists():
         print(f"needs Debian's chromium at {CHROMIUM} (apt install chromium)", file=sys.stderr)
         return 2
     from playwright.sync_api import sync_playwright
@@ -81,7 +73,7 @@ def main() -> int:
     times: list[float] = []
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            browser = launch(p)
             page = browser.new_page()
             page.goto(f"http://127.0.0.1:{port}", wait_until="load")
             page.wait_for_function("document.querySelector('#size-verdict')?.innerText.includes('FITS')")

@@ -259,3 +259,32 @@ def test_an_action_already_in_place_is_rejected_not_advised():
     eager_rule = replace(latency, action={"set": {"train.recompute": "none"}})
     reasons = {r.rule.id: r.action_note for r in advise(m, setup, {}, rules=[eager_rule]).rejected}
     assert reasons["roof-latency-bound"] == "already in place: train.recompute = none"
+
+
+def test_a_gain_reads_in_the_direction_it_goes():
+    from advisor.advise import gain_phrase
+
+    # gains.improvement_pct: positive is better, fewer ms or bytes, more tokens/s.
+    assert gain_phrase("step_time_ms", 15.6) == "15.6 % less step time"
+    assert gain_phrase("peak_memory_bytes", 59.5) == "59.5 % less peak memory"
+    assert gain_phrase("tokens_per_s", 12.04) == "12.0 % more tokens/s"
+    assert gain_phrase("step_time_ms", -3.0) == "3.0 % more step time"
+    assert gain_phrase("tokens_per_s", -3.0) == "3.0 % less tokens/s"
+
+
+def test_a_setup_that_does_not_fit_points_to_the_planner(capsys):
+    import shlex
+
+    from advisor.advise import advice_markdown, advise
+    from advisor.cli import main
+    from advisor.sizing import make_setup
+
+    # 70B on 8 H100s at ZeRO-0: 1,218 GiB a GPU; the one recommendation (ZeRO-1) still leaves 493 GiB.
+    md = advice_markdown(advise(setup=make_setup(model="llama-3.1-70b", gpu="h100", gpus=8)))
+    assert "**The setup does not fit** (1,217.6 GiB of 79.6 GiB per GPU)" in md
+    command = md.split("`python -m advisor ")[1].split("`")[0]
+    assert command == "plan --model llama-3.1-70b --gpu h100 --gpus 8 --seq 4096 --global-batch 8"
+    assert main(shlex.split(command)) == 0 and "combinations" in capsys.readouterr().out  # the command it gives runs
+    assert "does not fit" not in advice_markdown(
+        advise(setup=make_setup(model="llama-3.1-8b", gpu="h100", gpus=8, zero=3))
+    )

@@ -142,6 +142,20 @@ def test_profile_tab_opens_on_the_newest_run(store):
     newest = store.list_runs()[0][0].run_id
     dropdown = app.run_choices()
     assert dropdown.value == newest and len(dropdown.choices) == 2
+    # A newer failed run is listed, but the tabs open on the newest run that has something to show;
+    # right after a profile the picker shows the run just made, failed or not.
+    from advisor.profiling import RunOptions
+    from advisor.runner import profile_run
+    from advisor.sizing import make_setup
+
+    failed = profile_run(
+        make_setup(model="tiny", gpu="cpu", seq=64), RunOptions(device="cpu", steps=1, inject="oom"), store
+    )
+    assert failed.status != "ok"
+    dropdown = app.run_choices()
+    assert dropdown.value == newest and dropdown.choices[0] in (failed.run_id, (failed.run_id, failed.run_id))
+    assert app.run_choices(measured=False).value == failed.run_id
+    assert app.run_choices(1).value != newest  # History's run A: the second newest measured run
 
 
 SAMPLE_RUNS = ("20261130-165248-tiny-6bcb2f", "20261130-165253-tiny-617152")  # committed under traces/
@@ -206,6 +220,7 @@ def test_analyze_tab_on_an_uploaded_real_trace():
     assert "attention" in set(categories.data[0].y)
     assert top.iloc[0]["name"].startswith("void flash::flash_fwd_kernel") and top.iloc[0]["category"] == "attention"
     assert set(details["idle_category"]) == {"host_wait", "kernel_wait", "other"}
+    assert "idle_ns" not in details and details["idle_ms"].between(0, 300).all()  # ms, as every time shown
     # nsys keeps no c10d ops to name its 33 NCCL kernels per GPU by: they count as "other" collectives.
     assert collectives.set_index("rank")["calls"].to_dict() == {0: 33, 1: 33}
     # nsys captures have no ProfilerStep ranges: the timeline spans the whole capture of rank 0.
@@ -403,11 +418,11 @@ def test_login_comes_from_the_environment(monkeypatch):
 
     monkeypatch.setattr(app, "build_app", lambda: FakeBlocks())
     monkeypatch.setenv("ADVISOR_AUTH", "ana:s3cret")
-    app.main()
+    app.main([])
     assert seen["auth"] == [("ana", "s3cret")] and seen["server_name"] == "127.0.0.1"
     monkeypatch.setenv("ADVISOR_AUTH", "broken")
     with pytest.raises(SystemExit, match="ADVISOR_AUTH entry 1"):
-        app.main()
+        app.main([])
 
 
 # --- One spec across tabs, and Apply ---
@@ -461,6 +476,11 @@ def test_apply_loads_the_recommended_change_everywhere(monkeypatch):
     after = advice.recommendations[0].after
     assert (rebuilt.model, rebuilt.train, rebuilt.parallel) == (after.model, after.train, after.parallel)
     assert rebuilt.hardware.kind == "cpu"
+    # Advice on the Size tab's setup loads its change but no rule to re-run (none fired on a run).
+    *_, on_size = app.advice_view("Size tab setup", None, None, *_size_values())
+    size_first = app.apply_choices(on_size).choices[0][0]
+    msg, size, _, rule = app.apply_recommendation(on_size, size_first, "Size tab setup")
+    assert size and rule is None
 
 
 def test_the_app_links_tabs_and_opens_on_a_recommendation():
@@ -468,12 +488,22 @@ def test_the_app_links_tabs_and_opens_on_a_recommendation():
     deps = demo.config["dependencies"]
     ids = {c._id: c for c in demo.blocks.values()}
     links = [d for d in deps if d["targets"] and d["targets"][0][1] == "input"]
+    links = [d for d in links if not any(isinstance(ids[o], app.gr.File) for o in d["outputs"])]  # not the config clear
     # Each shared widget copies to the same widget on the other tabs: model, gpu/gpus, seq, batches,
     # precision, recompute, optimizer and its kernels; 23 one-way links (checkbox groups do not lead).
     assert len(links) == 23
     for d in links:
         source = ids[d["targets"][0][0]]
         assert all(type(ids[o]) is type(source) or isinstance(ids[o], app.gr.CheckboxGroup) for o in d["outputs"])
+    # A widget on two tabs (GPUs and device: Size and Plan) has one target, which takes the bare value:
+    # a list there reached the Plan tab as "[64]" and failed its planner.
+    one = [d for d in links if len(d["outputs"]) == 1]
+    assert {ids[d["targets"][0][0]].label for d in one} >= {"GPUs", "Device"}
+    for d in one:
+        source = ids[d["targets"][0][0]]
+        value = 64 if source.label == "GPUs" else "h100" if source.label == "Device" else source.value
+        copied = demo.fns[d["id"]].fn(value)
+        assert copied == value or isinstance(copied, dict), (source.label, copied)  # dict: gr.skip()
     loads = [d for d in deps if d["targets"] and d["targets"][0][1] == "load"]
     advice_load = [d for d in loads if any(ids[o].elem_id == "advice-summary" for o in d["outputs"] if o in ids)]
     assert len(advice_load) == 1  # the Advice tab opens on a first recommendation
@@ -514,3 +544,72 @@ def test_cancel_reaches_only_the_callers_own_job():
     jobs.finish("profile", bo, theirs)
     assert not jobs.cancel("profile", bo)  # finished: nothing left to cancel
     assert app.cancel_calibration() == "No calibration of yours is running here to cancel."
+
+
+def test_a_picked_preset_brings_what_it_allows():
+    skip = app.gr.skip()
+    # GPT-2 has 1024 learned positions: the default 8192 would fail the estimate at once.
+    assert app.fit_seq_to_model("gpt2-124m", 8192) == 1024
+    assert app.fit_seq_to_model("gpt2-124m", 512) == skip
+    assert app.fit_seq_to_model("llama-3.1-8b", 131072) == skip  # RoPE: no table to run past
+    assert app.fit_seq_to_model(None, 8192) == skip
+    summary, *_ = _view(model="gpt2-124m", seq=app.fit_seq_to_model("gpt2-124m", 8192))
+    assert "gpt2-124m" in summary and "Invalid" not in summary
+    # Adafactor has no fused kernel: the default fused choice becomes foreach, not an error.
+    assert app.fit_impl_to_optimizer("adafactor", "fused") == "foreach"
+    assert app.fit_impl_to_optimizer("adafactor", "for-loop") == skip
+    assert app.fit_impl_to_optimizer("adamw", "fused") == skip
+    # Wired on every tab with a model; on Size, a picked preset also clears a loaded config.json.
+    demo = app.build_app()
+    fns = [f.fn for f in demo.fns.values()]
+    assert sum(f is app.fit_seq_to_model for f in fns) == 3 and sum(f is app.fit_impl_to_optimizer for f in fns) == 2
+    deps = demo.config["dependencies"]
+    ids = {c._id: c for c in demo.blocks.values()}
+    clears = [
+        d for d in deps if d["targets"][0][1] == "input" and [type(ids[o]) for o in d["outputs"]] == [app.gr.File]
+    ]
+    assert len(clears) == 1 and ids[clears[0]["targets"][0][0]].elem_id == "size-model"
+    assert demo.fns[clears[0]["id"]].fn() is None
+
+
+def test_command_line_flags_and_help_start_no_server(monkeypatch, capsys):
+    monkeypatch.setattr(app, "build_app", lambda: pytest.fail("--help must not build or launch the app"))
+    with pytest.raises(SystemExit) as done:
+        app.main(["--help"])
+    assert done.value.code == 0 and "--traces" in capsys.readouterr().out
+    monkeypatch.setenv("ADVISOR_PORT", "7999")
+    args = app.parse_args(["--host", "0.0.0.0", "--traces", "/tmp/x"])
+    assert (args.host, args.port, args.traces) == ("0.0.0.0", 7999, "/tmp/x")
+    assert app.parse_args(["--port", "8000"]).port == 8000
+    with pytest.raises(SystemExit) as bad:
+        app.parse_args(["--port", "70000"])
+    assert bad.value.code == 2 and "--port 70000: must be from 1 to 65535" in capsys.readouterr().err
+    monkeypatch.setenv("ADVISOR_PORT", "web")
+    with pytest.raises(SystemExit):
+        app.parse_args([])
+    assert "ADVISOR_PORT='web': must be a port number" in capsys.readouterr().err
+
+
+def test_step_times_read_in_a_unit_that_fits_them():
+    from advisor.report import fmt_duration
+
+    assert fmt_duration(669.9) == "670 ms" and fmt_duration(9_999) == "9,999 ms"
+    assert fmt_duration(80_271) == "80.3 s"
+    assert fmt_duration(168_600) == "2.8 min"
+    assert fmt_duration(3 * 3600e3) == "3.0 h"
+    assert fmt_duration(1_570_584_263_385) == "18,178.1 days"
+    summary, *_ = _view(seq=8192)
+    assert " · step " in summary and " ms · " in summary
+
+
+def test_the_estimated_mfu_says_it_is_an_ideal_and_how_it_counts():
+    from advisor.estimator import estimate
+    from advisor.report import mfu_note
+    from advisor.sizing import make_setup
+
+    summary, *_ = _view()  # Llama-3.1-8B on 8 H200s, flash attention, no recompute
+    assert "is this setup's ideal: GEMMs at 80 % of peak" in summary and "38-55 %" in summary
+    assert "exceeds HFU" in summary  # causal flash executes half the attention the PaLM count has
+    full = estimate(make_setup(model="llama-3.1-8b", gpu="h200", gpus=8, seq=2048, recompute="full"))
+    assert full.hfu_frac > full.mfu_frac and "adds the recomputed FLOPs" in mfu_note(full)
+    assert mfu_note(estimate(make_setup(model="tiny", gpu="cpu"))) == ""  # no GPU datasheet ideal to state

@@ -16,18 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.chromium import CHROMIUM, launch
+
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"
 V100_TRACE = TRACES / "kineto" / "ns_resolution_trace" / "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
@@ -79,7 +71,7 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        b = launch(p)
         yield b
         b.close()
 
@@ -213,7 +205,7 @@ def test_advise_apply_and_rerun(page):
     expect(page.locator("#advice-apply-result")).to_contain_text("train.precision = bf16")
     page.locator("#advice-verify").click()
     result = page.locator("#advice-verify-result")
-    expect(result).to_contain_text("Re-ran with {'train.precision': 'bf16'}", timeout=LONG_MS)
+    expect(result).to_contain_text("Re-ran with train.precision = bf16", timeout=LONG_MS)
     _shot(page, "advice")
     _tab(page, "Size")  # the applied change is the current setup: the sample's tiny model in bf16 on the CPU
     expect(page.locator("#size-verdict")).to_contain_text("tiny")

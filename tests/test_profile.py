@@ -11,7 +11,7 @@ import torch
 
 from advisor.errors import AdvisorError
 from advisor.memprobe import measure_step_peak_bytes
-from advisor.profiling import RunOptions, run_profile
+from advisor.profiling import RunOptions, median_step_phases, run_profile
 from advisor.runner import on_this_machine, profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup
@@ -266,3 +266,27 @@ def test_a_failing_trace_analysis_keeps_the_measured_metrics(monkeypatch, capsys
     assert profiling.with_trace_analysis(measured, CPU_TRACE_DIR / "trace.json.gz") is measured
     out = capsys.readouterr().out
     assert "trace analysis failed; the measured metrics are kept" in out and "No module named 'orjson'" in out
+
+
+def test_the_phases_are_those_of_the_median_step_they_are_shown_beside():
+    # Three steps, the second an outlier (the machine was busy): the median step is the third
+    # (120 ms), and its phases add up to it; the mean would read forward 300 beside a 120 ms step.
+    steps = [100.0, 900.0, 120.0]
+    phases = {"forward": [40.0, 700.0, 50.0], "backward": [60.0, 200.0, 70.0]}
+    assert median_step_phases(steps, phases) == {"forward": 50.0, "backward": 70.0}
+    # An even count: the two middle steps (100 and 120), as statistics.median averages them.
+    steps4, phases4 = [*steps, 90.0], {"forward": [*phases["forward"], 30.0], "backward": [*phases["backward"], 60.0]}
+    assert median_step_phases(steps4, phases4) == {"forward": 45.0, "backward": 65.0}
+    assert median_step_phases([5.0], {"forward": [2.0]}) == {"forward": 2.0}
+
+
+def test_progress_says_what_each_step_is_for():
+    from advisor.profiling import _step_role, _total_steps
+
+    options = RunOptions(device="cpu", steps=2)  # 1 warm-up, 2 timed, the profiler's warm-up, 2 profiled
+    total = _total_steps(options)
+    timed, first_active = 1 + options.steps, 1 + options.steps + options.warmup
+    roles = [_step_role(i, timed, first_active, total) for i in range(total)]
+    assert roles[0] == "warm-up" and roles[1:3] == ["timed 1/2", "timed 2/2"]
+    assert roles[-2:] == ["profiled 1/2", "profiled 2/2"]
+    assert roles[3 : 3 + options.warmup] == ["profiler warm-up"] * options.warmup

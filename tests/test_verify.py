@@ -31,22 +31,29 @@ def test_slow_loading_is_advised_and_the_rerun_measures_it(slow_data_run):
     store, run = slow_data_run
     advice = advise_run(run.run_id, store)
     assert advice.recommendations[0].rule.id == "input-dataloader-stall"
-    v = verify(run.run_id, None, store)
+    steps = []
+    v = verify(run.run_id, None, store, on_progress=lambda d, t, m: steps.append(m))
     assert v.rule_id == "input-dataloader-stall" and v.changes == {"options.num_workers": 2}
-    base = json.loads((store.path(run.run_id) / "metrics.json").read_text())
+    stored = json.loads((store.path(run.run_id) / "metrics.json").read_text())
+    base = json.loads((store.path(v.baseline_run_id) / "metrics.json").read_text())
     new = json.loads((store.path(v.new_run_id) / "metrics.json").read_text())
+    # The baseline re-runs the original setup as it was, first; then the change.
+    assert store.load(v.baseline_run_id).record["options"]["num_workers"] == 0
+    assert store.load(v.new_run_id).record["options"]["num_workers"] == 2
+    assert v.baseline_run_id < v.new_run_id  # run ids begin with their start time
+    assert any(m.startswith("as it was: ") for m in steps) and steps[-1].startswith("with the change: ")
     # 400 ms of sleeping per step in the main process before; workers prefetch it during the step after.
-    assert base["data_ms"] >= 400
+    assert stored["data_ms"] >= 400 and base["data_ms"] >= 400
     assert new["data_ms"] < base["data_ms"] / 2
-    # The pair compares the original run's own measurement with the re-run's.
+    # The pair compares the baseline's measurement with the re-run's, and keeps the stored run's.
     assert v.before == pytest.approx(base["step_time_ms"]) and v.measured_after == pytest.approx(new["step_time_ms"])
+    assert v.stored_before == pytest.approx(stored["step_time_ms"])
     spread = 100 * (base["step_time_max_ms"] - base["step_time_min_ms"]) / base["step_time_ms"]
     assert v.noise_pct == pytest.approx(spread) and v.calibrated is False
-    assert store.load(v.new_run_id).record["options"]["num_workers"] == 2
     pairs = list((store.root / VERIFY_DIR).glob("*.json"))
     assert len(pairs) == 1 and json.loads(pairs[0].read_text())["new_run_id"] == v.new_run_id
     runs, damaged = store.list_runs()
-    assert damaged == [] and {r.run_id for r in runs} == {run.run_id, v.new_run_id}
+    assert damaged == [] and {r.run_id for r in runs} == {run.run_id, v.baseline_run_id, v.new_run_id}
 
 
 def test_verify_refuses_what_it_cannot_rerun(slow_data_run):
@@ -62,4 +69,11 @@ def test_cli_verify_json(slow_data_run, capsys):
     assert main(["verify", run.run_id, "--rule", "input-dataloader-stall", "--traces", str(store.root), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["rule_id"] == "input-dataloader-stall" and out["target"] == "step_time_ms"
+    assert out["baseline_run_id"] not in (None, run.run_id, out["new_run_id"])
+    # --no-baseline measures against the stored run's own figure: one re-run, no baseline.
+    argv = ["verify", run.run_id, "--rule", "input-dataloader-stall", "--traces", str(store.root)]
+    assert main([*argv, "--no-baseline", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    stored = json.loads((store.path(run.run_id) / "metrics.json").read_text())["step_time_ms"]
+    assert out["baseline_run_id"] is None and out["before"] == pytest.approx(stored) == out["stored_before"]
     assert main(["verify", run.run_id, "--rule", "nope", "--traces", str(store.root)]) == 2
