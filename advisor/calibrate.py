@@ -247,7 +247,7 @@ def _row_of_run(run: RunInfo) -> dict[str, Any] | None:
         return None
     try:
         metrics = run.metrics()
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (AdvisorError, OSError, UnicodeDecodeError, json.JSONDecodeError):  # damaged since it was listed
         return None
     if not isinstance(metrics, dict) or metrics.get("source") != "profile" or metrics.get("extrapolated"):
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +16,7 @@ from advisor.presets import HARDWARE, MODELS
 from advisor.profiling import RunOptions
 from advisor.report import format_estimate, format_run
 from advisor.runner import CHILD_COMMAND, child_main, profile_run
-from advisor.runstore import RunStore
+from advisor.runstore import RUN_ID_RE, STATUSES, RunStore, read_metrics
 from advisor.sizing import make_setup
 from advisor.specs import FRAMEWORKS, OFFLOAD_MODES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES, Setup
 
@@ -31,7 +32,12 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu", default="h100", help=f"device: {', '.join(HARDWARE)} (default: %(default)s)")
     g.add_argument("--gpus", type=int, help="GPU count; dp defaults to gpus / (tp * pp * cp)")
     s = parser.add_argument_group("training step")
-    s.add_argument("--seq", type=int, default=4096, help="sequence length in tokens (default: %(default)s)")
+    s.add_argument(
+        "--seq",
+        type=int,
+        default=None,
+        help="sequence length in tokens (default: 4096, or the model's learned positions where fewer: 1024 for GPT-2)",
+    )
     s.add_argument(
         "--micro-batch", type=int, default=1, help="sequences per GPU per micro-batch (default: %(default)s)"
     )
@@ -40,7 +46,12 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--precision", choices=PRECISIONS, default="bf16")
     s.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    s.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="fused", help="optimizer kernels")
+    s.add_argument(
+        "--optimizer-impl",
+        choices=OPTIMIZER_IMPLS,
+        default=None,
+        help="optimizer kernels (default: fused; foreach for adafactor, which has no fused kernel)",
+    )
     s.add_argument(
         "--framework",
         choices=FRAMEWORKS,
@@ -104,6 +115,29 @@ def _stderr_progress(args: argparse.Namespace, counts: bool = False):
     return progress
 
 
+def _existing_store(traces: str | None, *, required: bool = True) -> RunStore:
+    """The run store a reading command looks in. A --traces that is a file is an error, and so is one
+    that names no folder where the command needs the store (``required``): a mistyped path would
+    otherwise read as an empty store. The default store (``traces/``) may not exist before the first run."""
+    store = RunStore(traces)
+    if store.root.exists() and not store.root.is_dir():
+        raise AdvisorError(f"--traces {store.root} is a file; give the run store's folder")
+    if required and traces is not None and not store.root.exists():
+        raise AdvisorError(f"--traces {store.root}: no such folder (profile creates a run store there)")
+    return store
+
+
+def _check_trace_path(path: Path, command: str) -> None:
+    """AdvisorError unless ``path`` is a file or folder to analyze; for one of our run directories, also
+    where its metrics.json is damaged (the roofline reads its parameter count there)."""
+    if not path.exists():
+        raise AdvisorError(f"{command} {path}: no such file or folder")
+    if not (path.is_file() or path.is_dir()):
+        raise AdvisorError(f"{command} {path}: not a regular file or folder; expected a trace file or folder")
+    if (path / "run.json").is_file():
+        read_metrics(path)
+
+
 def _cmd_size(args: argparse.Namespace) -> int:
     est: Estimate = estimate(setup_from_args(args))
     print(json.dumps(est.as_dict(), indent=2) if args.json else format_estimate(est))
@@ -157,7 +191,17 @@ def _cmd_dryrun(args: argparse.Namespace) -> int:
         result = dry_run_distributed(setup, target=target, isolate=False)
     else:
         result = dry_run(setup, offload_optimizer=setup.parallel.offload != "none", target=target)
-    print(json.dumps(result.as_dict(), indent=2) if args.json else format_dry_run(result))
+    hw = setup.hardware
+    if args.json:
+        print(json.dumps(result.as_dict() | {"device": hw.name, "device_bytes": hw.memory_bytes}, indent=2))
+        return 0
+    print(format_dry_run(result))
+    if target == "cuda":
+        share = 100 * result.total_bytes / hw.memory_bytes
+        said = "FITS" if result.total_bytes <= hw.memory_bytes else "DOES NOT FIT"
+        print(
+            f"\n{said}: {result.total_bytes / 2**30:.1f} GiB of {hw.memory_bytes / 2**30:.1f} GiB on the {hw.name} ({share:.0f} %)"
+        )
     return 0
 
 
@@ -165,11 +209,20 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from advisor.analyze import analyze_path, format_report
     from advisor.ceilings import load_ceilings
     from advisor.presets import get_hardware
+    from advisor.trace_kineto import ANALYSIS_FILE, METRICS_SUFFIX, is_own_output
 
     path = Path(args.path)
+    _check_trace_path(path, "analyze")
+    if not args.max_mb > 0:  # also refuses NaN
+        raise AdvisorError(f"--max-mb={args.max_mb:g}: must be > 0 (MiB of decompressed trace)")
     hardware = get_hardware(args.gpu) if args.gpu else None
     ceilings = load_ceilings(args.ceilings_file) if args.ceilings_file else "auto" if args.ceilings else None
-    report = analyze_path(path, path.name, max_bytes=int(args.max_mb * 2**20), hardware=hardware, ceilings=ceilings)
+    max_bytes = max(1, int(args.max_mb * 2**20))
+    report = analyze_path(path, path.name, max_bytes=max_bytes, hardware=hardware, ceilings=ceilings)
+    if path.is_dir() and not (path / "run.json").is_file():
+        own = sorted(f.name for f in path.iterdir() if is_own_output(f))
+        if own:
+            print(f"note: left out {', '.join(own)}: written by analyze --save, not traces", file=sys.stderr)
     roofs = report.metrics.roofline_roofs or ""
     if args.ceilings and "roofs measured" not in roofs:
         device = roofs.split(":")[0].split(",")[0]
@@ -179,8 +232,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.save:
-        target = path / "analysis.json" if path.is_dir() else path.with_name(path.name + ".metrics.json")
-        report.metrics.save(target)
+        target = path / ANALYSIS_FILE if path.is_dir() else path.with_name(path.name + METRICS_SUFFIX)
+        try:
+            report.metrics.save(target)
+        except OSError as err:
+            raise AdvisorError(f"analyze --save: cannot write {target} ({err.strerror or err})") from None
     if args.json:
         out = {"metrics": report.metrics.to_dict()}
         out["tables"] = {k: json.loads(v.to_json(orient="records")) for k, v in report.tables.items()}
@@ -204,6 +260,8 @@ def _cmd_ceilings(args: argparse.Namespace) -> int:
         raise AdvisorError("ceilings --device cuda: CUDA is not available on this machine (use --device cpu)")
     hw = local_hardware(device)
     root = Path(args.traces) if args.traces else default_root()
+    if root.exists() and not root.is_dir():
+        raise AdvisorError(f"--traces {root} is a file; give the run store's folder (ceilings go in its ceilings/)")
     if args.show:
         c = stored_ceilings(hw.name, root)
         if c is None:
@@ -240,7 +298,7 @@ def _cmd_ceilings(args: argparse.Namespace) -> int:
 def _cmd_runs(args: argparse.Namespace) -> int:
     from advisor.history import DAMAGED, run_table
 
-    table = run_table(RunStore(args.traces), model=args.model, status=args.status, device=args.device)
+    table = run_table(_existing_store(args.traces), model=args.model, status=args.status, device=args.device)
     filtered = any((args.model, args.status, args.device))
     if args.json:
         cols = ["run_id", "status", "message", "model", "device_type", "step_time_ms", "tokens_per_s"]
@@ -267,7 +325,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from advisor.history import compare_runs
 
-    c = compare_runs(RunStore(args.traces), args.run_a, args.run_b)
+    c = compare_runs(_existing_store(args.traces), args.run_a, args.run_b)
     if args.json:
         out = {"run_a": c.run_a, "run_b": c.run_b, "summary": c.summary}
         # to_json writes NaN (a figure one run lacks) as null.
@@ -297,7 +355,7 @@ def _cmd_presets(args: argparse.Namespace) -> int:
         return 0
     print("Models:")
     for k, v in models.items():
-        active = "" if v["n_active_params"] == v["n_params"] else f" ({v['n_active_params'] / 1e9:.1f}B active)"
+        active = "" if v["n_active_params"] == v["n_params"] else f" ({v['n_active_params'] / 1e9:.3g}B active)"
         print(f"  {k:18s} {v['n_params']:>18,d} parameters{active}")
     print("Devices:")
     for k, v in hardware.items():
@@ -317,12 +375,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.measured_comm == "auto":
         from advisor.commbw import link_for
 
-        store = RunStore(args.traces)
+        # The store only refines the plan: a missing one is said, not an error.
+        store = _existing_store(args.traces, required=False)
         link = link_for(store, hardware)
+        missing = "" if store.root.is_dir() else " (no such folder)"
         found = (
             f"run {link.run_id}, {link.bus_bytes_per_s / 1e9:.2f} GB/s bus bandwidth"
             if link
-            else f"no distributed run of {hardware.name} in {store.root}; using the datasheet link"
+            else f"no distributed run of {hardware.name} in {store.root}{missing}; using the datasheet link"
         )
         print(f"measured communication: {found}", file=sys.stderr)
     request = PlanRequest(
@@ -373,16 +433,33 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     plan.set_defaults(func=_cmd_plan)
 
 
+def _setup_flags_given(args: argparse.Namespace) -> list[str]:
+    """The setup flags (``add_setup_args``) set to anything but their default, as --flag names."""
+    defaults = argparse.ArgumentParser(add_help=False)
+    add_setup_args(defaults)
+    return [
+        f"--{k.replace('_', '-')}"
+        for k, v in vars(defaults.parse_args([])).items()
+        if k != "json" and getattr(args, k, v) != v
+    ]
+
+
 def _cmd_advise(args: argparse.Namespace) -> int:
     from advisor.advise import advice_markdown, advise, advise_run, advise_trace
-    from advisor.runstore import RUN_ID_RE
 
-    store = RunStore(args.traces)
+    store = _existing_store(args.traces, required=bool(args.target and RUN_ID_RE.match(args.target)))
+    if args.target is not None and (given := _setup_flags_given(args)):
+        print(
+            f"note: {', '.join(given)} ignored: a run or trace is advised on as it was recorded "
+            "(drop the target to advise on a setup from the flags)",
+            file=sys.stderr,
+        )
     if args.target is None:
         advice = advise(setup=setup_from_args(args), source="setup")
     elif RUN_ID_RE.match(args.target) and (store.root / args.target).is_dir():
         advice = advise_run(args.target, store)
     elif Path(args.target).exists():
+        _check_trace_path(Path(args.target), "advise")
         advice = advise_trace(args.target)
     else:
         raise AdvisorError(
@@ -391,7 +468,10 @@ def _cmd_advise(args: argparse.Namespace) -> int:
         )
     md = advice_markdown(advice)
     if args.markdown:
-        Path(args.markdown).write_text(md, encoding="utf-8")
+        try:
+            Path(args.markdown).write_text(md, encoding="utf-8")
+        except OSError as err:
+            raise AdvisorError(f"advise --markdown {args.markdown}: cannot write it ({err.strerror or err})") from None
     print(advice.to_json() if args.json else md, end="" if not args.json else "\n")
     return 0
 
@@ -418,16 +498,29 @@ def _cmd_rules(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from advisor.advise import gain_phrase
     from advisor.verify import verify
 
-    v = verify(args.run_id, args.rule, RunStore(args.traces), on_progress=_stderr_progress(args))
+    v = verify(
+        args.run_id,
+        args.rule,
+        _existing_store(args.traces),
+        on_progress=_stderr_progress(args),
+        baseline=not args.no_baseline,
+    )
     if args.json:
         print(json.dumps(v.as_dict(), indent=2))
         return 0
     bound = " (predicted as an upper bound)" if v.upper_bound else ""
-    print(f"{v.rule_id} on {v.run_id}: re-ran as {v.new_run_id} with {v.changes}")
+    change = ", ".join(f"{k} = {val}" for k, val in v.changes.items())
+    print(f"{v.rule_id} on {v.run_id}: re-ran as {v.new_run_id} with {change}")
+    if v.baseline_run_id:
+        print(
+            f"  baseline: the original setup re-ran as {v.baseline_run_id} just before (stored run: {v.stored_before:,.4g})"
+        )
     print(f"  {v.target}: before {v.before:,.4g}, predicted {v.predicted_after:,.4g}, measured {v.measured_after:,.4g}")
-    print(f"  gain: predicted {v.predicted_gain_pct:+.1f} %, measured {v.measured_gain_pct:+.1f} %{bound}")
+    predicted, measured = gain_phrase(v.target, v.predicted_gain_pct), gain_phrase(v.target, v.measured_gain_pct)
+    print(f"  predicted {predicted}{bound}; measured {measured}")
     print(f"  basis: {v.basis}")
     return 0
 
@@ -506,8 +599,15 @@ def build_parser() -> argparse.ArgumentParser:
     an = sub.add_parser("analyze", help="analyze a trace: Kineto JSON (file, folder, zip) or Nsight Systems SQLite")
     an.add_argument("path", help="trace file, folder of rank files, .zip, .sqlite, or a run directory")
     an.add_argument("--json", action="store_true", help="StepMetrics and every table as JSON")
-    an.add_argument("--save", action="store_true", help="write the StepMetrics beside the trace")
-    an.add_argument("--max-mb", type=float, default=8192, help="refuse traces larger than this (MiB, decompressed)")
+    an.add_argument(
+        "--save",
+        action="store_true",
+        help="write the StepMetrics beside the trace: FILE.metrics.json for a file, analysis.json inside a "
+        "folder (later analyses of the folder leave both out)",
+    )
+    an.add_argument(
+        "--max-mb", type=float, default=8192, help="refuse traces larger than this (MiB, decompressed; > 0)"
+    )
     an.add_argument(
         "--gpu",
         default=None,
@@ -538,7 +638,11 @@ def build_parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="list the runs in the run store, newest first")
     runs.add_argument("--traces", default=None)
     runs.add_argument("--model", help="only runs of this model (exact name, e.g. tiny)")
-    runs.add_argument("--status", help="only runs with this status (ok, oom, timeout, crashed, failed, ...)")
+    runs.add_argument(
+        "--status",
+        choices=(*STATUSES, "damaged"),
+        help="only runs with this status (damaged: entries that cannot be read)",
+    )
     runs.add_argument("--device", choices=("cpu", "cuda"), help="only runs on this device type")
     runs.add_argument("--json", action="store_true")
     runs.set_defaults(func=_cmd_runs)
@@ -569,6 +673,12 @@ def build_parser() -> argparse.ArgumentParser:
     ver = sub.add_parser("verify", help="re-run a profiled run with a recommendation applied; predicted vs measured")
     ver.add_argument("run_id")
     ver.add_argument("--rule", help="rule id (default: the top recommendation that can be re-run here)")
+    ver.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="compare with the stored run's figure instead of re-running it first (half the time; "
+        "exposed to the machine's drift since that run)",
+    )
     ver.add_argument("--traces", default=None)
     ver.add_argument("--json", action="store_true")
     ver.set_defaults(func=_cmd_verify)
@@ -588,11 +698,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if child:
             return child_main(Path(args.run_dir))
-        if args.command == "profile":
-            return _cmd_profile(args)
-        return args.func(args)
+        code = _cmd_profile(args) if args.command == "profile" else args.func(args)
+        sys.stdout.flush()  # here, so a closed pipe is caught below rather than at the interpreter's exit
+        return code
     except AdvisorError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop quietly. stdout is pointed at devnull so the
+        # interpreter's own flush at exit cannot raise again (the Python docs' recipe for SIGPIPE).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as err:
+        if child:  # the child's traceback goes to the run's log.txt, where it explains a crash
+            raise
+        # A file the command had to read or write: the path and the system's reason, not a traceback.
+        where = f" {err.filename}" if err.filename else ""
+        print(f"error: {args.command}: cannot use{where}: {err.strerror or err}", file=sys.stderr)
         return 2
 
 

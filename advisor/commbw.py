@@ -189,7 +189,10 @@ def link_for(store: RunStore, hardware: HardwareSpec) -> MeasuredLink | None:
     for run in runs:  # newest first
         if run.status != "ok":
             continue
-        metrics = run.metrics()
+        try:
+            metrics = run.metrics()
+        except AdvisorError:  # damaged since it was listed: an older run may still measure the link
+            continue
         if not metrics or int(metrics.get("world_size") or 1) < 2:
             continue
         if _host_key(_device_key(run.record, metrics)) != want:

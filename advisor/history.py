@@ -95,10 +95,9 @@ def _number(value: object, factor: float = 1.0) -> float:
 def _read_metrics(info: RunInfo) -> dict[str, Any] | None:
     """metrics.json, or None where it is missing or unreadable (the listing shows such a run without figures)."""
     try:
-        metrics = info.metrics()
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return info.metrics()
+    except AdvisorError:  # damaged since it was listed: the listing marks it when it is read next
         return None
-    return metrics if isinstance(metrics, dict) else None
 
 
 def _started_utc(run_id: str, record: dict[str, Any]) -> str:
@@ -248,11 +247,8 @@ class RunComparison:
 def _metrics_for_compare(store: RunStore, run_id: str) -> tuple[RunInfo, dict[str, Any]]:
     """The run and its metrics; AdvisorError for a bad id, an unknown run or one without metrics."""
     info = store.load(run_id)
-    try:
-        metrics = info.metrics()
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise AdvisorError(f"run {run_id} has an unreadable metrics.json ({type(err).__name__})") from None
-    if not isinstance(metrics, dict) or metrics.get("step_time_ms") is None:
+    metrics = info.metrics()  # AdvisorError naming the file where it is damaged
+    if metrics is None or metrics.get("step_time_ms") is None:
         why = info.record.get("message") or "no metrics were recorded"
         raise AdvisorError(f"run {run_id} has no measured step to compare (status {info.status}: {why})")
     return info, metrics

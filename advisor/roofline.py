@@ -1041,11 +1041,11 @@ def _run_params(run: Path) -> int:
     master weights), else the model's parameter count."""
     try:
         m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        if m.get("params_bytes"):
+            return int(m["params_bytes"]) // 4
+        return int(m.get("n_params") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):  # a damaged file (a list, a text count): unmodelled
         return 0
-    if m.get("params_bytes"):
-        return int(m["params_bytes"]) // 4
-    return int(m.get("n_params") or 0)
 
 
 def _work_from_events(events: pd.DataFrame) -> TraceWork:

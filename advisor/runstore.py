@@ -4,7 +4,12 @@ A run is assembled in ``traces/.staging/<run-id>/`` and moved into ``traces/<run
 ``os.replace`` when it ends, whatever its status: a crash mid-write leaves no half run in the listing.
 Run ids are validated against one pattern and resolved inside the store, so no id can reach a path
 outside it. ``run.json`` holds the spec, options, status, message, environment and file list;
-``metrics.json`` the StepMetrics.
+``metrics.json`` the StepMetrics. A run whose run.json or metrics.json cannot be read is listed as
+damaged, with the reason, and never handed out as a run.
+
+A process killed mid-run (SIGKILL, a lost node) cannot clean up its staging directory, so each one
+records its owner (``.owner``: pid and host); opening the store for a new run or listing it removes
+the staging directories whose owner on this host is gone.
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import time
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
+from advisor.metrics import StepMetrics
 
 RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[a-z0-9][a-z0-9._-]{0,39}-[0-9a-f]{6}$")
 STATUSES = ("running", "ok", "oom", "timeout", "crashed", "failed", "cancelled")
@@ -28,6 +35,12 @@ STAGING = ".staging"
 RESERVED_DIRS = ("calibration", "verifications", "ceilings")
 """Folders beside the runs that are not runs: fitted calibrations, verification pairs, measured
 ceilings."""
+OWNER_FILE = ".owner"
+"""In a staging directory: ``{"pid", "host"}`` of the process assembling the run. Hidden, so the run's
+file list leaves it out; removed when the run is committed."""
+_REQUIRED_METRICS = tuple(f.name for f in fields(StepMetrics) if f.default is MISSING and f.default_factory is MISSING)
+# str(): the annotations are strings under `from __future__ import annotations`, and types without it.
+_NUMERIC_METRICS = frozenset(f.name for f in fields(StepMetrics) if str(f.type) in ("int | None", "float | None"))
 
 
 def run_trace(run_dir: Path) -> Path:
@@ -75,11 +88,41 @@ class RunInfo:
         return self.record.get("status", "unknown")
 
     def metrics(self) -> dict[str, Any] | None:
-        """metrics.json, or None where the run has none (failed runs)."""
-        f = self.path / "metrics.json"
-        if not f.is_file():
-            return None
-        return json.loads(f.read_text(encoding="utf-8"))
+        """metrics.json (StepMetrics fields), or None where the run has none (failed runs). AdvisorError
+        naming the file and the fault where it cannot be read or is not a StepMetrics record."""
+        return read_metrics(self.path)
+
+
+def read_metrics(run_dir: Path) -> dict[str, Any] | None:
+    """A run directory's metrics.json, checked; None where it has none; AdvisorError naming the file and
+    what is wrong with it (the listing calls such a run damaged: see :meth:`RunStore.list_runs`)."""
+    f = Path(run_dir) / "metrics.json"
+    if not f.is_file():
+        return None
+    metrics = _load_metrics(f)
+    if isinstance(metrics, str):
+        raise AdvisorError(f"{f} {metrics}; the run is damaged (profile it again, or delete it)")
+    return metrics
+
+
+def _load_metrics(f: Path) -> dict[str, Any] | str:
+    """metrics.json as a dict, or what is wrong with it: it must be a JSON object holding StepMetrics'
+    required fields, and its numeric fields numbers or null (the rules and the regression compute
+    with them)."""
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"is unreadable ({type(err).__name__})"
+    if not isinstance(data, dict):
+        return f"is a JSON {type(data).__name__}, not an object of StepMetrics fields"
+    missing = [k for k in _REQUIRED_METRICS if not isinstance(data.get(k), str)]
+    if missing:
+        return f"lacks the field(s) {', '.join(missing)} (a string each)"
+    for k in sorted(_NUMERIC_METRICS & data.keys()):
+        v = data[k]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            return f"has {k}={v!r}: expected a number or null"
+    return data
 
 
 class RunStore:
@@ -89,9 +132,21 @@ class RunStore:
         self.root = Path(root) if root is not None else default_root()
 
     def staging_dir(self, run_id: str) -> Path:
-        """A fresh directory where a run is assembled before it is committed."""
+        """A fresh directory where a run is assembled before it is committed, owned by this process
+        (see OWNER_FILE); staging directories of dead processes are removed first. AdvisorError where
+        the store cannot be created or written."""
         d = self.root / STAGING / check_run_id(run_id)
-        d.mkdir(parents=True, exist_ok=False)
+        if self.root.exists() and not self.root.is_dir():
+            raise AdvisorError(f"run store {self.root} is a file, not a folder; give --traces a folder")
+        self.remove_orphans()
+        try:
+            d.mkdir(parents=True, exist_ok=False)
+            write_json_atomic(d / OWNER_FILE, {"pid": os.getpid(), "host": socket.gethostname()})
+        except OSError as err:
+            raise AdvisorError(
+                f"cannot create the staging folder {d} for a run: {err.strerror or err}; "
+                "give --traces a folder this user can write"
+            ) from None
         return d
 
     def commit(self, run_id: str) -> Path:
@@ -100,8 +155,33 @@ class RunStore:
         dst = self.root / run_id
         if not (src / "run.json").is_file():
             raise AdvisorError(f"run {run_id} has no run.json; refusing to commit a half-written run")
+        (src / OWNER_FILE).unlink(missing_ok=True)
         os.replace(src, dst)
         return dst
+
+    def remove_orphans(self) -> list[str]:
+        """Remove the staging directories whose owning process, on this host, is gone (a run killed
+        before its commit); returns their names. A directory without a readable owner (written before
+        owners were recorded), or owned on another host (a store shared between nodes), is left alone,
+        as is anything that cannot be removed (a read-only store)."""
+        staging = self.root / STAGING
+        removed: list[str] = []
+        try:
+            entries = [d for d in staging.iterdir() if d.is_dir() and not d.is_symlink()]
+        except OSError:  # no staging folder yet, or an unreadable one
+            return removed
+        host = socket.gethostname()
+        for d in entries:
+            try:
+                owner = json.loads((d / OWNER_FILE).read_text(encoding="utf-8"))
+                pid = int(owner["pid"]) if owner.get("host") == host else 0
+            except (OSError, ValueError, TypeError, KeyError, AttributeError):
+                continue
+            if pid > 0 and not _alive(pid):
+                shutil.rmtree(d, ignore_errors=True)
+                if not d.exists():
+                    removed.append(d.name)
+        return removed
 
     def path(self, run_id: str) -> Path:
         """The directory of a committed run; AdvisorError if the id is invalid or unknown."""
@@ -118,11 +198,13 @@ class RunStore:
         return RunInfo(run_id, d, record)
 
     def list_runs(self) -> tuple[list[RunInfo], list[tuple[str, str]]]:
-        """(runs newest first, damaged entries as (name, reason)); staging and hidden entries skipped."""
+        """(runs newest first, damaged entries as (name, reason)); staging and hidden entries skipped,
+        staging directories of dead processes removed (see :meth:`remove_orphans`)."""
         runs: list[RunInfo] = []
         damaged: list[tuple[str, str]] = []
         if not self.root.is_dir():
             return runs, damaged
+        self.remove_orphans()
         for d in sorted(self.root.iterdir(), reverse=True):
             if d.name.startswith(".") or not d.is_dir() or d.name in RESERVED_DIRS:
                 continue
@@ -153,4 +235,19 @@ def _read_record(d: Path) -> dict[str, Any] | str:
         return "run.json has no valid status"
     if record["status"] == "ok" and not (d / "metrics.json").is_file():
         return "status ok but metrics.json is missing"
+    if (d / "metrics.json").is_file():
+        fault = _load_metrics(d / "metrics.json")
+        if isinstance(fault, str):
+            return f"metrics.json {fault}"
     return record
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        pass
+    return True

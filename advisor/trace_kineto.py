@@ -9,6 +9,11 @@ gzip stream is capped at ``max_bytes`` decompressed (a gzip bomb stops there wit
 
 Times: Kineto writes microseconds with fractional nanoseconds; they become integer nanoseconds.
 The rank comes from ``distributedInfo.rank``, else from a ``rank-N`` / ``rank_N`` file name, else 0.
+
+A folder may hold more than rank files. What ``analyze --save`` writes there (ANALYSIS_FILE, and
+``<trace>`` + METRICS_SUFFIX beside a trace file) is never read as a trace, so a folder analyzes the
+same after a save; any other JSON without a traceEvents array is skipped when the folder's other files
+are traces, and named in the table's ``skipped_files``.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ except ImportError:  # an optional speed-up (a GPU box's image may lack it): the
 # on a 100 MiB trace, 256 KiB blocks load 3-4x faster than 32 MiB ones (bench/analyze_speed.py).
 BLOCK_BYTES = 256 * 2**10
 DEFAULT_MAX_BYTES = 8 * 2**30
+_LIMIT_HINT = "raise the limit: analyze --max-mb, or max_bytes in the API"
 _CAT_KIND = {
     "kernel": "kernel",
     "gpu_memcpy": "memcpy",
@@ -59,17 +65,33 @@ _CODE_GPU = np.array([*(c in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_an
 _NO_ARGS: dict[str, Any] = {}
 _COPY = re.compile(r"Memcpy (HtoD|DtoH|DtoD|HtoH|PtoP)(?: \((\w+) -> (\w+)\))?")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+ANALYSIS_FILE = "analysis.json"
+"""Where ``analyze --save`` writes the StepMetrics of a folder: inside it (not a trace; never loaded)."""
+METRICS_SUFFIX = ".metrics.json"
+"""``analyze --save`` of a trace file writes its StepMetrics beside it as ``<file name>`` + this."""
+
+
+class NotKinetoError(TraceError):
+    """A well-formed JSON file without a traceEvents array: another tool's file, not a damaged trace."""
+
+
+def is_own_output(path: Path) -> bool:
+    """Whether ``path`` is a StepMetrics file ``analyze --save`` wrote rather than a trace."""
+    return path.name == ANALYSIS_FILE or path.name.endswith(METRICS_SUFFIX)
 
 
 def trace_files(path: Path) -> list[Path]:
-    """The trace files at ``path``: the file itself, or the .json/.json.gz files of a folder."""
+    """The trace files at ``path``: the file itself, or the .json/.json.gz files of a folder, less the
+    files ``analyze --save`` wrote there (:func:`is_own_output`)."""
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.name.endswith((".json", ".json.gz")) and p.is_file())
+        files = sorted(
+            p for p in path.iterdir() if p.name.endswith((".json", ".json.gz")) and p.is_file() and not is_own_output(p)
+        )
         if not files:
-            raise TraceError(f"folder {path.name} holds no .json or .json.gz trace files")
+            raise TraceError(f"folder {path} holds no .json or .json.gz trace files")
         return files
     if not path.is_file():
-        raise TraceError(f"no trace file {path.name}")
+        raise TraceError(f"no trace file {path}")
     return [path]
 
 
@@ -91,22 +113,34 @@ def load_kineto(
     """The event table of one Kineto trace file or a folder of rank files.
 
     ``max_bytes`` caps each file's (decompressed) size. Raises TraceError on anything that is not a
-    Kineto trace: damaged gzip, invalid JSON, another JSON schema, or a trace with no events.
+    Kineto trace: damaged gzip, invalid JSON, another JSON schema, or a trace with no events. In a
+    folder, a JSON file of another schema is skipped when other files are traces; the table's
+    ``attrs["skipped_files"]`` names each with the reason.
     """
     files = trace_files(Path(path))
-    tables, meta = [], []
-    for i, f in enumerate(files):
-        with gc_paused():
-            table, info = _load_file(f, max_bytes, block_bytes, default_rank=i)
+    tables, meta, skipped = [], [], []
+    for f in files:
+        try:
+            with gc_paused():
+                table, info = _load_file(f, max_bytes, block_bytes, default_rank=len(tables))
+        except NotKinetoError as err:
+            if len(files) == 1:
+                raise
+            skipped.append(str(err))
+            continue
         tables.append(table)
         meta.append(info)
+    if not tables:
+        raise TraceError(f"folder {path} holds no Kineto trace: {'; '.join(skipped)}")
     ranks = [m["rank"] for m in meta]
     if len(set(ranks)) != len(ranks):
         raise TraceError(f"several files claim the same rank ({sorted(ranks)}); give one file per rank")
     df = concat_tables(tables)
     # Only small values in attrs: pandas deep-copies them on nearly every operation on the table.
     names = sorted({str(d.get("name")) for m in meta for d in m.get("deviceProperties") or [] if d.get("name")})
-    df.attrs.update(source="kineto", files=[f.name for f in files], ranks=sorted(ranks), gpu_names=names)
+    df.attrs.update(
+        source="kineto", files=[m["file"] for m in meta], ranks=sorted(ranks), gpu_names=names, skipped_files=skipped
+    )
     return df
 
 
@@ -123,11 +157,17 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _mib(n_bytes: float) -> str:
+    """Bytes in MiB with the precision a limit like ``--max-mb 0.1`` needs: '8,192', '1.5', '0.1'."""
+    mib = n_bytes / 2**20
+    return f"{mib:,.0f}" if mib >= 100 else f"{mib:.3g}"
+
+
 def _open(path: Path, max_bytes: int):
     raw = path.stat().st_size
     gz = path.name.endswith(".gz")
     if not gz and raw > max_bytes:
-        raise TraceError(f"{path.name} is {raw / 2**20:.0f} MiB, over the {max_bytes / 2**20:.0f} MiB limit")
+        raise TraceError(f"{path.name} is {_mib(raw)} MiB, over the {_mib(max_bytes)} MiB limit ({_LIMIT_HINT})")
     return gzip.open(path, "rb") if gz else open(path, "rb")
 
 
@@ -139,7 +179,7 @@ def _blocks(path: Path, max_bytes: int, block_bytes: int) -> Iterator[bytes]:
                 total += len(block)
                 if total > max_bytes:
                     raise TraceError(
-                        f"{path.name} decompresses to over {max_bytes / 2**20:.0f} MiB; refusing it (limit max_bytes)"
+                        f"{path.name} decompresses to over {_mib(max_bytes)} MiB; refusing it ({_LIMIT_HINT})"
                     )
                 yield block
     except (EOFError, OSError, zlib.error) as err:
@@ -167,7 +207,7 @@ def stream_events(
             at = head.find(b'"traceEvents"')
             if at < 0:
                 if len(head) > 64 * 2**20:
-                    raise TraceError(
+                    raise NotKinetoError(
                         f"{path.name} is JSON without a traceEvents array in its first 64 MiB: not a Kineto trace"
                     )
                 continue
@@ -190,7 +230,7 @@ def stream_events(
             carry = b""
     if state == "head":
         _check_json(bytes(head), path)
-        raise TraceError(f"{path.name} is JSON without a traceEvents array: not a Kineto (PyTorch profiler) trace")
+        raise NotKinetoError(f"{path.name} is JSON without a traceEvents array: not a Kineto (PyTorch profiler) trace")
     if state == "events":  # the array's end is in what is left, or the file is cut short
         carry, after = _take_events(carry, path, on_events, last=True)
         if after is None:

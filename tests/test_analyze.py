@@ -102,7 +102,10 @@ def test_cli_analyze(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert {"temporal_breakdown", "top_ops", "phases"} <= set(data["tables"])
     assert main(["analyze", str(tmp_path / "nope.json")]) == 2
-    assert "error: no file or folder nope.json" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("error: analyze /") and err.endswith(
+        "/nope.json: no such file or folder\n"
+    )  # the full path given
 
 
 def test_format_report_names_the_trace():

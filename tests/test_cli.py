@@ -1,6 +1,8 @@
 """The command line: readable output, --json, clear errors with exit status 2."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +135,153 @@ def test_help_lists_the_user_commands_only(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["_child"])
     assert exit_.value.code == 2 and "--run-dir" in capsys.readouterr().err
+
+
+# --- damaged stores and paths: one line on stderr, exit 2, never a traceback ----------------------------
+
+NEWER = "20261130-165253-tiny-617152"  # the newer of the two shipped runs
+
+
+@pytest.fixture
+def damaged_store(tmp_path):
+    """A copy of the shipped runs whose newer run's metrics.json is a JSON list, not a record."""
+    root = tmp_path / "traces"
+    shutil.copytree(RUN.parent, root)
+    (root / NEWER / "metrics.json").write_text("[1, 2]")
+    return root
+
+
+def test_a_run_with_damaged_metrics_is_listed_damaged_and_refused_clearly(damaged_store, capsys):
+    root = str(damaged_store)
+    why = "metrics.json is a JSON list, not an object of StepMetrics fields"
+    assert main(["runs", "--traces", root]) == 0
+    assert f"{NEWER}  DAMAGED   {why}" in capsys.readouterr().out
+    for argv in (["advise", NEWER], ["verify", NEWER, "--no-baseline"], ["compare", RUN.name, NEWER]):
+        assert main([*argv, "--traces", root]) == 2
+        assert capsys.readouterr().err == f"error: run {NEWER} is damaged: {why}\n"
+    assert main(["analyze", str(damaged_store / NEWER)]) == 2
+    assert f"{damaged_store / NEWER / 'metrics.json'} is a JSON list" in capsys.readouterr().err
+    # plan passes the damaged run over when it looks for a measured link.
+    argv = ["plan", "--gpu", "cpu", "--model", "tiny", "--gpus", "2", "--seq", "64", "--global-batch", "4"]
+    assert main([*argv, "--precision", "fp32", "--top", "1", "--traces", root]) == 0
+    assert "measured communication: no distributed run" in capsys.readouterr().err
+
+
+def test_analyze_of_a_folder_still_works_after_save(tmp_path, capsys):
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    shutil.copy(RUN / "trace.json.gz", folder / "rank-0.json.gz")
+    assert main(["analyze", str(folder), "--save"]) == 0
+    saved = json.loads((folder / "analysis.json").read_text())
+    assert saved["source"] == "trace" and saved["run_id"] == "ranks"
+    capsys.readouterr()
+    assert main(["analyze", str(folder), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["metrics"]["step_time_ms"] == saved["step_time_ms"]
+    assert "note: left out analysis.json: written by analyze --save, not traces" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["profile", "--device", "cpu", "--traces", "{file}"], "error: run store {file} is a file, not a folder"),
+        (["ceilings", "--device", "cpu", "--traces", "{file}"], "error: --traces {file} is a file"),
+        (["runs", "--traces", "{file}"], "error: --traces {file} is a file"),
+        (["runs", "--traces", "{tmp}/none"], "error: --traces {tmp}/none: no such folder"),
+        (["compare", RUN.name, NEWER, "--traces", "{tmp}/none"], "error: --traces {tmp}/none: no such folder"),
+        (
+            ["advise", "--model", "tiny", "--gpu", "cpu", "--markdown", "{tmp}/none/a.md"],
+            "error: advise --markdown {tmp}/none/a.md: cannot write it (No such file or directory)",
+        ),
+        (
+            ["advise", "--model", "tiny", "--gpu", "cpu", "--markdown", "{tmp}"],
+            "error: advise --markdown {tmp}: cannot write it (Is a directory)",
+        ),
+        (["analyze", "{tmp}/none/trace.json"], "error: analyze {tmp}/none/trace.json: no such file or folder"),
+        (["analyze", "/dev/null"], "error: analyze /dev/null: not a regular file or folder"),
+        (["analyze", str(RUN), "--max-mb", "-1"], "error: --max-mb=-1: must be > 0"),
+        (
+            ["analyze", str(RUN / "trace.json.gz"), "--max-mb", "0.1"],
+            "error: trace.json.gz decompresses to over 0.1 MiB; refusing it (raise the limit: analyze --max-mb",
+        ),
+    ],
+)
+def test_paths_and_limits_that_cannot_be_used_are_one_line_errors(argv, message, tmp_path, capsys):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    fill = {"file": str(a_file), "tmp": str(tmp_path)}
+    assert main([a.format(**fill) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message.format(**fill)) and err.count("\n") == 1
+
+
+def test_unwritable_outputs_are_one_line_errors(tmp_path, capsys):
+    trace = tmp_path / "trace.json.gz"
+    shutil.copy(RUN / "trace.json.gz", trace)
+    (tmp_path / "trace.json.gz.metrics.json").mkdir()  # where --save would write
+    assert main(["analyze", str(trace), "--save"]) == 2
+    assert capsys.readouterr().err.endswith(
+        f"error: analyze --save: cannot write {trace}.metrics.json (Is a directory)\n"
+    )
+    # Any other file the command cannot write: the command, the path and the system's reason.
+    (tmp_path / "ceilings").write_text("")  # where ceilings are stored
+    argv = ["ceilings", "--device", "cpu", "--dtypes", "fp32", "--matmul-n", "64", "--copy-mib", "1"]
+    assert main([*argv, "--repeats", "1", "--traces", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"error: ceilings: cannot use {tmp_path / 'ceilings'}: File exists\n"
+
+
+def test_runs_refuses_an_unknown_status_and_plan_says_the_store_is_missing(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["runs", "--status", "bogus"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'bogus' (choose from 'running', 'ok', 'oom'" in capsys.readouterr().err
+    argv = [
+        "plan",
+        "--gpu",
+        "cpu",
+        "--model",
+        "tiny",
+        "--gpus",
+        "2",
+        "--seq",
+        "64",
+        "--global-batch",
+        "4",
+        "--top",
+        "1",
+    ]
+    assert main([*argv, "--traces", str(tmp_path / "none")]) == 0
+    assert f"in {tmp_path / 'none'} (no such folder); using the datasheet link" in capsys.readouterr().err
+
+
+def test_a_closed_pipe_ends_the_output_quietly():
+    # `python -m advisor rules --fields | head -1`: the reader is gone before the output is written.
+    read, write = os.pipe()
+    os.close(read)
+    cmd = [sys.executable, "-m", "advisor", "rules", "--fields"]
+    proc = subprocess.run(cmd, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    os.close(write)
+    assert proc.returncode == 1 and proc.stderr == ""
+
+
+def test_dryrun_says_whether_the_step_fits_the_device(capsys):
+    assert main(["dryrun", "--model", "tiny", "--gpu", "h100", "--seq", "64"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("FITS: ") and last.endswith("GiB of 79.6 GiB on the H100 SXM 80GB (1 %)")
+    assert main(["dryrun", "--model", "tiny", "--gpu", "h100", "--seq", "64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["device"] == "H100 SXM 80GB" and out["device_bytes"] == 85_520_809_984 > out["total_bytes"]
+
+
+def test_presets_show_a_small_moe_active_count(capsys):
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    assert "(0.00712B active)" in out and "(12.9B active)" in out  # not "(0.0B active)"
+
+
+def test_setup_flags_beside_a_run_are_named_as_ignored(capsys):
+    run = "20261130-165248-tiny-6bcb2f"  # a shipped sample run
+    assert main(["advise", run, "--tp", "4", "--precision", "fp32"]) == 0
+    err = capsys.readouterr().err
+    assert "note: --precision, --tp ignored: a run or trace is advised on as it was recorded" in err
+    assert main(["advise", run]) == 0 and "ignored" not in capsys.readouterr().err

@@ -1,11 +1,15 @@
-"""The run store: ids validated, commits atomic, damaged runs reported, not fatal."""
+"""The run store: ids validated, commits atomic, damaged runs reported, not fatal, orphans removed."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from advisor.errors import AdvisorError
-from advisor.runstore import RunStore, check_run_id, new_run_id, write_json_atomic
+from advisor.runstore import OWNER_FILE, STAGING, RunStore, check_run_id, new_run_id, write_json_atomic
 
 
 def _commit(store, status="ok", metrics=True):
@@ -13,7 +17,8 @@ def _commit(store, status="ok", metrics=True):
     d = store.staging_dir(run_id)
     write_json_atomic(d / "run.json", {"run_id": run_id, "status": status})
     if metrics:
-        (d / "metrics.json").write_text("{}")
+        # The fields StepMetrics cannot do without; the rest default to None.
+        (d / "metrics.json").write_text(json.dumps({"run_id": run_id, "source": "profile"}))
     store.commit(run_id)
     return run_id
 
@@ -70,3 +75,67 @@ def test_write_json_atomic_leaves_no_temporary_files(tmp_path):
     write_json_atomic(target, {"status": "failed"})
     assert json.loads(target.read_text()) == {"status": "failed"}
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("{oops", "metrics.json is unreadable (JSONDecodeError)"),
+        ("[1, 2]", "metrics.json is a JSON list, not an object of StepMetrics fields"),
+        ('{"step_time_ms": 3.0}', "metrics.json lacks the field(s) run_id, source (a string each)"),
+        ('{"run_id": "r", "source": "profile", "step_time_ms": "fast"}', "metrics.json has step_time_ms='fast'"),
+    ],
+)
+def test_a_run_with_a_damaged_metrics_json_is_listed_as_damaged(tmp_path, text, reason):
+    store = RunStore(tmp_path)
+    good, bad = _commit(store), _commit(store)
+    (tmp_path / bad / "metrics.json").write_text(text)
+    runs, damaged = store.list_runs()
+    assert [r.run_id for r in runs] == [good]
+    assert len(damaged) == 1 and damaged[0][0] == bad and damaged[0][1].startswith(reason)
+    with pytest.raises(AdvisorError, match=f"run {bad} is damaged: metrics.json"):
+        store.load(bad)
+    # A run handed out before its file was damaged: its metrics name the file, never a JSON traceback.
+    info = runs[0]
+    (info.path / "metrics.json").write_text(text)
+    with pytest.raises(AdvisorError, match=r"metrics\.json .*; the run is damaged"):
+        info.metrics()
+
+
+def test_staging_dirs_of_dead_processes_are_removed_and_no_others(tmp_path):
+    store = RunStore(tmp_path)
+    staging = tmp_path / STAGING
+    # A process that staged a run and was killed before its commit (os._exit: no cleanup runs).
+    code = (
+        "import os, sys; from advisor.runstore import RunStore, new_run_id; "
+        "print(RunStore(sys.argv[1]).staging_dir(new_run_id('tiny')).name, flush=True); os._exit(9)"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    argv = [sys.executable, "-c", code, str(tmp_path)]
+    proc = subprocess.run(argv, cwd=repo, capture_output=True, text=True, check=False)
+    dead = proc.stdout.strip()
+    assert proc.returncode == 9 and (staging / dead / OWNER_FILE).is_file()
+    live = store.staging_dir(new_run_id("tiny"))  # this process: alive
+    assert json.loads((live / OWNER_FILE).read_text())["pid"] == os.getpid()
+    legacy = staging / new_run_id("old")  # staged before owners were recorded: owner unknown
+    legacy.mkdir()
+    remote = staging / new_run_id("remote")  # staged on another node of a shared store
+    remote.mkdir()
+    (remote / OWNER_FILE).write_text(json.dumps({"pid": 2**22 + 1, "host": "another-node"}))
+    outside = tmp_path / "notes"  # beside the staging area: never touched
+    outside.mkdir()
+    runs, damaged = store.list_runs()
+    assert sorted(p.name for p in staging.iterdir()) == sorted([live.name, legacy.name, remote.name])
+    assert outside.is_dir() and runs == [] and damaged == [("notes", "name is not a run id")]
+    # A committed run carries no owner file.
+    write_json_atomic(live / "run.json", {"run_id": live.name, "status": "failed"})
+    assert not (store.commit(live.name) / OWNER_FILE).exists()
+
+
+def test_a_store_that_cannot_be_written_is_a_clear_error(tmp_path):
+    a_file = tmp_path / "traces"
+    a_file.write_text("")
+    with pytest.raises(AdvisorError, match=r"run store .*traces is a file, not a folder"):
+        RunStore(a_file).staging_dir(new_run_id("tiny"))
+    with pytest.raises(AdvisorError, match=r"cannot create the staging folder .*: Not a directory"):
+        RunStore(a_file / "inner").staging_dir(new_run_id("tiny"))

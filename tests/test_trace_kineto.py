@@ -3,6 +3,7 @@
 import gzip
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from advisor.analysis import (
     temporal_breakdown,
 )
 from advisor.errors import TraceError
-from advisor.trace_kineto import load_kineto
+from advisor.trace_kineto import ANALYSIS_FILE, load_kineto
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 KINETO, REFERENCE = TRACES / "kineto", TRACES / "reference"
@@ -211,6 +212,11 @@ def test_bad_traces_fail_clearly(tmp_path):
     assert bomb.stat().st_size < 64 * 2**10  # 8 MiB of blanks compress to a few KiB
     with pytest.raises(TraceError, match="decompresses to over 1 MiB"):
         load_kineto(bomb, max_bytes=2**20)
+    # A limit under 1 MiB is shown as given (--max-mb 0.1), not rounded to "0 MiB", with the flag to raise it.
+    with pytest.raises(
+        TraceError, match=r"decompresses to over 0\.1 MiB; refusing it \(raise the limit: analyze --max-mb"
+    ):
+        load_kineto(bomb, max_bytes=2**20 // 10)
     big = tmp_path / "big.json"
     big.write_bytes(good + b" " * 2**20)
     with pytest.raises(TraceError, match="over the 1 MiB limit"):
@@ -247,3 +253,36 @@ def test_the_standard_library_parser_reads_the_same_table(tmp_path, monkeypatch)
     bad.write_bytes(b'{"traceEvents": [{"ph": "X", "name": "\xff\xfe", "ts": 1}, {"ph": "X",, }]}')
     with pytest.raises(TraceError, match="is not valid JSON"):
         load_kineto(bad)
+
+
+SAMPLE = Path(__file__).resolve().parents[1] / "traces" / "20261130-165248-tiny-6bcb2f" / "trace.json.gz"
+
+
+def test_a_folder_leaves_out_saved_analyses_and_skips_other_json(tmp_path):
+    shutil.copy(SAMPLE, tmp_path / "rank-0.json.gz")
+    alone = load_kineto(tmp_path)
+    # What analyze --save writes (StepMetrics, no traceEvents) is never read as a trace...
+    (tmp_path / ANALYSIS_FILE).write_text(json.dumps({"run_id": "x", "source": "trace"}))
+    (tmp_path / "rank-0.json.gz.metrics.json").write_text(json.dumps({"run_id": "x", "source": "trace"}))
+    saved = load_kineto(tmp_path)
+    pd.testing.assert_frame_equal(alone, saved)
+    assert saved.attrs["files"] == ["rank-0.json.gz"] and saved.attrs["skipped_files"] == []
+    # ...and another tool's JSON beside rank traces is skipped, and named.
+    (tmp_path / "config.json").write_text(json.dumps({"layers": 4}))
+    mixed = load_kineto(tmp_path)
+    pd.testing.assert_frame_equal(alone, mixed)
+    assert mixed.attrs["skipped_files"] == [
+        "config.json is JSON without a traceEvents array: not a Kineto (PyTorch profiler) trace"
+    ]
+    # Damage is not skipped: a truncated JSON file still fails the folder.
+    (tmp_path / "cut.json").write_bytes(b'{"traceEvents": [{"ph": "X"')
+    with pytest.raises(TraceError, match=r"cut\.json ends inside its traceEvents array"):
+        load_kineto(tmp_path)
+    # A folder of no traces says so, with each file's reason, and its full path.
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("config.json", "notes.json", ANALYSIS_FILE):
+        (other / name).write_text("{}")
+    words = f"folder {other} holds no Kineto trace: config.json is JSON without a traceEvents array"
+    with pytest.raises(TraceError, match=re.escape(words)):
+        load_kineto(other)
