@@ -1093,13 +1093,11 @@ def build_advice_tab(size_inputs: list) -> dict:
             verify_btn = gr.Button("Re-run with the recommendation applied", elem_id="advice-verify")
         with gr.Column(scale=2):
             summary = gr.Markdown("Pick what to advise on and press Advise.", elem_id="advice-summary")
-            table = gr.Dataframe(
-                pd.DataFrame(columns=_ADVICE_COLUMNS), label="Recommendations", interactive=False, wrap=True
-            )
+            table = gr.Dataframe(pd.DataFrame(columns=_ADVICE_COLUMNS), label="Recommendations", interactive=False)
             apply_msg = gr.Markdown(elem_id="advice-apply-result")
             verify_msg = gr.Markdown(elem_id="advice-verify-result")
             verify_table = gr.Dataframe(
-                pd.DataFrame(columns=_VERIFY_COLUMNS), label="Predicted vs measured", interactive=False, wrap=True
+                pd.DataFrame(columns=_VERIFY_COLUMNS), label="Predicted vs measured", interactive=False
             )
             files = gr.File(label="Report (Markdown, JSON)", file_count="multiple", interactive=False)
             with gr.Accordion("Full report", open=False):
