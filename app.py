@@ -540,9 +540,21 @@ def run_choices(index: int = 0, measured: bool = True) -> gr.Dropdown:
     failed run with nothing to show ("has no trace", "cannot compare")."""
     runs, _ = _store().list_runs()
     ids = [r.run_id for r in runs]
-    ok = [r.run_id for r in runs if r.status == "ok"] if measured else []
-    pool = ok if len(ok) > index else ids
+    # Measured runs first, newest first, then the others: the index-th differs for every index.
+    pool = (
+        [r.run_id for r in runs if r.status == "ok"] + [r.run_id for r in runs if r.status != "ok"] if measured else ids
+    )
     return gr.Dropdown(choices=ids, value=pool[index] if len(pool) > index else None)
+
+
+def picker_after_profile(summary: str | None):
+    """The stored-run picker after a Profile click: on the run the summary shows (the one just made,
+    whatever its status), else only its choices refreshed, so a refusal's message ("### Not run") is
+    not replaced by another run's view through the picker's change."""
+    runs, _ = _store().list_runs()
+    ids = [r.run_id for r in runs]
+    made = next((i for i in ids if f"`{i}`" in (summary or "")), None)
+    return gr.Dropdown(choices=ids, value=made) if made else gr.update(choices=ids)
 
 
 def build_profile_tab() -> tuple[dict, gr.Dropdown]:
@@ -614,8 +626,8 @@ def build_profile_tab() -> tuple[dict, gr.Dropdown]:
     inputs = [widgets[k] for k in PROFILE_DEFAULTS]  # profile_view's parameter order
     outputs = [summary, phases, memory, nvml, timeline, top_ops, trace, roofline]
     run_btn.click(profile_view, inputs, outputs, api_name="profile", concurrency_limit=1, concurrency_id="device").then(
-        lambda: run_choices(measured=False), None, runs, api_visibility="undocumented"
-    )  # the picker shows the run just made, whatever its status
+        picker_after_profile, summary, runs, api_visibility="undocumented"
+    )
     cancel_btn.click(cancel_profile, None, summary, api_visibility="undocumented", queue=False)
     runs.change(open_run, runs, outputs, api_name="open_run")
     refresh.click(run_choices, None, runs, api_visibility="undocumented")
@@ -1472,9 +1484,10 @@ def wire_model_limits(*tabs: dict) -> None:
     """On each tab: a preset picked clears a loaded config.json (which would go on winning over the
     dropdown, unseen), and the sequence length and optimizer kernels follow what the pick allows."""
     quiet = {"api_visibility": "undocumented", "show_progress": "hidden", "queue": False}
+    configs = [tab["config_file"] for tab in tabs if "config_file" in tab]
     for tab in tabs:
-        if "config_file" in tab:
-            tab["model"].input(lambda: None, None, tab["config_file"], **quiet)
+        if configs:  # a preset picked on any tab reaches the Size tab by link_tabs, which fires no .input there
+            tab["model"].input(lambda: [None] * len(configs) if len(configs) > 1 else None, None, configs, **quiet)
         if "seq" in tab:
             tab["model"].change(fit_seq_to_model, [tab["model"], tab["seq"]], tab["seq"], **quiet)
         if "optimizer" in tab and "optimizer_impl" in tab:

@@ -25,8 +25,11 @@ TARGET_LABELS = {"step_time_ms": "step time", "peak_memory_bytes": "peak memory"
 def gain_phrase(target: str, pct: float) -> str:
     """A gain (``gains.improvement_pct``: positive is better) in words whose direction reads right:
     "15.6 % less step time", "12.0 % more tokens/s". "+15.6 % step time" read as a slower step."""
+    label = TARGET_LABELS.get(target, target)
+    if round(pct, 1) == 0:
+        return f"no change in {label}"
     up = (pct > 0) == (target == "tokens_per_s")
-    return f"{abs(pct):.1f} % {'more' if up else 'less'} {TARGET_LABELS.get(target, target)}"
+    return f"{abs(pct):.1f} % {'more' if up else 'less'} {label}"
 
 
 @dataclass(frozen=True)
@@ -330,7 +333,7 @@ def _plan_pointer(setup: Setup | None) -> str:
     if gpu and setup.model.name in MODELS:
         where += (
             f", or `python -m advisor plan --model {setup.model.name} --gpu {gpu} --gpus {setup.gpus} "
-            f"--seq {setup.train.seq_len} --global-batch {setup.global_batch}`"
+            f"--seq {setup.train.seq_len} --global-batch {setup.global_batch} --precision {setup.train.precision}`"
         )
     return (
         f"**The setup does not fit** ({est.memory.total_bytes / 2**30:,.1f} GiB of "

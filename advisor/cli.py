@@ -367,6 +367,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from advisor.hf_config import load_hf_config
     from advisor.planner import PlanRequest, format_plan, plan
     from advisor.presets import get_hardware, get_model
+    from advisor.sizing import default_seq
 
     model = load_hf_config(args.hf_config) if args.hf_config else get_model(args.model)
     precisions = tuple(p.strip() for item in args.precision or ["bf16"] for p in item.split(",") if p.strip())
@@ -389,7 +390,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         model=model,
         hardware=hardware,
         gpus=args.gpus,
-        seq_len=args.seq,
+        seq_len=args.seq if args.seq is not None else default_seq(model),
         global_batch=args.global_batch,
         precisions=precisions,
         allow_offload=not args.no_offload,
@@ -411,7 +412,12 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json file to import instead")
     plan.add_argument("--gpu", default="h100", help=f"device: {', '.join(HARDWARE)} (default: %(default)s)")
     plan.add_argument("--gpus", type=int, required=True, help="GPUs in the job; every layout uses all of them")
-    plan.add_argument("--seq", type=int, default=4096, help="sequence length in tokens (default: %(default)s)")
+    plan.add_argument(
+        "--seq",
+        type=int,
+        default=None,
+        help="sequence length in tokens (default: 4096, or the model's learned positions where fewer: 1024 for GPT-2)",
+    )
     plan.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     plan.add_argument(
         "--precision",

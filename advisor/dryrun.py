@@ -109,12 +109,12 @@ _FSDP_CATEGORIES = {
     "Inputs": "other",
 }
 DISTRIBUTED_DEGREES = "dp (any world size, zero 0 to 3)"
+"""What the distributed dry run spreads over ranks; tp, pp, cp and ep must be 1."""
 DISTRIBUTED_MIN_TORCH = (2, 13)
 """The oldest torch whose FSDPMemTracker the distributed dry run is right with. Before 2.13 it counts
 the fake ops of DTensor's sharding propagation as memory and files no gathered parameters: on torch
 2.11 the tiny model over 8 ranks (ZeRO-3, bf16) read 0.084 GiB at the optimizer step against the
 0.037 GiB, in backward, that 2.13 reads and the real gloo step measures."""
-"""What the distributed dry run spreads over ranks; tp, pp, cp and ep must be 1."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -770,7 +770,9 @@ def estimate(setup: Setup) -> Estimate:
         link = hw.host_link_bw_bytes_per_s * COMM_EFFICIENCY_FRAC
         cpu_step_s = opt_params * opt_bytes_per_param / host_bw
         # Each micro-batch's gradient partitions go out as its backward makes them (accumulated on the
-        # host: the GPU keeps none), overlapped with the step's work.
+        # host: the GPU keeps none), overlapped with the step's work, as DeepSpeed's ZeRO-Offload and
+        # FSDP2's CPUOffloadPolicy do. The profiled one-device step (advisor.step's HostOffloadOptimizer)
+        # is simpler: it copies the accumulated gradients once, in its exposed offload phase.
         d2h_s = mb * opt_params * grad_e / link
         h2d_s = opt_params * 2.0 / link  # updated 16-bit weights back
         offload_fixed_s = cpu_step_s + h2d_s

@@ -26,7 +26,7 @@ from advisor.errors import AdvisorError
 from advisor.estimator import estimate
 from advisor.presets import local_hardware
 from advisor.profiling import RunOptions, proxy_setup
-from advisor.runstore import RunInfo, RunStore, new_run_id, write_json_atomic
+from advisor.runstore import RunInfo, RunStore, add_owner, new_run_id, write_json_atomic
 from advisor.specs import Setup, setup_from_dict, spec_to_dict
 from advisor.step import resolve_device
 
@@ -262,6 +262,7 @@ def _watch(
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, env=env, start_new_session=True
     )
+    add_owner(run_dir, proc.pid)  # the run stays staged while the child lives, even if this process dies
 
     def read() -> None:
         assert proc.stdout is not None

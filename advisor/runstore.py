@@ -8,8 +8,11 @@ outside it. ``run.json`` holds the spec, options, status, message, environment a
 damaged, with the reason, and never handed out as a run.
 
 A process killed mid-run (SIGKILL, a lost node) cannot clean up its staging directory, so each one
-records its owner (``.owner``: pid and host); opening the store for a new run or listing it removes
-the staging directories whose owner on this host is gone.
+records its owners (``.owner``: the process that staged it and the profiling child it starts, each
+with its start time, and the machine: host, boot and PID namespace); opening the store for a new run
+or listing it removes the staging directories whose owners are all gone. Only owners seen from the
+same PID namespace of the same boot are judged: two containers sharing a store and a hostname do not
+see each other's pids, and would otherwise remove each other's runs in progress.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ RESERVED_DIRS = ("calibration", "verifications", "ceilings")
 """Folders beside the runs that are not runs: fitted calibrations, verification pairs, measured
 ceilings."""
 OWNER_FILE = ".owner"
-"""In a staging directory: ``{"pid", "host"}`` of the process assembling the run. Hidden, so the run's
-file list leaves it out; removed when the run is committed."""
+"""In a staging directory: ``{"machine": {...}, "owners": [{"pid", "start"}, ...]}``, the processes
+assembling the run (see ``add_owner``). Hidden, so the run's file list leaves it out; removed when the
+run is committed."""
 _REQUIRED_METRICS = tuple(f.name for f in fields(StepMetrics) if f.default is MISSING and f.default_factory is MISSING)
 # str(): the annotations are strings under `from __future__ import annotations`, and types without it.
 _NUMERIC_METRICS = frozenset(f.name for f in fields(StepMetrics) if str(f.type) in ("int | None", "float | None"))
@@ -129,7 +133,9 @@ class RunStore:
     """Runs under one root directory."""
 
     def __init__(self, root: str | Path | None = None) -> None:
-        self.root = Path(root) if root is not None else default_root()
+        # Absolute: the profiling child runs in the repository root, where a relative store (--traces
+        # mytraces from another folder) would name another folder.
+        self.root = (Path(root) if root is not None else default_root()).absolute()
 
     def staging_dir(self, run_id: str) -> Path:
         """A fresh directory where a run is assembled before it is committed, owned by this process
@@ -141,7 +147,7 @@ class RunStore:
         self.remove_orphans()
         try:
             d.mkdir(parents=True, exist_ok=False)
-            write_json_atomic(d / OWNER_FILE, {"pid": os.getpid(), "host": socket.gethostname()})
+            write_json_atomic(d / OWNER_FILE, {"machine": _machine(), "owners": [_owner(os.getpid())]})
         except OSError as err:
             raise AdvisorError(
                 f"cannot create the staging folder {d} for a run: {err.strerror or err}; "
@@ -170,14 +176,16 @@ class RunStore:
             entries = [d for d in staging.iterdir() if d.is_dir() and not d.is_symlink()]
         except OSError:  # no staging folder yet, or an unreadable one
             return removed
-        host = socket.gethostname()
+        machine = _machine()
         for d in entries:
             try:
-                owner = json.loads((d / OWNER_FILE).read_text(encoding="utf-8"))
-                pid = int(owner["pid"]) if owner.get("host") == host else 0
+                record = json.loads((d / OWNER_FILE).read_text(encoding="utf-8"))
+                if record["machine"] != machine:
+                    continue  # another node, boot or PID namespace: its pids mean nothing here
+                owners = [(int(o["pid"]), o.get("start")) for o in record["owners"]]
             except (OSError, ValueError, TypeError, KeyError, AttributeError):
-                continue
-            if pid > 0 and not _alive(pid):
+                continue  # no readable owner (staged before owners were recorded): left alone
+            if owners and not any(_alive(pid, start) for pid, start in owners):
                 shutil.rmtree(d, ignore_errors=True)
                 if not d.exists():
                     removed.append(d.name)
@@ -242,12 +250,55 @@ def _read_record(d: Path) -> dict[str, Any] | str:
     return record
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (signal 0 checks without sending anything)."""
+def add_owner(run_dir: Path, pid: int) -> None:
+    """Record ``pid`` (the profiling child) as an owner of the staging directory ``run_dir`` too: the
+    directory stays while any owner lives, so a child outliving a killed parent keeps its run."""
+    f = Path(run_dir) / OWNER_FILE
+    try:
+        record = json.loads(f.read_text(encoding="utf-8"))
+        record["owners"].append(_owner(pid))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return  # no owner record to add to: the directory is never removed anyway
+    write_json_atomic(f, record)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _machine() -> dict[str, Any]:
+    """What makes a pid mean the same process: the host, this boot and this PID namespace (Linux's
+    /proc; empty elsewhere, where the hostname alone decides)."""
+    try:
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        pidns = 0
+    return {"host": socket.gethostname(), "boot": _read("/proc/sys/kernel/random/boot_id"), "pidns": pidns}
+
+
+def _start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat), so a reused
+    pid is not taken for the owner; None where /proc does not say."""
+    stat = _read(f"/proc/{pid}/stat")
+    fields_after_name = stat.rpartition(")")[2].split()  # the name in parentheses may hold spaces
+    return fields_after_name[19] if len(fields_after_name) > 19 else None
+
+
+def _owner(pid: int) -> dict[str, Any]:
+    return {"pid": pid, "start": _start(pid)}
+
+
+def _alive(pid: int, start: str | None = None) -> bool:
+    """Whether process ``pid`` exists here (signal 0 checks without sending anything) and, where its
+    start time was recorded, is still the process that started then."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # it exists, as another user's process
         pass
-    return True
+    return start is None or _start(pid) in (None, start)

@@ -32,6 +32,11 @@ def build_parallel(gpus: int | None, dp: int | None, **kw: object) -> ParallelSp
 DEFAULT_SEQ = 4096
 
 
+def default_seq(model: ModelSpec) -> int:
+    """4096 tokens, or the model's learned positions where it has fewer (GPT-2's 1024)."""
+    return min(DEFAULT_SEQ, model.max_positions) if model.position == "learned" else DEFAULT_SEQ
+
+
 def make_setup(
     *,
     model: str | ModelSpec = "llama-3.1-8b",
@@ -70,7 +75,7 @@ def make_setup(
     else:
         model_spec = get_model(model)
     if seq is None:
-        seq = min(DEFAULT_SEQ, model_spec.max_positions) if model_spec.position == "learned" else DEFAULT_SEQ
+        seq = default_seq(model_spec)
     if optimizer_impl is None:
         optimizer_impl = "foreach" if optimizer == "adafactor" else "fused"
     train = TrainSpec(

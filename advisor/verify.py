@@ -36,6 +36,8 @@ class Verification:
     """Measured on the baseline: the original setup re-run just before the change (the original run's
     own figure with ``baseline=False``)."""
     predicted_after: float
+    """The prediction on the baseline's scale: the predicted ratio to the original run's own figure,
+    times ``before`` (so it compares with ``measured_after``, both measured now)."""
     measured_after: float
     predicted_gain_pct: float
     measured_gain_pct: float
@@ -148,7 +150,7 @@ def verify(
         rule_id=rec.rule.id,
         target=target,
         before=before,
-        predicted_after=g.after,
+        predicted_after=g.after * before / stored if base_run is not None and stored > 0 else g.after,
         measured_after=measured,
         predicted_gain_pct=g.gain_pct,
         measured_gain_pct=improvement_pct(target, before, measured),

@@ -270,6 +270,7 @@ def test_a_gain_reads_in_the_direction_it_goes():
     assert gain_phrase("tokens_per_s", 12.04) == "12.0 % more tokens/s"
     assert gain_phrase("step_time_ms", -3.0) == "3.0 % more step time"
     assert gain_phrase("tokens_per_s", -3.0) == "3.0 % less tokens/s"
+    assert gain_phrase("step_time_ms", 0.01) == "no change in step time"
 
 
 def test_a_setup_that_does_not_fit_points_to_the_planner(capsys):
@@ -283,7 +284,7 @@ def test_a_setup_that_does_not_fit_points_to_the_planner(capsys):
     md = advice_markdown(advise(setup=make_setup(model="llama-3.1-70b", gpu="h100", gpus=8)))
     assert "**The setup does not fit** (1,217.6 GiB of 79.6 GiB per GPU)" in md
     command = md.split("`python -m advisor ")[1].split("`")[0]
-    assert command == "plan --model llama-3.1-70b --gpu h100 --gpus 8 --seq 4096 --global-batch 8"
+    assert command == "plan --model llama-3.1-70b --gpu h100 --gpus 8 --seq 4096 --global-batch 8 --precision bf16"
     assert main(shlex.split(command)) == 0 and "combinations" in capsys.readouterr().out  # the command it gives runs
     assert "does not fit" not in advice_markdown(
         advise(setup=make_setup(model="llama-3.1-8b", gpu="h100", gpus=8, zero=3))

@@ -155,7 +155,13 @@ def test_profile_tab_opens_on_the_newest_run(store):
     dropdown = app.run_choices()
     assert dropdown.value == newest and dropdown.choices[0] in (failed.run_id, (failed.run_id, failed.run_id))
     assert app.run_choices(measured=False).value == failed.run_id
-    assert app.run_choices(1).value != newest  # History's run A: the second newest measured run
+    # After a Profile click the picker goes to the run the summary shows, whatever its status; after a
+    # refusal (no run made) only its choices are refreshed, so the refusal stays on screen.
+    assert app.picker_after_profile(f"### Run `{failed.run_id}`: oom").value == failed.run_id
+    refused = app.picker_after_profile("### Not run\nneeds about 1314.2 GiB")
+    assert "value" not in refused and len(refused["choices"]) == 3
+    assert app.run_choices(1).value not in (newest, failed.run_id)  # History's run A: the second measured run
+    assert app.run_choices(2).value == failed.run_id  # past the measured runs: the others, never one twice
 
 
 SAMPLE_RUNS = ("20261130-165248-tiny-6bcb2f", "20261130-165253-tiny-617152")  # committed under traces/
@@ -568,8 +574,9 @@ def test_a_picked_preset_brings_what_it_allows():
     clears = [
         d for d in deps if d["targets"][0][1] == "input" and [type(ids[o]) for o in d["outputs"]] == [app.gr.File]
     ]
-    assert len(clears) == 1 and ids[clears[0]["targets"][0][0]].elem_id == "size-model"
-    assert demo.fns[clears[0]["id"]].fn() is None
+    # A preset picked on any of the three tabs clears it (the copy to Size fires no .input there).
+    assert len(clears) == 3 and "size-model" in {ids[c["targets"][0][0]].elem_id for c in clears}
+    assert all(demo.fns[c["id"]].fn() is None for c in clears)
 
 
 def test_command_line_flags_and_help_start_no_server(monkeypatch, capsys):

@@ -285,3 +285,14 @@ def test_setup_flags_beside_a_run_are_named_as_ignored(capsys):
     err = capsys.readouterr().err
     assert "note: --precision, --tp ignored: a run or trace is advised on as it was recorded" in err
     assert main(["advise", run]) == 0 and "ignored" not in capsys.readouterr().err
+
+
+def test_size_and_plan_default_to_a_sequence_the_model_can_take(capsys):
+    # GPT-2 has 1024 learned positions: the 4096 default would only be refused.
+    assert main(["size", "--model", "gpt2-124m", "--gpu", "a100-40gb", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["train"]["seq_len"] == 1024
+    assert main(["plan", "--model", "gpt2-124m", "--gpu", "a100-40gb", "--gpus", "8", "--global-batch", "64"]) == 0
+    assert "gpt2-124m on 8 x A100 SXM 40GB, sequence 1,024" in capsys.readouterr().out
+    # Adafactor has no fused kernel: its default is foreach.
+    assert main(["size", "--model", "llama-3.2-1b", "--optimizer", "adafactor", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["train"]["optimizer_impl"] == "foreach"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from advisor.errors import AdvisorError
-from advisor.runstore import OWNER_FILE, STAGING, RunStore, check_run_id, new_run_id, write_json_atomic
+from advisor.runstore import OWNER_FILE, STAGING, RunStore, add_owner, check_run_id, new_run_id, write_json_atomic
 
 
 def _commit(store, status="ok", metrics=True):
@@ -116,16 +116,36 @@ def test_staging_dirs_of_dead_processes_are_removed_and_no_others(tmp_path):
     dead = proc.stdout.strip()
     assert proc.returncode == 9 and (staging / dead / OWNER_FILE).is_file()
     live = store.staging_dir(new_run_id("tiny"))  # this process: alive
-    assert json.loads((live / OWNER_FILE).read_text())["pid"] == os.getpid()
+    record = json.loads((live / OWNER_FILE).read_text())
+    assert [o["pid"] for o in record["owners"]] == [os.getpid()] and record["machine"]["host"]
     legacy = staging / new_run_id("old")  # staged before owners were recorded: owner unknown
     legacy.mkdir()
-    remote = staging / new_run_id("remote")  # staged on another node of a shared store
+    dead_pid = {"pid": 2**22 + 1, "start": None}  # above Linux's pid_max: no such process
+    # Staged on another node, or in another container of this host (same hostname, its own PID
+    # namespace, where our pids mean nothing): never judged from here.
+    remote = staging / new_run_id("remote")
     remote.mkdir()
-    (remote / OWNER_FILE).write_text(json.dumps({"pid": 2**22 + 1, "host": "another-node"}))
+    (remote / OWNER_FILE).write_text(
+        json.dumps({"machine": record["machine"] | {"host": "node7"}, "owners": [dead_pid]})
+    )
+    sibling = staging / new_run_id("sibling")
+    sibling.mkdir()
+    (sibling / OWNER_FILE).write_text(json.dumps({"machine": record["machine"] | {"pidns": 1}, "owners": [dead_pid]}))
+    # A staging process killed while its profiling child runs on: the child keeps the run staged.
+    orphaned_parent = staging / new_run_id("child")
+    orphaned_parent.mkdir()
+    (orphaned_parent / OWNER_FILE).write_text(json.dumps({"machine": record["machine"], "owners": [dead_pid]}))
+    add_owner(orphaned_parent, os.getpid())
+    # A reused pid: this process's pid with another start time is not the owner that started then.
+    reused = staging / new_run_id("reused")
+    reused.mkdir()
+    owner = {"pid": os.getpid(), "start": "1"}
+    (reused / OWNER_FILE).write_text(json.dumps({"machine": record["machine"], "owners": [owner]}))
     outside = tmp_path / "notes"  # beside the staging area: never touched
     outside.mkdir()
     runs, damaged = store.list_runs()
-    assert sorted(p.name for p in staging.iterdir()) == sorted([live.name, legacy.name, remote.name])
+    kept = [live.name, legacy.name, remote.name, sibling.name, orphaned_parent.name]
+    assert sorted(p.name for p in staging.iterdir()) == sorted(kept)
     assert outside.is_dir() and runs == [] and damaged == [("notes", "name is not a run id")]
     # A committed run carries no owner file.
     write_json_atomic(live / "run.json", {"run_id": live.name, "status": "failed"})
@@ -139,3 +159,12 @@ def test_a_store_that_cannot_be_written_is_a_clear_error(tmp_path):
         RunStore(a_file).staging_dir(new_run_id("tiny"))
     with pytest.raises(AdvisorError, match=r"cannot create the staging folder .*: Not a directory"):
         RunStore(a_file / "inner").staging_dir(new_run_id("tiny"))
+
+
+def test_a_relative_store_is_made_absolute(tmp_path, monkeypatch):
+    # The profiling child runs in the repository root: a relative --traces must not name a folder there.
+    monkeypatch.chdir(tmp_path)
+    store = RunStore("mytraces")
+    assert store.root == tmp_path / "mytraces" and store.root.is_absolute()
+    monkeypatch.setenv("ADVISOR_TRACES_DIR", "elsewhere")
+    assert RunStore().root == tmp_path / "elsewhere"

@@ -48,6 +48,9 @@ def test_slow_loading_is_advised_and_the_rerun_measures_it(slow_data_run):
     # The pair compares the baseline's measurement with the re-run's, and keeps the stored run's.
     assert v.before == pytest.approx(base["step_time_ms"]) and v.measured_after == pytest.approx(new["step_time_ms"])
     assert v.stored_before == pytest.approx(stored["step_time_ms"])
+    # The prediction keeps its ratio to the stored run and is set on the baseline's scale.
+    g = advice.recommendations[0].gain
+    assert v.predicted_after == pytest.approx(g.after / g.before * v.before) and v.predicted_gain_pct == g.gain_pct
     spread = 100 * (base["step_time_max_ms"] - base["step_time_min_ms"]) / base["step_time_ms"]
     assert v.noise_pct == pytest.approx(spread) and v.calibrated is False
     pairs = list((store.root / VERIFY_DIR).glob("*.json"))
