@@ -23,6 +23,7 @@ optimizer step is exposed.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -153,7 +154,8 @@ class Estimate:
 
     setup: Setup
     memory: MemoryBreakdown
-    """The pipeline stage with the most memory (first or last)."""
+    """The pipeline rank with the most memory (``memory_rank``): the first, the last, or with uneven
+    stages a middle one that holds more blocks' activations than the first."""
     memory_first_stage: MemoryBreakdown
     memory_last_stage: MemoryBreakdown
     time: TimeBreakdown
@@ -168,6 +170,8 @@ class Estimate:
     hfu_frac: float
     host_bytes_per_node: float
     host_fits: bool
+    memory_rank: int = 0
+    """The pipeline rank whose memory ``memory`` is (0 without a pipeline)."""
 
     @property
     def capacity_bytes(self) -> int:
@@ -205,6 +209,7 @@ class Estimate:
             "capacity_bytes": self.capacity_bytes,
             "memory": self.memory.as_dict(),
             "peak_moment": self.memory.moment,
+            "memory_rank": self.memory_rank,
             "memory_first_stage": self.memory_first_stage.as_dict(),
             "memory_last_stage": self.memory_last_stage.as_dict(),
             "host_bytes_per_node": self.host_bytes_per_node,
@@ -261,6 +266,18 @@ def zero_model_state_bytes(
     )
 
 
+def _head_in_blocks(setup: Setup) -> float:
+    """The output head's training FLOPs in blocks: a block costs 6 x its matmul weights + 3 x its causal
+    attention forward (4 s q, halved by flash attention's causal skip) per token, plus the forward it
+    recomputes (all of it under full recompute, the attention under selective); the head 6 x vocab x
+    hidden, never recomputed."""
+    m, tr = setup.model, setup.train
+    attn_fwd = 4.0 * tr.seq_len * m.q_dim * (0.5 if tr.flash_attention else 1.0)
+    mm_fwd = 2.0 * (m.matmul_params_per_token() - m.vocab * m.hidden) / m.n_layers
+    recomputed = {"full": mm_fwd + attn_fwd, "selective": attn_fwd}.get(tr.recompute, 0.0)
+    return 6.0 * m.vocab * m.hidden / (3.0 * (mm_fwd + attn_fwd) + recomputed)
+
+
 def pipeline_stage_layers(setup: Setup) -> tuple[int, ...]:
     """Blocks of each pipeline stage (pp x vpp of them, in stage order) as the eager step splits them
     (``advisor.parallel.split_pipeline``): balanced by training FLOPs with the output head counted on
@@ -269,50 +286,107 @@ def pipeline_stage_layers(setup: Setup) -> tuple[int, ...]:
 
     A block costs 6 x its matmul weights + 3 x its causal attention forward (4 s q, halved by flash
     attention's causal skip) per token, plus the forward it recomputes (all of it under full recompute,
-    the attention under selective); the head 6 x vocab x hidden, about 2.1 blocks for Llama-3.1-8B at
-    sequence 8192 without recompute. The last stage takes the block count that minimises the largest stage's cost (ties:
-    the larger count), the other stages share the rest evenly, the remainder going to the later ones
-    (the first stages keep the most micro-batches' activations in flight under 1F1B)."""
-    m, tr, p = setup.model, setup.train, setup.parallel
+    the attention under selective); the head 6 x vocab x hidden (``_head_in_blocks``), about 2.1 blocks
+    for Llama-3.1-8B at sequence 8192 without recompute. The last stage takes the block count that
+    minimises the largest stage's cost (ties: the larger count), the other stages share the rest
+    evenly, the remainder going to the later ones (the first stages keep the most micro-batches'
+    activations in flight under 1F1B)."""
+    m, p = setup.model, setup.parallel
     n = p.pp * p.vpp
     if n == 1:
         return (m.n_layers,)
-    attn_fwd = 4.0 * tr.seq_len * m.q_dim * (0.5 if tr.flash_attention else 1.0)
-    mm_fwd = 2.0 * (m.matmul_params_per_token() - m.vocab * m.hidden) / m.n_layers
-    recomputed = {"full": mm_fwd + attn_fwd, "selective": attn_fwd}.get(tr.recompute, 0.0)
-    block = 3.0 * (mm_fwd + attn_fwd) + recomputed
-    head = 6.0 * m.vocab * m.hidden / block  # in blocks; the head is never recomputed
+    return _balanced_stage_layers(m.n_layers, n, _head_in_blocks(setup))
+
+
+@functools.lru_cache(maxsize=4096)
+def _balanced_stage_layers(n_layers: int, n: int, head: float) -> tuple[int, ...]:
     best: tuple[float, int] | None = None
-    for last in range(1, m.n_layers - (n - 1) + 1):
-        cost = max(-(-(m.n_layers - last) // (n - 1)), last + head)
+    for last in range(1, n_layers - (n - 1) + 1):
+        cost = max(-(-(n_layers - last) // (n - 1)), last + head)
         if best is None or cost <= best[0]:
             best = (cost, last)
     last = best[1]
-    base, extra = divmod(m.n_layers - last, n - 1)
+    base, extra = divmod(n_layers - last, n - 1)
     return (*(base + (i >= n - 1 - extra) for i in range(n - 1)), last)
 
 
-def _rank_layers(setup: Setup, first: bool, last: bool) -> float:
-    """Blocks held by the first (``first``) or the last pipeline rank: the eager step's balanced split
-    (``pipeline_stage_layers``; a rank holds every pp-th stage under interleaving), else the even
-    split of n_layers / pp (Megatron-LM's default)."""
+@functools.lru_cache(maxsize=4096)
+def megatron_stage_layers(n_layers: int, n_stages: int) -> tuple[int, ...]:
+    """Blocks of each of ``n_stages`` pipeline stages as Megatron-LM splits them: evenly where
+    ``n_layers`` divides (its default), else the ends one block lighter, as Llama 3 405B trained (126
+    blocks over 16 stages: 7, 8 x 14, 7; Megatron-LM's ``--decoder-first-pipeline-num-layers`` and
+    ``--decoder-last-pipeline-num-layers``): the first stage keeps the most micro-batches in flight,
+    the last the output head. The heavier stages are the middle ones, from the centre out."""
+    base, extra = divmod(n_layers, n_stages)
+    if extra == 0:
+        return (base,) * n_stages
+    middle = sorted(range(1, n_stages - 1), key=lambda i: (abs(2 * i - (n_stages - 1)), i))
+    heavy = set(middle[:extra])
+    if extra > len(middle):  # only with two stages, or nearly even splits: the last stage takes one
+        heavy.add(n_stages - 1)
+    return tuple(base + (i in heavy) for i in range(n_stages))
+
+
+def stage_layers(setup: Setup) -> tuple[int, ...]:
+    """Blocks of each pipeline stage (pp x vpp of them, in stage order): the eager step's cost-balanced
+    split (``pipeline_stage_layers``) for framework 'pytorch', else Megatron-LM's
+    (``megatron_stage_layers``)."""
     p = setup.parallel
-    if p.pp == 1 or setup.train.framework != "pytorch":
-        return setup.model.n_layers / p.pp
-    counts = pipeline_stage_layers(setup)
-    rank = 0 if first else p.pp - 1
-    return float(sum(counts[rank :: p.pp]))
+    if setup.train.framework == "pytorch":
+        return pipeline_stage_layers(setup)
+    return megatron_stage_layers(setup.model.n_layers, p.pp * p.vpp)
+
+
+def _rank_layers(setup: Setup, first: bool, last: bool, rank: int | None = None) -> float:
+    """Blocks held by pipeline rank ``rank`` (default: the first, or the last with ``last`` and not
+    ``first``); a rank holds every pp-th stage under interleaving (``stage_layers``)."""
+    p = setup.parallel
+    if p.pp == 1:
+        return float(setup.model.n_layers)
+    if rank is None:
+        rank = 0 if first else p.pp - 1
+    return _per_rank(stage_layers(setup), p.pp)[rank]
+
+
+@functools.lru_cache(maxsize=4096)
+def _per_rank(stages: tuple[int, ...], pp: int) -> tuple[float, ...]:
+    """Blocks per pipeline rank: rank r holds stages r, r + pp, ..."""
+    return tuple(float(sum(stages[r::pp])) for r in range(pp))
 
 
 def _last_chunk_layers(setup: Setup) -> float:
     """Blocks of the last pipeline stage (the last rank's last chunk under interleaving)."""
+    return float(stage_layers(setup)[-1])
+
+
+def stage_imbalance(setup: Setup) -> float:
+    """How much longer the slowest pipeline rank's share of a step takes than an even share (1.0 with
+    one stage): 1F1B runs at the pace of its slowest stage. A rank's cost is its blocks plus, on the
+    last rank, the output head, weighed as ``pipeline_stage_layers`` does; Megatron-LM's even split
+    leaves the head on top of the last stage's blocks (Llama-3.1-8B at sequence 8192 over 4 stages:
+    8 + 2.09 blocks against 8.52 on average, 1.18)."""
+    return _slowest_rank(setup)[0]
+
+
+def _slowest_rank(setup: Setup) -> tuple[float, float]:
+    """(``stage_imbalance``, the slowest rank's blocks over the even share n_layers / pp): the first
+    scales the step's FLOPs, the second what is per block (recompute, elementwise traffic, TP, CP and
+    EP collectives)."""
     p = setup.parallel
-    if setup.train.framework != "pytorch":
-        return setup.model.n_layers / (p.pp * p.vpp)
-    return float(pipeline_stage_layers(setup)[-1])
+    if p.pp == 1:
+        return 1.0, 1.0
+    n = setup.model.n_layers
+    head = _head_in_blocks(setup)
+    layers = _per_rank(stage_layers(setup), p.pp)
+    # The slowest rank: the last with the head, or the one with the most blocks (the first such).
+    most = max(layers[:-1])
+    cost, blocks = (layers[-1] + head, layers[-1]) if layers[-1] + head >= most else (most, most)
+    return cost / ((n + head) / p.pp), blocks / (n / p.pp)
 
 
-def _stage_params(setup: Setup, first: bool, last: bool) -> tuple[float, float, float, float, float]:
+def _stage_params(
+    setup: Setup, first: bool, last: bool, rank: int | None = None
+) -> tuple[float, float, float, float, float]:
     """(dense, expert, block, matmul, root) parameters one GPU of a stage holds after TP/PP/EP.
 
     Megatron split: attention heads and MLP columns by tp (KV heads replicated when tp > n_kv_heads),
@@ -342,7 +416,7 @@ def _stage_params(setup: Setup, first: bool, last: bool) -> tuple[float, float, 
         return (m.mlp_params(ffn) - (h if m.mlp_bias else 0)) / t + (h if m.mlp_bias else 0)
 
     norms = 2 * m.norm_params
-    layers = _rank_layers(setup, first, last)
+    layers = _rank_layers(setup, first, last, rank)
     moe_frac = m.n_moe_layers / m.n_layers
     dense_layer = attn + mlp(m.ffn_hidden) + norms
     dense = layers * (1 - moe_frac) * dense_layer
@@ -439,13 +513,13 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
 
 
 def _activation_memory(
-    setup: Setup, tokens_mb: float, in_flight: float, first: bool, last: bool
+    setup: Setup, tokens_mb: float, in_flight: float, first: bool, last: bool, rank: int | None = None
 ) -> tuple[float, float]:
     """(saved, working) activation bytes of one stage: what is saved for backward over all micro-batches
     in flight, and, under full recompute, the one block being recomputed (alive after the loss
     backward has freed its buffers, so the two never add up)."""
     m, tr, p = setup.model, setup.train, setup.parallel
-    layers = _rank_layers(setup, first, last)
+    layers = _rank_layers(setup, first, last, rank)
     moe_frac = m.n_moe_layers / m.n_layers
     dense_tok, _ = activation_bytes_per_token(setup, moe=False)
     moe_tok, _ = activation_bytes_per_token(setup, moe=True) if m.is_moe else (0.0, 0.0)
@@ -532,11 +606,13 @@ def estimate(setup: Setup) -> Estimate:
     # come in the gathered weights' dtype and are reduce-scattered from an fp32 copy (reduce_dtype).
     gather_e = 2.0 if tr.autocast else 4.0
 
-    def stage_memory(first: bool, last: bool, in_flight: float) -> tuple[MemoryBreakdown, float, float]:
+    def stage_memory(
+        first: bool, last: bool, in_flight: float, rank: int | None = None
+    ) -> tuple[MemoryBreakdown, float, float]:
         """The stage's memory at its fullest moment: when backward begins (activations and loss
         buffers alive), later in backward (loss buffers freed: a recomputed block, FSDP2's gathers and
         reduce-scatters) or during the optimizer step (all gradients and the optimizer's scratch)."""
-        dense, expert, block, matmul, root = _stage_params(setup, first, last)
+        dense, expert, block, matmul, root = _stage_params(setup, first, last, rank)
         # FSDP2 shards weights, gradients and optimizer states at every stage (ZeRO-1 runs as ZeRO-2).
         state = (tr.precision, tr.optimizer, 3 if fsdp2 else p.zero)
         dw, dg, do = zero_model_state_bytes(dense, *state, dense_shard, m.hidden, tr.fp32_grads, tr.autocast)
@@ -552,14 +628,14 @@ def estimate(setup: Setup) -> Estimate:
         if offload_params:
             host += weights
             weights = 0.0
-        saved, working = _activation_memory(setup, tokens_mb, in_flight, first, last)
+        saved, working = _activation_memory(setup, tokens_mb, in_flight, first, last, rank)
         # autocast's 16-bit copies of fp32 weights: saved by every linear for its backward; under full
         # recompute only the head's survives the forward, and the recomputed block makes its own.
         casts = tr.autocast and not fsdp2
         head_cast = 2.0 * m.vocab * m.hidden / t if casts and last else 0.0
         block_cast = 2.0 * (matmul - m.vocab * m.hidden / t * last) if casts else 0.0
         if tr.recompute == "full":
-            block_cast /= _rank_layers(setup, first, last)
+            block_cast /= _rank_layers(setup, first, last, rank)
             working += block_cast
         else:
             saved += block_cast
@@ -621,8 +697,24 @@ def estimate(setup: Setup) -> Estimate:
         mem_last, dense_last, expert_last = stage_memory(False, True, in_flight_last)
     else:
         mem_last, dense_last, expert_last = mem_first, dense_first, expert_first
-    worst = mem_first if mem_first.total_bytes >= mem_last.total_bytes else mem_last
+    worst, worst_rank = (mem_first, 0) if mem_first.total_bytes >= mem_last.total_bytes else (mem_last, pp - 1)
     params_gpu = max(dense_first + expert_first, dense_last + expert_last)
+    if pp > 2:
+        # With uneven stages (lighter ends) a middle rank may hold more than the first: rank r keeps
+        # min(pp - r, m) micro-batches in flight. The one with the most saved blocks is weighed too.
+        per_rank = _per_rank(stage_layers(setup), pp)
+
+        def saved_blocks(r: int) -> float:
+            return per_rank[r] * min(pp - r, mb)
+
+        mid = max(range(1, pp - 1), key=saved_blocks)
+        if per_rank[mid] != per_rank[0] and saved_blocks(mid) > saved_blocks(0):
+            mem_mid, dense_mid, expert_mid = stage_memory(
+                False, False, in_flight_first * min(pp - mid, mb) / min(pp, mb), mid
+            )
+            if mem_mid.total_bytes > worst.total_bytes:
+                worst, worst_rank = mem_mid, mid
+            params_gpu = max(params_gpu, dense_mid + expert_mid)
 
     # --- FLOPs ---
     nmm = m.matmul_params_per_token()
@@ -657,7 +749,13 @@ def estimate(setup: Setup) -> Estimate:
     saved_tok = (1 - moe_frac) * activation_bytes_per_token(setup, False, "none")[1]
     if m.is_moe:
         saved_tok += moe_frac * activation_bytes_per_token(setup, True, "none")[1]
-    layers_stage = m.n_layers / pp
+    # 1F1B runs at the pace of its slowest stage, so what is per stage is the slowest rank's: its FLOPs
+    # (blocks and the head, stage_imbalance) and its blocks (layers_stage: per-block recompute, traffic
+    # and collectives). An even split would hold n_layers / pp blocks and an even share of the head.
+    lag, layer_lag = _slowest_rank(setup)
+    layers_stage = m.n_layers / pp * layer_lag
+    compute_s *= lag
+    recompute_s *= layer_lag
     elementwise_bytes = ELEMENTWISE_TRAFFIC_PER_SAVED_BYTE * saved_tok * layers_stage * tokens_mb * mb
     if not tr.flash_attention:
         # Softmax over the s x s scores: written by QK^T, read and written by softmax, read by AV,
@@ -823,6 +921,7 @@ def estimate(setup: Setup) -> Estimate:
         hfu_frac=hw_flops / gpus / step_s / peak,
         host_bytes_per_node=host_node,
         host_fits=host_node <= hw.host_memory_bytes or not offload_opt,
+        memory_rank=worst_rank,
     )
 
 

@@ -7,7 +7,9 @@ The grid walked (every combination counts as *considered*):
 - tp: powers of two up to ``hardware.gpus_per_node`` that divide the GPU count. Practitioners' rule:
   a TP group stays inside one node's NVLink, where its per-layer all-reduces are cheap;
 - cp: powers of two dividing gpus / tp (ring attention splits the sequence in 2 x cp chunks);
-- pp: every divisor of gpus / (tp x cp); vpp (interleaving): every divisor of n_layers / pp;
+- pp: every divisor of gpus / (tp x cp) up to n_layers, dividing the blocks or not (the stages then
+  uneven, ends lighter: estimator.stage_layers); vpp (interleaving): every divisor of n_layers / pp
+  where pp divides n_layers;
 - ep (mixture-of-experts only): every divisor of n_experts; dp = gpus / (tp x cp x pp);
 - ZeRO 0-3; CPU offload none / optimizer (ZeRO >= 1) / optimizer+params (ZeRO-3), unless disallowed
   or the device is a CPU; recompute none / selective / full;
@@ -417,7 +419,7 @@ def _layout_ok(m: ModelSpec, seq_len: int, tp: int, cp: int, pp: int, vpp: int, 
         return False
     if m.ffn_hidden % tp or (m.is_moe and m.expert_ffn_hidden % tp):
         return False
-    if m.n_layers % (pp * vpp):
+    if pp * vpp > m.n_layers:
         return False
     if cp > 1 and seq_len % (2 * cp):
         return False
@@ -432,6 +434,8 @@ def _layouts(req: PlanRequest) -> Iterator[_Layout]:
             for cp in _powers_of_two(gpus // tp, gpus):
                 for pp in _divisors(gpus // (tp * cp)):
                     dp = gpus // (tp * cp * pp)
+                    # Stages need not divide the blocks (uneven stages: estimator.stage_layers); the
+                    # interleaved schedules tried are the even ones.
                     vpps = _divisors(m.n_layers // pp) if pp > 1 and m.n_layers % pp == 0 else [1]
                     for vpp in vpps:
                         for ep in _divisors(m.n_experts) if m.is_moe else [1]:

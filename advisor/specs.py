@@ -461,12 +461,12 @@ class Setup:
             )
         if m.ffn_hidden % p.tp or (m.is_moe and m.expert_ffn_hidden % p.tp):
             raise SpecError("parallel.tp", p.tp, f"model.ffn_hidden={m.ffn_hidden} must be divisible by tp")
-        if m.n_layers % (p.pp * p.vpp):
-            stages = [d for d in range(1, m.n_layers + 1) if m.n_layers % d == 0]
+        if p.pp * p.vpp > m.n_layers:
             raise SpecError(
                 "parallel.pp",
                 p.pp,
-                f"model.n_layers={m.n_layers} must be divisible by pp x vpp={p.pp * p.vpp} (allowed products: {', '.join(map(str, stages))})",
+                f"pp x vpp={p.pp * p.vpp} pipeline stages need at least one block each; model.n_layers={m.n_layers} "
+                f"allows pp x vpp up to {m.n_layers} (stages need not divide the blocks evenly)",
             )
         if p.ep > 1 and not m.is_moe:
             raise SpecError("parallel.ep", p.ep, f"expert parallelism needs a MoE model; {m.name} is dense (use ep=1)")

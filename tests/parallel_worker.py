@@ -57,6 +57,8 @@ LAYOUTS: dict[str, tuple[int, dict]] = {
     "fsdp_tp": (4, {"gpus": 4, "tp": 2, "zero": 3, "sequence_parallel": True, "global_batch": 8}),
     "pp_fsdp": (4, {"gpus": 4, "pp": 2, "zero": 3, "global_batch": 8}),
     "pp_tp": (4, {"gpus": 4, "pp": 2, "tp": 2, "global_batch": 4}),
+    # 3 stages of tiny's 4 blocks (1, 2, 1: stages need not divide the blocks).
+    "pp_uneven": (3, {"gpus": 3, "pp": 3, "global_batch": 6}),
 }
 
 # Substrings of profiler event names per kind of communication (gloo and NCCL name them differently:

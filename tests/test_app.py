@@ -49,7 +49,7 @@ def test_pipeline_shows_first_and_last_stage():
     ("changes", "words"),
     [
         ({"tp": 64}, "gpus=8: must be a multiple of tp x pp x cp = 64"),
-        ({"gpus": 64, "pp": 64}, "parallel.pp=64: model.n_layers=32 must be divisible by pp x vpp=64"),
+        ({"gpus": 64, "pp": 64}, "parallel.pp=64: pp x vpp=64 pipeline stages need at least one block each"),
         ({"seq": 0}, "train.seq_len=0"),
         ({"seq": 100.5}, "train.seq_len=100.5"),
         ({"global_batch": 7}, "train.global_batch=7"),

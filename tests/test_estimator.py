@@ -14,13 +14,16 @@ from advisor.estimator import (
     _activation_memory,
     activation_bytes_per_token,
     estimate,
+    megatron_stage_layers,
     narayanan_flops_per_iteration,
     pipeline_stage_layers,
+    stage_imbalance,
+    stage_layers,
     zero_model_state_bytes,
 )
 from advisor.presets import get_hardware, get_model
 from advisor.sizing import make_setup
-from advisor.specs import ModelSpec, ParallelSpec, Setup, TrainSpec
+from advisor.specs import ModelSpec, ParallelSpec, Setup, SpecError, TrainSpec
 
 GB = 1e9
 
@@ -500,6 +503,68 @@ def test_pipeline_stages_are_balanced_with_the_head_on_the_last():
     assert pipeline_stage_layers(make_setup(model="gpt2-124m", gpu="h100", seq=1024)) == (12,)
 
 
+def test_megatron_stages_are_even_or_lighter_at_the_ends():
+    assert megatron_stage_layers(32, 4) == (8, 8, 8, 8)
+    # Llama 3 405B trained 126 blocks on 16 stages, the first and the last one block lighter.
+    assert megatron_stage_layers(126, 16) == (7, *[8] * 14, 7)
+    # 80 over 3: two heavier stages, the middle one first, then the last (only two stages are ends).
+    assert megatron_stage_layers(80, 3) == (26, 27, 27)
+    # The heavier stages are the centre ones, the earlier of two equally central first: DeepSeek-V3's
+    # 61 blocks on 16 stages leave 3 short of 64, so stages 1-13 take 4 and 14 takes 3 with the ends.
+    assert megatron_stage_layers(13, 4) == (3, 4, 3, 3)
+    assert megatron_stage_layers(61, 16) == (3, *[4] * 13, 3, 3)
+    assert megatron_stage_layers(4, 3) == (1, 2, 1)
+    with pytest.raises(SpecError, match="pp x vpp=33 pipeline stages need at least one block each"):
+        make_setup(model="llama-3.1-8b", gpu="h100", gpus=33, pp=33)
+
+
+def test_the_slowest_stage_sets_the_pipelines_pace():
+    # Llama-3.1-8B at s 8192, head 2.0875 blocks (above). Megatron's even split leaves it on the last
+    # stage: 8 + 2.0875 blocks against (32 + 2.0875) / 4 = 8.522 on average, 1.1837 times the even
+    # share; the eager step's balanced split (8, 9, 9, 6) has 9 at most, 1.0561.
+    kw = {"model": "llama-3.1-8b", "gpu": "h100", "seq": 8192, "micro_batch": 1, "global_batch": 8}
+    pipe = make_setup(gpus=4, pp=4, **kw)
+    assert stage_imbalance(pipe) == pytest.approx(10.0875 / 8.521875, rel=1e-4)
+    assert stage_imbalance(make_setup(gpus=4, pp=4, framework="pytorch", **kw)) == pytest.approx(9 / 8.521875, rel=1e-4)
+    assert stage_imbalance(make_setup(gpus=1, **kw)) == 1.0
+    # The compute of a step is a quarter of the single GPU's, at the slowest stage's pace.
+    one = estimate(make_setup(gpus=1, **kw)).time
+    four = estimate(pipe).time
+    assert four.compute_ms == pytest.approx(one.compute_ms / 4 * 10.0875 / 8.521875, rel=1e-9)
+    # What is per block is the slowest rank's blocks': 8, an even share, so recompute is a quarter.
+    full = {**kw, "recompute": "full"}
+    assert estimate(make_setup(gpus=4, pp=4, **full)).time.recompute_ms == pytest.approx(
+        estimate(make_setup(gpus=1, **full)).time.recompute_ms / 4, rel=1e-9
+    )
+
+
+def test_llama_3_405b_sizes_on_its_published_uneven_layout():
+    # Llama 3 405B pretraining (Llama 3 paper, table 4): 8,192 H100s, TP 8, PP 16, DP 64, sequence 8192,
+    # 16M tokens a step. Stages 7, 8 x 14, 7; 1F1B keeps 16 micro-batches in flight on rank 0 (7 blocks:
+    # 112 block-micro-batches) and 15 on rank 1 (8 blocks: 120), so rank 1 saves the most activations,
+    # 120 / 112 of rank 0's (under full recompute, besides the one block being recomputed), and is the
+    # setup's memory.
+    setup = make_setup(
+        model="llama-3.1-405b",
+        gpu="h100",
+        gpus=8192,
+        tp=8,
+        pp=16,
+        seq=8192,
+        global_batch=2048,
+        zero=1,
+        sequence_parallel=True,
+        recompute="full",
+    )
+    assert stage_layers(setup) == (7, *[8] * 14, 7)
+    est = estimate(setup)
+    saved, working = _activation_memory(setup, 8192, 16, first=True, last=False)
+    assert est.memory_first_stage.activations_bytes == pytest.approx(saved + working, rel=1e-9)
+    assert est.memory.activations_bytes == pytest.approx(saved * 120 / 112 + working, rel=1e-9)
+    assert est.memory.total_bytes > est.memory_first_stage.total_bytes
+    assert est.fits
+
+
 def test_the_eager_steps_stages_hold_their_balanced_share():
     # The eager step (framework 'pytorch', fp32 weights under bf16 autocast) puts 8 of GPT-2's 12
     # blocks on stage 0 and 4 on stage 1 (Megatron's default: 6 + 6). A block holds 7,087,872 weights
@@ -521,3 +586,30 @@ def test_interleaved_last_rank_holds_its_warm_up_micro_batches():
     setup = make_setup(model="llama-3.1-8b", gpu="h100", gpus=4, pp=4, vpp=2, seq=8192, micro_batch=1, global_batch=16)
     saved, _ = _activation_memory(setup, 8192, 2.5, first=False, last=True)
     assert estimate(setup).memory_last_stage.activations_bytes == pytest.approx(saved, rel=1e-12)
+
+
+def test_the_memory_chart_shows_the_fullest_middle_stage():
+    from advisor.charts import memory_figure
+
+    # Llama 3 405B's layout (above): rank 1 of 16 is the fullest, and the chart shows it between the ends.
+    setup = make_setup(
+        model="llama-3.1-405b",
+        gpu="h100",
+        gpus=8192,
+        tp=8,
+        pp=16,
+        seq=8192,
+        global_batch=2048,
+        zero=1,
+        sequence_parallel=True,
+        recompute="full",
+    )
+    est = estimate(setup)
+    assert est.memory_rank == 1 and est.as_dict()["memory_rank"] == 1
+    fig = memory_figure(est)
+    assert list(fig.data[0].x) == ["first stage", "stage 2 of 16 (fullest)", "last stage"]
+    totals = [sum(bar.y[i] for bar in fig.data) for i in range(3)]
+    assert totals[1] == pytest.approx(est.memory.total_bytes / 2**30) and totals[1] > totals[0]
+    # Even stages: the first rank is the fullest, two bars.
+    even = estimate(make_setup(model="llama-3.1-70b", gpu="h100", gpus=32, tp=4, pp=4, global_batch=64))
+    assert even.memory_rank in (0, 3) and len(memory_figure(even).data[0].x) == 2

@@ -1,10 +1,11 @@
 """The parallel step on gloo, really run: each layout's losses and updated weights equal the
 single-process step's on the same samples, and its collectives show in the profiler.
 
-Two torchrun launches run every layout (tests/parallel_worker.py): one with 2 processes (DDP, FSDP2
-with and without resharding, TP, TP + SP, 1F1B and interleaved 1F1B pipelines) and one with 4
-(FSDP x TP, PP x FSDP, PP x TP). Measured on 2 shared CPU cores: 40 to 75 s for the whole file,
-nearly all of it the two launches, depending on the machine's load.
+Three torchrun launches run every layout (tests/parallel_worker.py): one with 2 processes (DDP, FSDP2
+with and without resharding, TP, TP + SP, 1F1B and interleaved 1F1B pipelines), one with 3 (a
+pipeline of 3 stages over 4 blocks) and one with 4 (FSDP x TP, PP x FSDP, PP x TP). Measured on 2
+shared CPU cores: 40 to 75 s for the whole file, nearly all of it the launches, depending on the
+machine's load.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from advisor.errors import AdvisorError
+from advisor.parallel import stage_bounds
 from advisor.sizing import make_setup
 from advisor.specs import Setup
 from advisor.step import build_trainer, make_loader
@@ -34,6 +36,7 @@ pytestmark = pytest.mark.skipif(
 ROOT = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
 TWO = [name for name, (n, _) in worker.LAYOUTS.items() if n == 2]
+THREE = [name for name, (n, _) in worker.LAYOUTS.items() if n == 3]
 FOUR = [name for name, (n, _) in worker.LAYOUTS.items() if n == 4]
 
 # Which collectives each layout's step must issue (Shoeybi et al. 2019; Korthikanti et al. 2022;
@@ -51,6 +54,7 @@ EXPECTED_COMM = {
     "fsdp_tp": {"all_gather", "reduce_scatter"},
     "pp_fsdp": {"send", "recv", "all_gather", "reduce_scatter"},
     "pp_tp": {"send", "recv", "all_reduce"},
+    "pp_uneven": {"send", "recv"},  # the middle stage holds neither copy of the tied embedding
 }
 
 
@@ -68,7 +72,7 @@ def _launch(nproc: int, layouts: list[str], out_dir: Path) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[dict, Path]:
     out_dir = tmp_path_factory.mktemp("parallel")
-    results = _launch(2, TWO, out_dir) | _launch(4, FOUR, out_dir)
+    results = _launch(2, TWO, out_dir) | _launch(3, THREE, out_dir) | _launch(4, FOUR, out_dir)
     return results, out_dir
 
 
@@ -94,7 +98,7 @@ def _gathered_params(out_dir: Path, name: str) -> dict[str, torch.Tensor]:
     return merged
 
 
-@pytest.mark.parametrize("name", TWO + FOUR)
+@pytest.mark.parametrize("name", TWO + THREE + FOUR)
 def test_layout_losses_and_weights_equal_the_single_process_step(runs, name):
     results, out_dir = runs
     ref_losses, ref_params = _reference_for(name)
@@ -121,7 +125,7 @@ def test_layout_losses_and_weights_equal_the_single_process_step(runs, name):
         assert off <= max(2, ref.numel() // 1000), f"{name} {key}: {off} of {ref.numel()} weights differ by > 1e-6"
 
 
-@pytest.mark.parametrize("name", TWO + FOUR)
+@pytest.mark.parametrize("name", TWO + THREE + FOUR)
 def test_layout_collectives_show_in_the_profiler(runs, name):
     results, _ = runs
     for rank, comm in enumerate(results[name]["comm"]):
@@ -136,6 +140,16 @@ def test_single_layouts_issue_no_other_collectives(runs):
     assert not any(results["ddp"]["comm"][0][k] for k in ("all_gather", "reduce_scatter", "send", "recv"))
     assert not results["tp"]["comm"][0]["reduce_scatter"]
     assert not any(results["pp_1f1b"]["comm"][0][k] for k in ("all_gather", "reduce_scatter"))
+
+
+def test_uneven_pipeline_stages_hold_their_blocks(runs):
+    # Tiny's 4 blocks on 3 stages: the balanced split gives the middle stage two. Only the ends hold
+    # the tied embedding (the first as embedding, the last as head) and all-reduce its gradient.
+    results, _ = runs
+    setup = worker.layout_setup("pp_uneven")
+    assert stage_bounds(setup) == [0, 1, 3, 4]
+    comm = results["pp_uneven"]["comm"]
+    assert [bool(c["all_reduce"]) for c in comm] == [True, False, True]
 
 
 def test_pipeline_reports_its_wait_phase(runs):
