@@ -8,6 +8,7 @@ recognised from the file's first bytes, not trusted from its name.
 from __future__ import annotations
 
 import math
+import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass, field, replace
@@ -90,6 +91,8 @@ class TraceReport:
 
     metrics: StepMetrics
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    skipped_files: tuple[str, ...] = ()
+    """Files of a folder or zip that were not traces, each with the reason (``load_kineto``)."""
 
 
 def analyze(
@@ -100,6 +103,7 @@ def analyze(
     the profiler after their last step, so nothing is cut); nsys captures are used whole. With a
     ``roofline`` (``advisor.roofline.trace_roofline`` of the same trace) its table joins the tables
     and its step summary the metrics."""
+    skipped = tuple(df.attrs.get("skipped_files") or ())
     if trim_last_step and df.attrs.get("source") == "kineto" and not df.attrs.get("own_run"):
         df = A.drop_last_profiler_step(df)
     categories, top = A.kernel_breakdown(df)
@@ -129,7 +133,7 @@ def analyze(
     if roofline is not None:
         tables["roofline"] = roofline.table
         metrics = replace(metrics, **_roofline_fields(roofline, metrics))
-    return TraceReport(metrics, tables)
+    return TraceReport(metrics, tables, skipped)
 
 
 def _roofline_fields(roofline: Roofline, m: StepMetrics) -> dict:
@@ -173,7 +177,7 @@ def analyze_path(
             path, df, hardware=hardware, ceilings=ceilings if ceilings is not None or not own else "auto"
         )
     except AdvisorError as err:
-        print(f"roofline skipped: {err}", flush=True)
+        print(f"roofline skipped: {err}", file=sys.stderr, flush=True)  # stdout may be --json
         roofline = None
     return analyze(df, run_id or path.name, trim_last_step=trim_last_step, roofline=roofline)
 
@@ -282,6 +286,7 @@ def format_report(report: TraceReport, name: str) -> str:
     """The CLI's readable summary of a trace."""
     m = report.metrics
     out = [f"{name}: {m.n_ranks} rank(s), {m.device_type}" + (f", {m.device_name}" if m.device_name else "")]
+    out.extend(f"Skipped {reason}" for reason in report.skipped_files)
     tb = report.tables["temporal_breakdown"]
     if not tb.empty:
         out.append("GPU time per rank (idle / compute / non-compute %):")

@@ -238,7 +238,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         except OSError as err:
             raise AdvisorError(f"analyze --save: cannot write {target} ({err.strerror or err})") from None
     if args.json:
-        out = {"metrics": report.metrics.to_dict()}
+        out = {"metrics": report.metrics.to_dict(), "skipped_files": list(report.skipped_files)}
         out["tables"] = {k: json.loads(v.to_json(orient="records")) for k, v in report.tables.items()}
         print(json.dumps(out, indent=2))
     else:
@@ -307,12 +307,16 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         damaged = [{"name": r.run_id, "reason": r.message} for r in table[table["status"] == DAMAGED].itertuples()]
         print(json.dumps({"runs": rows, "damaged": damaged}, indent=2))
         return 0
+    if not table.empty:
+        width = max(len("run"), *(len(r) for r in table["run_id"]))
+        print(f"{'run':{width}s}  {'status':9s} {'dev':4s} {'step':>12s} {'tokens/s':>10s}  message")
     for r in table.itertuples():
         if r.status == DAMAGED:
-            print(f"{r.run_id}  DAMAGED   {r.message}")
+            print(f"{r.run_id:{width}s}  DAMAGED   {r.message}")
             continue
-        step = " " * 12 if math.isnan(r.step_time_ms) else f"{r.step_time_ms:9.1f} ms"
-        print(f"{r.run_id}  {r.status:9s} {r.device_type:4s} {step}  {r.message}".rstrip())
+        step = "" if math.isnan(r.step_time_ms) else f"{r.step_time_ms:,.1f} ms"
+        rate = "" if math.isnan(r.tokens_per_s) else f"{r.tokens_per_s:,.0f}"
+        print(f"{r.run_id:{width}s}  {r.status:9s} {r.device_type:4s} {step:>12s} {rate:>10s}  {r.message}".rstrip())
     if table.empty:
         print(
             "no runs match these filters"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import textwrap
 
 from advisor.estimator import ATTENTION_EFFICIENCY_FRAC, Estimate
@@ -85,13 +86,25 @@ def time_rows(est: Estimate) -> list[tuple[str, float, float]]:
     return [(label, d[k], 100 * d[k] / total) for k, label in TIME_LABELS.items() if d[k] > 0]
 
 
+@functools.cache
+def _published_errors() -> tuple[float, int, int]:
+    """On the published runs (``advisor.published``): the estimate's mean absolute step-time error in
+    percent, how many of them it reads too fast, and how many there are."""
+    from advisor.published import compare_published
+
+    errors = [c.error_pct for c in compare_published()]
+    return sum(abs(e) for e in errors) / len(errors), sum(e < 0 for e in errors), len(errors)
+
+
 def mfu_note(est: Estimate) -> str:
     """What the estimate's MFU assumes, said beside it: it is the ideal of this model (every GEMM at the
     device's measured-ceiling efficiency, fused attention at half the peak, communication overlapped as
     the framework schedules it), and MFU counts attention non-causally (PaLM, appendix B) while a
     causal flash kernel executes half of it, so MFU runs above HFU and grows with the sequence.
     Published large runs measure lower: Llama 3 405B 38-43 % on H100 (Llama 3 paper, table 4),
-    MegaScale 55.2 % (175B on 12,288 GPUs); a calibration on measured runs corrects the model."""
+    MegaScale 55.2 % (175B on 12,288 GPUs). Against the eight Megatron-LM steps of Korthikanti et al.
+    2022 the estimated step is 12.4 % short on average (``advisor.published``, tests/test_published.py);
+    a calibration on measured runs corrects the model."""
     hw = est.setup.hardware
     if hw is None or hw.kind == "cpu":
         return ""
@@ -100,10 +113,13 @@ def mfu_note(est: Estimate) -> str:
         hfu = f"it counts attention non-causally (PaLM), so it exceeds {hfu}, the FLOPs the causal kernel executes"
     else:
         hfu = f"{hfu} adds the recomputed FLOPs"
+    err, fast, n = _published_errors()
     return (
         f"MFU {100 * est.mfu_frac:.1f} % is this setup's ideal: GEMMs at {100 * hw.matmul_efficiency_frac:.0f} % "
         f"of peak, fused attention at {100 * ATTENTION_EFFICIENCY_FRAC:.0f} %, communication overlapped as "
-        f"scheduled; {hfu}. Large published runs measure 38-55 %; calibrate on measured runs to correct it."
+        f"scheduled; {hfu}. Large published runs measure 38-55 %. On {n} published Megatron-LM steps the "
+        f"estimated step was off by {err:.0f} % on average, too fast on {fast} (bench/results/published_runs.md); "
+        f"calibrate on measured runs to correct it."
     )
 
 

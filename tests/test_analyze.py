@@ -113,6 +113,20 @@ def test_format_report_names_the_trace():
     assert text.startswith("sample: 1 rank(s), cpu") and "Top ops:" in text
 
 
+def test_files_a_folder_skipped_are_named_in_the_report_and_the_cli(tmp_path, capsys):
+    shutil.copy(SAMPLE_RUN / "trace.json.gz", tmp_path / "rank-0.json.gz")
+    (tmp_path / "config.json").write_text(json.dumps({"layers": 4}))
+    reason = "config.json is JSON without a traceEvents array: not a Kineto (PyTorch profiler) trace"
+    report = analyze(load_trace(tmp_path))
+    assert report.skipped_files == (reason,)
+    assert format_report(report, "ranks").splitlines()[1] == f"Skipped {reason}"
+    assert main(["analyze", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["skipped_files"] == [reason]
+    # A file alone, or a folder of traces only, skips nothing and says nothing.
+    alone = analyze(load_trace(SAMPLE_RUN))
+    assert alone.skipped_files == () and "Skipped" not in format_report(alone, "sample")
+
+
 @needs_traces
 @pytest.mark.parametrize(
     "file", ["nsysai_mfu_2gpu_before.sqlite", "nsysai_mfu_2gpu_after.sqlite", "pipit_cloverleaf_cuda.sqlite"]

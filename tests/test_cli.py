@@ -80,7 +80,10 @@ def test_profile_prints_the_run_id_and_directory(tmp_path, capsys):
     assert Path(out["run_dir"]) == tmp_path / out["run_id"]
     assert out["metrics"]["tokens_per_step"] == 64
     assert main(["runs", "--traces", str(tmp_path)]) == 0
-    assert out["run_id"] in capsys.readouterr().out
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split() == ["run", "status", "dev", "step", "tokens/s", "message"]
+    m = out["metrics"]
+    assert row.split() == [out["run_id"], "ok", "cpu", f"{m['step_time_ms']:,.1f}", "ms", f"{m['tokens_per_s']:,.0f}"]
 
 
 def test_profile_bad_input_and_failed_runs(tmp_path, capsys):

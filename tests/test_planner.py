@@ -389,3 +389,17 @@ def test_plan_scatter_figure_marks_the_top_and_the_capacity():
     assert top.y[0] == res.top[0].estimate.tokens_per_s
     (line,) = fig.layout.shapes
     assert line.line.dash == "dash" and line.x0 == line.x1 == get_hardware("h100").memory_bytes / 2**30
+
+
+def test_step_times_keep_three_digits_below_100_ms():
+    from advisor.planner import _ms
+
+    # Whole milliseconds hid a tiny model's 0.81 ms step ("1") and told 14.6 from 15.2 ms as "15".
+    assert [_ms(x) for x in (0.8123, 14.63, 15.24, 99.94, 100.4, 62_067.2)] == [
+        "0.812",
+        "14.6",
+        "15.2",
+        "99.9",
+        "100",
+        "62,067",
+    ]

@@ -313,8 +313,14 @@ def test_a_trace_too_large_for_the_roofline_is_still_analyzed(monkeypatch, capsy
     report = analyze_path(RUN)
     assert "roofline" not in report.tables and report.metrics.roofline_bound is None
     assert report.metrics.step_time_ms is not None  # the rest of the analysis is there
-    out = capsys.readouterr().out
-    assert "roofline skipped: trace.json.gz decompresses to over 0.000954 MiB; refusing it (raise the limit" in out
+    err = capsys.readouterr().err
+    assert "roofline skipped: trace.json.gz decompresses to over 0.000954 MiB; refusing it (raise the limit" in err
+    # On stderr: analyze --json keeps its standard output JSON.
+    from advisor.cli import main
+
+    assert main(["analyze", str(RUN), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["metrics"]["roofline_bound"] is None and "roofline skipped" in captured.err
 
 
 def test_convolution_flops_equal_the_profilers_own_count(tmp_path):
