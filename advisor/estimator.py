@@ -544,17 +544,29 @@ def _activation_memory(
 # --- communication helpers --------------------------------------------------------------------
 
 
-def _group_bw(setup: Setup, stride: int, size: int) -> float:
-    """Per-GPU link bandwidth of a process group whose members are ``stride`` ranks apart.
+def _group_bw(setup: Setup, stride: int, size: int, channels: bool = True) -> float:
+    """Per-GPU bus bandwidth of a process group whose members are ``stride`` ranks apart.
 
     Ranks fill nodes in order TP, CP, DP, PP (Megatron); a group inside one node uses the intra-node
-    link, one spanning nodes is limited by the inter-node link (one NIC per GPU).
+    link. A collective (``channels``: all-reduce, all-gather, reduce-scatter) of a group spanning
+    nodes with k members in each node runs k rings at once (NCCL's channels), each crossing nodes on
+    its own GPU's NIC (one per GPU, rail-optimised as in DGX and HGX systems), so it reaches k NICs'
+    bandwidth, capped by the intra-node link every ring also crosses: one member per node (TP 8, then
+    DP) gets one NIC, all eight of a node (FSDP over whole nodes) eight. Point-to-point rings (context
+    parallel attention, pipeline sends) and all-to-alls are held to one NIC: a ring's node crossing,
+    or each GPU's own traffic leaving the node, goes through one GPU's NIC. So is tensor parallelism
+    across nodes: its per-layer all-reduces sit on the critical path, where Megatron-LM measured TP
+    beyond a server to collapse throughput (Narayanan et al. 2021, section 5.4.1), far below what the
+    channels' bandwidth alone predicts; the estimate keeps the NIC's speed for it.
     """
     hw = setup.hardware
     if stride * size <= hw.gpus_per_node or hw.inter_node_bw_bytes_per_s <= 0:
         bw = hw.intra_node_bw_bytes_per_s or hw.inter_node_bw_bytes_per_s
     else:
-        bw = hw.inter_node_bw_bytes_per_s
+        per_node = min(size, max(1, hw.gpus_per_node // stride)) if channels else 1
+        bw = per_node * hw.inter_node_bw_bytes_per_s
+        if hw.intra_node_bw_bytes_per_s > 0:
+            bw = min(bw, hw.intra_node_bw_bytes_per_s)
     return bw * COMM_EFFICIENCY_FRAC
 
 
@@ -773,7 +785,7 @@ def estimate(setup: Setup) -> Estimate:
     # forward); with sp each is an all-gather + reduce-scatter of the same volume [Korthikanti 4.2.2].
     # The vocab-parallel embedding all-reduces its output and the head its input's gradient: both on
     # one stage without a pipeline, else one each on the first and the last stage.
-    tp_bw = _group_bw(setup, 1, t)
+    tp_bw = _group_bw(setup, 1, t, channels=False)
     n_tp_collectives = 6 if tr.recompute == "full" else 4
     edge_collectives = (2 if pp == 1 else 1) if t > 1 else 0
     tp_s = (
@@ -787,7 +799,7 @@ def estimate(setup: Setup) -> Estimate:
     if cp > 1:
         kv_heads_rank = max(m.n_kv_heads // t, 1)
         kv_bytes = 2 * kv_heads_rank * m.head_dim * e * tokens_mb * (cp - 1)
-        ring_s = mb * layers_stage * 3 * kv_bytes / _group_bw(setup, t, cp)
+        ring_s = mb * layers_stage * 3 * kv_bytes / _group_bw(setup, t, cp, channels=False)
         attn_s = 3.0 * attn_fwd_exec / m.n_layers * layers_stage * tokens_mb * mb / t / attn_rate
         cp_s = max(0.0, ring_s - attn_s)
 
@@ -796,13 +808,13 @@ def estimate(setup: Setup) -> Estimate:
     if p.ep > 1:
         tok = tokens_mb / (t if p.sequence_parallel else 1)
         a2a = tok * m.top_k * m.hidden * e * (p.ep - 1) / p.ep
-        ep_s = mb * layers_stage * moe_frac * 4 * a2a / _group_bw(setup, t * cp, p.ep)
+        ep_s = mb * layers_stage * moe_frac * 4 * a2a / _group_bw(setup, t * cp, p.ep, channels=False)
 
     # Pipeline point-to-point: activation forward and its gradient backward, per micro-batch and chunk.
     pp_s = 0.0
     if pp > 1:
         p2p = tokens_mb * m.hidden * e / (t if p.sequence_parallel else 1)
-        pp_s = mb * v * 2 * p2p / _group_bw(setup, t * cp * p.dp, pp)
+        pp_s = mb * v * 2 * p2p / _group_bw(setup, t * cp * p.dp, pp, channels=False)
 
     # Data parallel. Communication hides behind two windows: the last micro-batch's backward (the
     # gradient reduction of DDP and ZeRO-1) and the whole step's work (per-micro-batch collectives of

@@ -684,9 +684,11 @@ def plan(request: PlanRequest) -> PlanResult:
     )
 
 
-def _points(fits: list[Estimate], ranked: list[Estimate], limit: int = MAX_POINTS) -> list[PlanPoint]:
+def _points(fits: list[Estimate], ranked: list[Estimate], limit: int | None = None) -> list[PlanPoint]:
     """The scatter points of the fitting estimates ``fits``: the ``ranked`` top always among them, the
-    fastest of the rest up to ``limit`` in all, fastest first (ties as the ranking breaks them)."""
+    fastest of the rest up to ``limit`` (default MAX_POINTS) in all, fastest first (ties as the
+    ranking breaks them)."""
+    limit = MAX_POINTS if limit is None else limit
     top = {id(est) for est in ranked}
     rest = [est for est in fits if id(est) not in top]
     room = max(limit - len(ranked), 0)

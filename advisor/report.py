@@ -102,9 +102,9 @@ def mfu_note(est: Estimate) -> str:
     the framework schedules it), and MFU counts attention non-causally (PaLM, appendix B) while a
     causal flash kernel executes half of it, so MFU runs above HFU and grows with the sequence.
     Published large runs measure lower: Llama 3 405B 38-43 % on H100 (Llama 3 paper, table 4),
-    MegaScale 55.2 % (175B on 12,288 GPUs). Against the eight Megatron-LM steps of Korthikanti et al.
-    2022 the estimated step is 12.4 % short on average (``advisor.published``, tests/test_published.py);
-    a calibration on measured runs corrects the model."""
+    MegaScale 55.2 % (175B on 12,288 GPUs). Against ten published steps (Megatron-LM and torchtitan on
+    A100) the estimated step is 14.3 % off on average, short on 9 (``advisor.published``,
+    tests/test_published.py); a calibration on measured runs corrects the model."""
     hw = est.setup.hardware
     if hw is None or hw.kind == "cpu":
         return ""
@@ -117,7 +117,7 @@ def mfu_note(est: Estimate) -> str:
     return (
         f"MFU {100 * est.mfu_frac:.1f} % is this setup's ideal: GEMMs at {100 * hw.matmul_efficiency_frac:.0f} % "
         f"of peak, fused attention at {100 * ATTENTION_EFFICIENCY_FRAC:.0f} %, communication overlapped as "
-        f"scheduled; {hfu}. Large published runs measure 38-55 %. On {n} published Megatron-LM steps the "
+        f"scheduled; {hfu}. Large published runs measure 38-55 %. On {n} published training steps the "
         f"estimated step was off by {err:.0f} % on average, too fast on {fast} (bench/results/published_runs.md); "
         f"calibrate on measured runs to correct it."
     )

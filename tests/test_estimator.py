@@ -12,6 +12,7 @@ from advisor.estimator import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
     _activation_memory,
+    _group_bw,
     activation_bytes_per_token,
     estimate,
     megatron_stage_layers,
@@ -222,10 +223,12 @@ def test_pipeline_bubble_is_p_minus_1_over_m_of_the_work():
 
 
 def test_data_parallel_all_reduce_across_nodes_by_hand():
-    # 16 GPUs, 2 nodes: dp ring crosses nodes at 50 GB/s per GPU; grads 2 bytes/param; 2(n-1)/n of them.
+    # 16 GPUs, 2 nodes: the dp group has all 8 GPUs of each node, so 8 rings cross the nodes at once,
+    # each on its own GPU's 50 GB/s NIC: 400 GB/s, under NVLink's 450. Grads 2 bytes/param; 2(n-1)/n
+    # of them.
     model = get_model("llama-3.1-8b")
     est = estimate(Setup(model, TrainSpec(seq_len=2048), ParallelSpec(dp=16), get_hardware("h100")))
-    ring_s = 2 * 15 / 16 * 2 * model.n_params / (50e9 * COMM_EFFICIENCY_FRAC)
+    ring_s = 2 * 15 / 16 * 2 * model.n_params / (400e9 * COMM_EFFICIENCY_FRAC)
     # torch DDP's bucketing: a first bucket of 1 MiB, then 25 MiB each: 1 + ceil((16.06 GB - 1 MiB) / 25 MiB)
     # = 614 buckets.
     buckets = 1 + math.ceil((2 * model.n_params - DDP_FIRST_BUCKET_BYTES) / DDP_BUCKET_BYTES)
@@ -235,6 +238,12 @@ def test_data_parallel_all_reduce_across_nodes_by_hand():
     assert est.time.dp_comm_ms == pytest.approx((ring_s - bwd_s) * 1e3, rel=1e-9)
     inside = estimate(Setup(model, TrainSpec(seq_len=2048), ParallelSpec(dp=8), get_hardware("h100")))
     assert inside.time.dp_comm_ms < est.time.dp_comm_ms
+    # With TP 8 inside each node the dp group has one GPU per node: one NIC, 50 GB/s.
+    tp8 = Setup(model, TrainSpec(seq_len=2048, global_batch=2), ParallelSpec(dp=2, tp=8, zero=1), get_hardware("h100"))
+    assert _group_bw(tp8, 8, 2) == pytest.approx(50e9 * COMM_EFFICIENCY_FRAC)
+    assert _group_bw(tp8, 1, 16) == pytest.approx(400e9 * COMM_EFFICIENCY_FRAC)
+    assert _group_bw(tp8, 4, 4) == pytest.approx(100e9 * COMM_EFFICIENCY_FRAC)  # 2 members a node
+    assert _group_bw(tp8, 1, 8) == pytest.approx(450e9 * COMM_EFFICIENCY_FRAC)  # inside a node: NVLink
 
 
 def test_tensor_parallel_across_nodes_is_slower():
@@ -243,8 +252,8 @@ def test_tensor_parallel_across_nodes_is_slower():
     inside = estimate(Setup(model, train, ParallelSpec(dp=2, tp=8, zero=1), get_hardware("h100")))
     across = estimate(Setup(model, train, ParallelSpec(dp=1, tp=16, zero=1), get_hardware("h100")))
     ratio = across.time.tp_comm_ms / inside.time.tp_comm_ms
-    # Bandwidth 450 -> 50 GB/s, ring factor 2*15/16 vs 2*7/8, and with dp 1 instead of 2 each GPU runs
-    # 16 micro-batches per step instead of 8.
+    # Bandwidth 450 -> 50 GB/s (TP across nodes is held to one NIC, _group_bw), ring factor 2*15/16 vs
+    # 2*7/8, and with dp 1 instead of 2 each GPU runs 16 micro-batches per step instead of 8.
     assert ratio == pytest.approx((450 / 50) * (15 / 16) / (7 / 8) * 2, rel=1e-9)
 
 

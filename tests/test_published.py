@@ -1,5 +1,6 @@
 """The estimator's step time against published runs whose every layout detail is known
-(advisor/published.py: Korthikanti et al. 2022, table 4, the eight runs Calculon validates on)."""
+(advisor/published.py: Korthikanti et al. 2022, table 4, the eight runs Calculon validates on, and
+torchtitan's Llama 3 8B and 70B on 64 A100 with FSDP2)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import statistics
 import pytest
 
 from advisor.estimator import narayanan_flops_per_iteration
-from advisor.published import compare_published
+from advisor.published import KORTHIKANTI, compare_published
 
 # Measured step (s), estimated step (s) as of this estimator; the error is the estimate's.
 EXPECTED = {
@@ -20,6 +21,9 @@ EXPECTED = {
     "GPT 530B, selective recompute + SP": (37.83, 32.94),
     "GPT 1T, full recompute": (94.42, 91.15),
     "GPT 1T, selective recompute + SP": (71.49, 65.90),
+    # torchtitan: 8192 tokens a GPU a step at 2973 and 331 tokens/s.
+    "Llama 3 8B, FSDP2, selective op AC": (2.7555, 2.015),
+    "Llama 3 70B, FSDP2, full AC": (24.749, 20.67),
 }
 
 
@@ -45,6 +49,12 @@ def test_our_flops_give_the_papers_mfu(rows):
     # points: the FLOPs are right, what the estimate misses is time.
     got = [rows[f"GPT {s}, selective recompute + SP"].measured_mfu_pct for s in ("22B", "175B", "530B", "1T")]
     assert got == pytest.approx([41.5, 51.4, 56.0, 56.3], abs=0.25)
+    # torchtitan reports 58.2 and 51.7 %, counting the embedding table as 6 x its parameters of FLOPs
+    # (a lookup: we do not): 6 x 525M more of 6.1e10 per token for 8B (+5.2 %), 6 x 1.05B of 4.5e11
+    # for 70B (+1.3 %).
+    titan = [rows[n].measured_mfu_pct for n in ("Llama 3 8B, FSDP2, selective op AC", "Llama 3 70B, FSDP2, full AC")]
+    assert titan == pytest.approx([55.2, 51.1], abs=0.1)
+    assert [titan[0] * 1.052, titan[1] * 1.013] == pytest.approx([58.2, 51.7], abs=0.2)
     # And Narayanan's per-iteration count (eq. 3, no recompute) is ours for the 22B run.
     c = rows["GPT 22B, selective recompute + SP"]
     assert c.estimate.model_flops_per_step == pytest.approx(
@@ -56,15 +66,18 @@ def test_our_flops_give_the_papers_mfu(rows):
 def test_estimated_step_time_against_the_published_one(rows, name):
     measured, estimated = EXPECTED[name]
     c = rows[name]
-    assert c.run.measured_step_s == measured
+    assert c.run.measured_step_s == pytest.approx(measured, abs=1e-3)
     assert c.estimated_step_s == pytest.approx(estimated, rel=2e-3)
 
 
 def test_the_error_overall(rows):
     errors = [c.error_pct for c in rows.values()]
-    # Mean absolute error 12.4 % (Calculon's on the same runs: 3.7 %), from +1.2 % to -24.3 %. The
-    # estimate is fast on 7 of 8: the smallest model (22B, TP 8 only) misses most, the GEMMs of one
-    # TP rank there being the smallest.
-    assert statistics.mean(abs(e) for e in errors) == pytest.approx(12.4, abs=0.1)
-    assert sum(e < 0 for e in errors) == 7
-    assert min(errors) == pytest.approx(-24.3, abs=0.1) and max(errors) == pytest.approx(1.2, abs=0.1)
+    megatron = [c.error_pct for c in rows.values() if c.run.source == KORTHIKANTI]
+    # On the Megatron-LM runs: mean absolute error 12.4 % (Calculon's on the same runs: 3.7 %), from
+    # +1.2 % to -24.3 %, fast on 7 of 8: the smallest model (22B, TP 8 only) misses most, the GEMMs of
+    # one TP rank there being the smallest. torchtitan's FSDP2 runs: -26.9 and -16.5 %.
+    assert statistics.mean(abs(e) for e in megatron) == pytest.approx(12.4, abs=0.1)
+    assert sum(e < 0 for e in megatron) == 7
+    assert min(megatron) == pytest.approx(-24.3, abs=0.1) and max(megatron) == pytest.approx(1.2, abs=0.1)
+    assert statistics.mean(abs(e) for e in errors) == pytest.approx(14.3, abs=0.1)
+    assert sum(e < 0 for e in errors) == 9
