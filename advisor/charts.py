@@ -17,14 +17,14 @@ _MEMORY_COLOURS = ("#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#bab0
 
 def memory_figure(est: Estimate) -> go.Figure:
     """Stacked bar of per-GPU memory by component (first and last pipeline stage when pp > 1, and
-    between them a middle one where uneven stages make it the fullest), with the device capacity as a
+    between them a middle rank where uneven stages make it the fullest), with the device capacity as a
     dashed line."""
     stages: list[tuple[str, MemoryBreakdown]] = [("per GPU", est.memory)]
     pp = est.setup.parallel.pp
     if pp > 1:
         stages = [("first stage", est.memory_first_stage), ("last stage", est.memory_last_stage)]
         if 0 < est.memory_rank < pp - 1:
-            stages.insert(1, (f"stage {est.memory_rank + 1} of {pp} (fullest)", est.memory))
+            stages.insert(1, (f"rank {est.memory_rank + 1} of {pp} (fullest)", est.memory))
     fig = go.Figure()
     for (key, label), colour in zip(MEMORY_LABELS.items(), _MEMORY_COLOURS, strict=True):
         fig.add_bar(

@@ -368,20 +368,21 @@ def stage_imbalance(setup: Setup) -> float:
     return _slowest_rank(setup)[0]
 
 
-def _slowest_rank(setup: Setup) -> tuple[float, float]:
-    """(``stage_imbalance``, the slowest rank's blocks over the even share n_layers / pp): the first
-    scales the step's FLOPs, the second what is per block (recompute, elementwise traffic, TP, CP and
-    EP collectives)."""
+def _slowest_rank(setup: Setup) -> tuple[float, float, bool]:
+    """(``stage_imbalance``, the slowest rank's blocks over the even share n_layers / pp, whether it is
+    the last rank): the first scales the step's FLOPs, the second what is per block (recompute,
+    elementwise traffic, TP, CP and EP collectives), the third whether the loss's traffic is on it."""
     p = setup.parallel
     if p.pp == 1:
-        return 1.0, 1.0
+        return 1.0, 1.0, True
     n = setup.model.n_layers
     head = _head_in_blocks(setup)
     layers = _per_rank(stage_layers(setup), p.pp)
     # The slowest rank: the last with the head, or the one with the most blocks (the first such).
     most = max(layers[:-1])
-    cost, blocks = (layers[-1] + head, layers[-1]) if layers[-1] + head >= most else (most, most)
-    return cost / ((n + head) / p.pp), blocks / (n / p.pp)
+    last = layers[-1] + head >= most
+    cost, blocks = (layers[-1] + head, layers[-1]) if last else (most, most)
+    return cost / ((n + head) / p.pp), blocks / (n / p.pp), last
 
 
 def _stage_params(
@@ -559,15 +560,34 @@ def _group_bw(setup: Setup, stride: int, size: int, channels: bool = True) -> fl
     beyond a server to collapse throughput (Narayanan et al. 2021, section 5.4.1), far below what the
     channels' bandwidth alone predicts; the estimate keeps the NIC's speed for it.
     """
+    per_node = min(size, max(1, setup.hardware.gpus_per_node // stride)) if channels else 1
+    return _link_bw(setup, stride * size > setup.hardware.gpus_per_node, per_node)
+
+
+def _link_bw(setup: Setup, spans_nodes: bool, per_node: int) -> float:
+    """Bus bandwidth of a collective with ``per_node`` members in each node (``_group_bw``)."""
     hw = setup.hardware
-    if stride * size <= hw.gpus_per_node or hw.inter_node_bw_bytes_per_s <= 0:
+    if not spans_nodes or hw.inter_node_bw_bytes_per_s <= 0:
         bw = hw.intra_node_bw_bytes_per_s or hw.inter_node_bw_bytes_per_s
     else:
-        per_node = min(size, max(1, hw.gpus_per_node // stride)) if channels else 1
         bw = per_node * hw.inter_node_bw_bytes_per_s
         if hw.intra_node_bw_bytes_per_s > 0:
             bw = min(bw, hw.intra_node_bw_bytes_per_s)
     return bw * COMM_EFFICIENCY_FRAC
+
+
+def _expert_dp_bw(setup: Setup) -> float:
+    """Bandwidth of the expert data-parallel group: the ranks of DP x CP holding the same experts. EP
+    groups are consecutive in DP x CP (the all-to-all's stride is tp x cp), so the group takes every
+    CP member (stride tp) and every ep-th DP replica (stride tp x cp x ep), and spans tp x cp x dp
+    ranks. Mixtral on 256 H100s at DP 256 EP 2 has 4 members a node; Maverick at DP 512 CP 2 EP 32, 2
+    (its CP pair)."""
+    p, g = setup.parallel, setup.hardware.gpus_per_node
+    t, cp = p.tp, p.cp
+    size = p.dp * cp // p.ep
+    cp_in = min(cp, max(1, g // t))
+    dp_in = max(1, g // (t * cp * p.ep)) if t * cp <= g else 1
+    return _link_bw(setup, t * cp * p.dp > g, min(size, cp_in * dp_in))
 
 
 def _ring_all_reduce_s(nbytes: float, n: int, bw: float) -> float:
@@ -711,22 +731,25 @@ def estimate(setup: Setup) -> Estimate:
         mem_last, dense_last, expert_last = mem_first, dense_first, expert_first
     worst, worst_rank = (mem_first, 0) if mem_first.total_bytes >= mem_last.total_bytes else (mem_last, pp - 1)
     params_gpu = max(dense_first + expert_first, dense_last + expert_last)
+    dense_gpu = max(dense_first, dense_last)
+    expert_gpu = max(expert_first, expert_last)
+    host_rank = max(mem_first.host_bytes, mem_last.host_bytes)
     if pp > 2:
-        # With uneven stages (lighter ends) a middle rank may hold more than the first: rank r keeps
-        # min(pp - r, m) micro-batches in flight. The one with the most saved blocks is weighed too.
+        # With uneven stages (lighter ends) a middle rank may hold more than the first: more blocks'
+        # weights, and activations of fewer micro-batches. Rank r keeps pp - r micro-batches in flight
+        # under 1F1B; interleaved, 2(pp - r - 1) + (v - 1) pp + 1 chunk-micro-batches (Megatron-LM's
+        # and torch's warm-up), ((v + 1) pp - 2r - 1) / v of its blocks' worth. Of the ranks holding
+        # as many blocks, the earliest keeps the most, so one rank per distinct block count is weighed.
         per_rank = _per_rank(stage_layers(setup), pp)
-
-        def saved_blocks(r: int) -> float:
-            return per_rank[r] * min(pp - r, mb)
-
-        mid = max(range(1, pp - 1), key=saved_blocks)
-        if per_rank[mid] != per_rank[0] and saved_blocks(mid) > saved_blocks(0):
-            mem_mid, dense_mid, expert_mid = stage_memory(
-                False, False, in_flight_first * min(pp - mid, mb) / min(pp, mb), mid
-            )
+        for blocks in sorted(set(per_rank[1:-1]) - {per_rank[0]}):
+            r = per_rank.index(blocks, 1)
+            in_flight = ((v + 1) * pp - 2 * r - 1) / v if v > 1 else min(pp - r, mb)
+            mem_mid, dense_mid, expert_mid = stage_memory(False, False, in_flight, r)
             if mem_mid.total_bytes > worst.total_bytes:
-                worst, worst_rank = mem_mid, mid
+                worst, worst_rank = mem_mid, r
             params_gpu = max(params_gpu, dense_mid + expert_mid)
+            dense_gpu, expert_gpu = max(dense_gpu, dense_mid), max(expert_gpu, expert_mid)
+            host_rank = max(host_rank, mem_mid.host_bytes)
 
     # --- FLOPs ---
     nmm = m.matmul_params_per_token()
@@ -764,7 +787,7 @@ def estimate(setup: Setup) -> Estimate:
     # 1F1B runs at the pace of its slowest stage, so what is per stage is the slowest rank's: its FLOPs
     # (blocks and the head, stage_imbalance) and its blocks (layers_stage: per-block recompute, traffic
     # and collectives). An even split would hold n_layers / pp blocks and an even share of the head.
-    lag, layer_lag = _slowest_rank(setup)
+    lag, layer_lag, last_slowest = _slowest_rank(setup)
     layers_stage = m.n_layers / pp * layer_lag
     compute_s *= lag
     recompute_s *= layer_lag
@@ -777,8 +800,8 @@ def estimate(setup: Setup) -> Estimate:
     if tr.recompute == "full":
         elementwise_bytes *= 1.25  # the forward half (1 of 4 passes) runs again
     # Cross-entropy over the logits on the last stage: logits written, upcast, softmax read and written,
-    # gradient written and read by the head backward.
-    elementwise_bytes += 6 * (e + 4.0) / 2 * m.vocab / t * tokens_mb * mb
+    # gradient written and read by the head backward; counted where the last rank sets the pace.
+    elementwise_bytes += 6 * (e + 4.0) / 2 * m.vocab / t * tokens_mb * mb if last_slowest else 0.0
     memory_bound_s = elementwise_bytes / mem_rate
 
     # Tensor parallel: 2 all-reduces forward, 2 backward per block (+2 when full recompute replays the
@@ -822,15 +845,13 @@ def estimate(setup: Setup) -> Estimate:
     # window competes for it: exposed = max(0, everything hidden there - the window).
     step_work_s = compute_s + recompute_s + memory_bound_s + tp_s
     bwd_last_mb_s = (2.0 / 3.0) * (compute_s + memory_bound_s) / mb
-    dense_gpu = max(dense_first, dense_last)
-    expert_gpu = max(expert_first, expert_last)
     lat = COLLECTIVE_LATENCY_S
     in_bwd_window = 0.0  # needs the last backward's window
     in_step_window = 0.0  # needs the whole step's work as its window
     dp_fixed_s = 0.0  # never overlapped
     if dense_shard > 1 or expert_shard > 1:
         bw_dense = _group_bw(setup, t, dense_shard)
-        bw_exp = _group_bw(setup, t, expert_shard)
+        bw_exp = _expert_dp_bw(setup)
         gbytes_d, gbytes_e = dense_gpu * grad_e, expert_gpu * grad_e
         wbytes_d, wbytes_e = dense_gpu * 2.0, expert_gpu * 2.0
         buckets = _ddp_bucket_count(gbytes_d + gbytes_e)
@@ -918,7 +939,7 @@ def estimate(setup: Setup) -> Estimate:
     step_s = time.total_ms / 1e3
     gpus = setup.gpus
     per_node = min(gpus, hw.gpus_per_node)
-    host_node = max(mem_first.host_bytes, mem_last.host_bytes) * per_node
+    host_node = host_rank * per_node
     return Estimate(
         setup=setup,
         memory=worst,

@@ -616,9 +616,63 @@ def test_the_memory_chart_shows_the_fullest_middle_stage():
     est = estimate(setup)
     assert est.memory_rank == 1 and est.as_dict()["memory_rank"] == 1
     fig = memory_figure(est)
-    assert list(fig.data[0].x) == ["first stage", "stage 2 of 16 (fullest)", "last stage"]
+    assert list(fig.data[0].x) == ["first stage", "rank 2 of 16 (fullest)", "last stage"]
     totals = [sum(bar.y[i] for bar in fig.data) for i in range(3)]
     assert totals[1] == pytest.approx(est.memory.total_bytes / 2**30) and totals[1] > totals[0]
     # Even stages: the first rank is the fullest, two bars.
     even = estimate(make_setup(model="llama-3.1-70b", gpu="h100", gpus=32, tp=4, pp=4, global_batch=64))
     assert even.memory_rank in (0, 3) and len(memory_figure(even).data[0].x) == 2
+
+
+def test_middle_ranks_are_weighed_by_their_blocks_and_in_flight_micro_batches():
+    # Interleaved: 70B's 80 blocks on 9 x 3 stages (2, 3 x 26): rank 0 holds 8 blocks and
+    # 9 + 8/3 = 11.67 micro-batches of them in flight, rank 1 holds 9 blocks and, after its
+    # 2(9 - 1 - 1) + 2 x 9 + 1 = 33 chunk forwards, 33 / 3 = 11: 99 block-micro-batches against 93.3.
+    inter = make_setup(
+        model="llama-3.1-70b",
+        gpu="h100",
+        gpus=72,
+        tp=8,
+        pp=9,
+        vpp=3,
+        sequence_parallel=True,
+        seq=4096,
+        global_batch=18,
+        recompute="selective",
+    )
+    est = estimate(inter)
+    assert est.memory_rank == 1
+    saved, _ = _activation_memory(inter, 4096, 11.0, first=False, last=False, rank=1)
+    assert est.memory.activations_bytes == pytest.approx(saved, rel=1e-12)
+    assert est.memory.total_bytes > est.memory_first_stage.total_bytes
+    # Weights: 405B on 8 stages (15, 16 x 6, 15) with full recompute: the saved activations are small,
+    # so rank 1's extra block of weights makes it fuller than rank 0 with its embedding.
+    heavy = make_setup(
+        model="llama-3.1-405b",
+        gpu="h100",
+        gpus=64,
+        tp=8,
+        pp=8,
+        sequence_parallel=True,
+        seq=8192,
+        global_batch=16,
+        recompute="full",
+    )
+    est = estimate(heavy)
+    assert est.memory_rank == 1 and est.memory.weights_bytes > est.memory_first_stage.weights_bytes
+
+
+def test_the_expert_data_parallel_group_counts_its_own_members_per_node():
+    from advisor.estimator import _expert_dp_bw
+
+    # EP groups are consecutive in DP x CP: Mixtral at DP 256 EP 2 keeps every other GPU of a node in
+    # one expert-DP group (4 NICs, 200 GB/s on H100); Maverick at DP 512 CP 2 EP 32 only its CP pair.
+    mixtral = make_setup(model="mixtral-8x7b", gpu="h100", gpus=256, ep=2, zero=3, seq=4096, global_batch=1024)
+    assert _expert_dp_bw(mixtral) == pytest.approx(4 * 50e9 * COMM_EFFICIENCY_FRAC)
+    maverick = make_setup(
+        model="llama-4-maverick", gpu="h100", gpus=1024, cp=2, ep=32, zero=3, seq=8192, global_batch=2048
+    )
+    assert _expert_dp_bw(maverick) == pytest.approx(2 * 50e9 * COMM_EFFICIENCY_FRAC)
+    # Inside one node the group is on NVLink.
+    one_node = make_setup(model="mixtral-8x7b", gpu="h100", gpus=8, ep=2, zero=3, seq=4096, global_batch=8)
+    assert _expert_dp_bw(one_node) == pytest.approx(450e9 * COMM_EFFICIENCY_FRAC)
