@@ -312,7 +312,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         print(f"{'run':{width}s}  {'status':9s} {'dev':4s} {'step':>12s} {'tokens/s':>10s}  message")
     for r in table.itertuples():
         if r.status == DAMAGED:
-            print(f"{r.run_id:{width}s}  DAMAGED   {r.message}")
+            print(f"{r.run_id:{width}s}  {'DAMAGED':9s} {'':4s} {'':>12s} {'':>10s}  {r.message}")
             continue
         step = "" if math.isnan(r.step_time_ms) else f"{r.step_time_ms:,.1f} ms"
         rate = "" if math.isnan(r.tokens_per_s) else f"{r.tokens_per_s:,.0f}"

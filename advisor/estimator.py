@@ -155,7 +155,7 @@ class Estimate:
     setup: Setup
     memory: MemoryBreakdown
     """The pipeline rank with the most memory (``memory_rank``): the first, the last, or with uneven
-    stages a middle one that holds more blocks' activations than the first."""
+    stages a middle one that holds more blocks (weights, or activations in flight) than the first."""
     memory_first_stage: MemoryBreakdown
     memory_last_stage: MemoryBreakdown
     time: TimeBreakdown
@@ -557,8 +557,8 @@ def _group_bw(setup: Setup, stride: int, size: int, channels: bool = True) -> fl
     parallel attention, pipeline sends) and all-to-alls are held to one NIC: a ring's node crossing,
     or each GPU's own traffic leaving the node, goes through one GPU's NIC. So is tensor parallelism
     across nodes: its per-layer all-reduces sit on the critical path, where Megatron-LM measured TP
-    beyond a server to collapse throughput (Narayanan et al. 2021, section 5.4.1), far below what the
-    channels' bandwidth alone predicts; the estimate keeps the NIC's speed for it.
+    beyond a server to collapse throughput (Narayanan et al. 2021, section 3.2, takeaway #1), far below
+    what the channels' bandwidth alone predicts; the estimate keeps the NIC's speed for it.
     """
     per_node = min(size, max(1, setup.hardware.gpus_per_node // stride)) if channels else 1
     return _link_bw(setup, stride * size > setup.hardware.gpus_per_node, per_node)

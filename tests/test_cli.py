@@ -158,7 +158,10 @@ def test_a_run_with_damaged_metrics_is_listed_damaged_and_refused_clearly(damage
     root = str(damaged_store)
     why = "metrics.json is a JSON list, not an object of StepMetrics fields"
     assert main(["runs", "--traces", root]) == 0
-    assert f"{NEWER}  DAMAGED   {why}" in capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line for line in lines if line.startswith(NEWER))
+    # The reason sits under the message column, where the runs' messages are.
+    assert row.split(None, 2) == [NEWER, "DAMAGED", why] and row.index(why) == lines[0].index("message")
     for argv in (["advise", NEWER], ["verify", NEWER, "--no-baseline"], ["compare", RUN.name, NEWER]):
         assert main([*argv, "--traces", root]) == 2
         assert capsys.readouterr().err == f"error: run {NEWER} is damaged: {why}\n"
