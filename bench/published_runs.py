@@ -68,7 +68,7 @@ def report() -> str:
         "8,192 x 6,144 x 768 to 3,072, likely below the sizes that reach that rate), and the selective runs",
         "miss more than the full-recompute ones. Calculon reaches 3.7 %",
         "with per-size GEMM and collective efficiency tables fitted to A100 measurements; this estimator's",
-        "`calibrate` fits measured runs of the user's own machine instead (README, Calibration).",
+        '`calibrate` fits measured runs of the user\'s own machine instead (README, "How advice is made").',
         "",
         "Pipeline stages: 1F1B runs at its slowest stage's pace. Megatron-LM's even split leaves the output",
         "head on top of the last stage's blocks, and the estimate now counts it there; it spread the head",
