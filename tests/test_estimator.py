@@ -547,13 +547,10 @@ def test_the_slowest_stage_sets_the_pipelines_pace():
     )
 
 
-def test_llama_3_405b_sizes_on_its_published_uneven_layout():
-    # Llama 3 405B pretraining (Llama 3 paper, table 4): 8,192 H100s, TP 8, PP 16, DP 64, sequence 8192,
-    # 16M tokens a step. Stages 7, 8 x 14, 7; 1F1B keeps 16 micro-batches in flight on rank 0 (7 blocks:
-    # 112 block-micro-batches) and 15 on rank 1 (8 blocks: 120), so rank 1 saves the most activations,
-    # 120 / 112 of rank 0's (under full recompute, besides the one block being recomputed), and is the
-    # setup's memory.
-    setup = make_setup(
+def _llama_3_405b_published() -> Setup:
+    """Llama 3 405B's pretraining layout (Llama 3 paper, table 4): 8,192 H100s, TP 8 with SP, PP 16,
+    DP 64, sequence 8192, 2,048 sequences a step, ZeRO-1, full recompute."""
+    return make_setup(
         model="llama-3.1-405b",
         gpu="h100",
         gpus=8192,
@@ -565,6 +562,15 @@ def test_llama_3_405b_sizes_on_its_published_uneven_layout():
         sequence_parallel=True,
         recompute="full",
     )
+
+
+def test_llama_3_405b_sizes_on_its_published_uneven_layout():
+    # Llama 3 405B pretraining (Llama 3 paper, table 4): 8,192 H100s, TP 8, PP 16, DP 64, sequence 8192,
+    # 16M tokens a step. Stages 7, 8 x 14, 7; 1F1B keeps 16 micro-batches in flight on rank 0 (7 blocks:
+    # 112 block-micro-batches) and 15 on rank 1 (8 blocks: 120), so rank 1 saves the most activations,
+    # 120 / 112 of rank 0's (under full recompute, besides the one block being recomputed), and is the
+    # setup's memory.
+    setup = _llama_3_405b_published()
     assert stage_layers(setup) == (7, *[8] * 14, 7)
     est = estimate(setup)
     saved, working = _activation_memory(setup, 8192, 16, first=True, last=False)
@@ -601,18 +607,7 @@ def test_the_memory_chart_shows_the_fullest_middle_stage():
     from advisor.charts import memory_figure
 
     # Llama 3 405B's layout (above): rank 1 of 16 is the fullest, and the chart shows it between the ends.
-    setup = make_setup(
-        model="llama-3.1-405b",
-        gpu="h100",
-        gpus=8192,
-        tp=8,
-        pp=16,
-        seq=8192,
-        global_batch=2048,
-        zero=1,
-        sequence_parallel=True,
-        recompute="full",
-    )
+    setup = _llama_3_405b_published()
     est = estimate(setup)
     assert est.memory_rank == 1 and est.as_dict()["memory_rank"] == 1
     fig = memory_figure(est)
