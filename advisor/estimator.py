@@ -24,6 +24,7 @@ optimizer step is exposed.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -354,6 +355,30 @@ def _per_rank(stages: tuple[int, ...], pp: int) -> tuple[float, ...]:
     return tuple(float(sum(stages[r::pp])) for r in range(pp))
 
 
+def _rank_moe_layers(setup: Setup, first: bool, last: bool, rank: int | None = None) -> float:
+    """MoE blocks held by pipeline rank ``rank`` (as ``_rank_layers``). Block i is MoE when (i + 1) is a
+    multiple of ``moe_layer_step`` (``advisor.model``), so a stage's count depends on where its blocks
+    start: Llama-4 Maverick (MoE every other block) over 16 stages of 3 blocks puts 1, 2, 1, 2, ... MoE
+    blocks on consecutive ranks, not 1.5 each."""
+    m, p = setup.model, setup.parallel
+    if not m.is_moe:
+        return 0.0
+    if p.pp == 1:
+        return float(m.n_moe_layers)
+    if rank is None:
+        rank = 0 if first else p.pp - 1
+    return _moe_per_rank(stage_layers(setup), p.pp, m.moe_layer_step)[rank]
+
+
+@functools.lru_cache(maxsize=4096)
+def _moe_per_rank(stages: tuple[int, ...], pp: int, step: int) -> tuple[float, ...]:
+    """MoE blocks per pipeline rank: a stage of blocks [a, b) holds b // step - a // step of them (the
+    multiples of ``step`` in (a, b])."""
+    ends = tuple(itertools.accumulate(stages))
+    per_stage = [end // step - (end - n) // step for n, end in zip(stages, ends, strict=True)]
+    return tuple(float(sum(per_stage[r::pp])) for r in range(pp))
+
+
 def _last_chunk_layers(setup: Setup) -> float:
     """Blocks of the last pipeline stage (the last rank's last chunk under interleaving)."""
     return float(stage_layers(setup)[-1])
@@ -417,20 +442,20 @@ def _stage_params(
         return (m.mlp_params(ffn) - (h if m.mlp_bias else 0)) / t + (h if m.mlp_bias else 0)
 
     norms = 2 * m.norm_params
-    layers = _rank_layers(setup, first, last, rank)
-    moe_frac = m.n_moe_layers / m.n_layers
+    moe_layers = _rank_moe_layers(setup, first, last, rank)
+    dense_layers = _rank_layers(setup, first, last, rank) - moe_layers
     dense_layer = attn + mlp(m.ffn_hidden) + norms
-    dense = layers * (1 - moe_frac) * dense_layer
-    matmul = layers * (1 - moe_frac) * (attn_mm + mats * h * m.ffn_hidden / t)
+    dense = dense_layers * dense_layer
+    matmul = dense_layers * (attn_mm + mats * h * m.ffn_hidden / t)
     expert = 0.0
     block = dense_layer
     if m.is_moe:
         local_experts = m.n_experts / p.ep
         moe_shared = attn + m.router_params + m.n_shared_experts * mlp(m.expert_ffn_hidden) + norms
-        dense += layers * moe_frac * moe_shared
-        expert = layers * moe_frac * local_experts * mlp(m.expert_ffn_hidden)
+        dense += moe_layers * moe_shared
+        expert = moe_layers * local_experts * mlp(m.expert_ffn_hidden)
         expert_mm = (local_experts + m.n_shared_experts) * mats * h * m.expert_ffn_hidden / t
-        matmul += layers * moe_frac * (attn_mm + m.router_params + expert_mm)
+        matmul += moe_layers * (attn_mm + m.router_params + expert_mm)
         block = max(dense_layer, moe_shared + local_experts * mlp(m.expert_ffn_hidden))
     root = 0.0
     if first:
@@ -513,19 +538,27 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
     return base + scores / t, base
 
 
+def _gpipe(setup: Setup) -> bool:
+    """Whether the step runs torch's GPipe schedule: the eager step does where there are fewer
+    micro-batches than stages (torch's 1F1B needs as many; ``advisor.parallel``). It runs every forward
+    before any backward, so every rank, the last included, holds all m micro-batches."""
+    p = setup.parallel
+    return setup.train.framework == "pytorch" and p.pp > 1 and p.vpp == 1 and setup.grad_accum < p.pp
+
+
 def _activation_memory(
     setup: Setup, tokens_mb: float, in_flight: float, first: bool, last: bool, rank: int | None = None
 ) -> tuple[float, float]:
     """(saved, working) activation bytes of one stage: what is saved for backward over all micro-batches
     in flight, and, under full recompute, the one block being recomputed (alive after the loss
-    backward has freed its buffers, so the two never add up)."""
+    backward has freed its buffers, so the two never add up). The last stage's head and loss hold one
+    micro-batch (1F1B runs its backward right after its forward), or every one in flight under GPipe."""
     m, tr, p = setup.model, setup.train, setup.parallel
-    layers = _rank_layers(setup, first, last, rank)
-    moe_frac = m.n_moe_layers / m.n_layers
+    moe_layers = _rank_moe_layers(setup, first, last, rank)
+    dense_layers = _rank_layers(setup, first, last, rank) - moe_layers
     dense_tok, _ = activation_bytes_per_token(setup, moe=False)
     moe_tok, _ = activation_bytes_per_token(setup, moe=True) if m.is_moe else (0.0, 0.0)
-    per_layer_tok = (1 - moe_frac) * dense_tok + moe_frac * moe_tok
-    acts = layers * per_layer_tok * tokens_mb * in_flight
+    acts = (dense_layers * dense_tok + moe_layers * moe_tok) * tokens_mb * in_flight
     working = 0.0
     if tr.recompute == "full":
         # The block being recomputed holds its full activations during its backward [Korthikanti 4.1].
@@ -538,7 +571,10 @@ def _activation_memory(
         acts += m.hidden * tokens_mb * in_flight / (p.tp if p.sequence_parallel else 1)  # embedding dropout mask
     if last:
         # Final norm input and head input, plus the fp32 log-softmax the loss saves (vocab-parallel).
-        acts += ((resid + e) * m.hidden / (p.tp if p.sequence_parallel else 1) + 4.0 * m.vocab / p.tp) * tokens_mb
+        head_mb = in_flight if _gpipe(setup) else 1.0
+        acts += (
+            ((resid + e) * m.hidden / (p.tp if p.sequence_parallel else 1) + 4.0 * m.vocab / p.tp) * tokens_mb * head_mb
+        )
     return acts, working
 
 
@@ -559,9 +595,17 @@ def _group_bw(setup: Setup, stride: int, size: int, channels: bool = True) -> fl
     across nodes: its per-layer all-reduces sit on the critical path, where Megatron-LM measured TP
     beyond a server to collapse throughput (Narayanan et al. 2021, section 3.2, takeaway #1), far below
     what the channels' bandwidth alone predicts; the estimate keeps the NIC's speed for it.
+
+    A group whose span (``stride * size`` consecutive ranks) does not divide the node, as TP 16 in a
+    72-GPU NVL72 rack, straddles a node boundary somewhere once the job spans nodes. The straddling
+    group sets the pace of the step and its smaller side may hold a single member, so it is given one
+    NIC.
     """
-    per_node = min(size, max(1, setup.hardware.gpus_per_node // stride)) if channels else 1
-    return _link_bw(setup, stride * size > setup.hardware.gpus_per_node, per_node)
+    g, span = setup.hardware.gpus_per_node, stride * size
+    if span <= g < setup.gpus and g % span:
+        return _link_bw(setup, True, 1)
+    per_node = min(size, max(1, g // stride)) if channels else 1
+    return _link_bw(setup, span > g, per_node)
 
 
 def _link_bw(setup: Setup, spans_nodes: bool, per_node: int) -> float:
@@ -719,7 +763,10 @@ def estimate(setup: Setup) -> Estimate:
     # 1F1B: stage 0 holds min(pp, m) micro-batches; interleaving adds (p-1)/(p*v) [Korthikanti 4.2.3].
     in_flight_first = min(pp, mb) * ((1 + (pp - 1) / (pp * v)) if v > 1 else 1.0)
     mem_first, dense_first, expert_first = stage_memory(True, pp == 1, in_flight_first)
-    if pp > 1:
+    gpipe = _gpipe(setup)
+    if gpipe:
+        mem_last, dense_last, expert_last = stage_memory(False, True, float(mb))
+    elif pp > 1:
         # The last rank runs each micro-batch's backward right after its forward through the last
         # chunk; interleaved, it first runs (v-1) x pp warm-up forwards of its earlier chunks (torch's
         # and Megatron-LM's schedules), so at its first backward it holds min(pp, m) micro-batches of
@@ -739,11 +786,14 @@ def estimate(setup: Setup) -> Estimate:
         # weights, and activations of fewer micro-batches. Rank r keeps pp - r micro-batches in flight
         # under 1F1B; interleaved, 2(pp - r - 1) + (v - 1) pp + 1 chunk-micro-batches (Megatron-LM's
         # and torch's warm-up), ((v + 1) pp - 2r - 1) / v of its blocks' worth. Of the ranks holding
-        # as many blocks, the earliest keeps the most, so one rank per distinct block count is weighed.
-        per_rank = _per_rank(stage_layers(setup), pp)
-        for blocks in sorted(set(per_rank[1:-1]) - {per_rank[0]}):
-            r = per_rank.index(blocks, 1)
-            in_flight = ((v + 1) * pp - 2 * r - 1) / v if v > 1 else min(pp - r, mb)
+        # as many blocks (and MoE blocks), the earliest keeps the most, so one rank per distinct pair
+        # is weighed.
+        stages = stage_layers(setup)
+        moe_ranks = _moe_per_rank(stages, pp, m.moe_layer_step) if m.is_moe else (0.0,) * pp
+        kinds = list(zip(_per_rank(stages, pp), moe_ranks, strict=True))
+        for kind in sorted(set(kinds[1:-1]) - {kinds[0]}):
+            r = kinds.index(kind, 1)
+            in_flight = ((v + 1) * pp - 2 * r - 1) / v if v > 1 else mb if gpipe else min(pp - r, mb)
             mem_mid, dense_mid, expert_mid = stage_memory(False, False, in_flight, r)
             if mem_mid.total_bytes > worst.total_bytes:
                 worst, worst_rank = mem_mid, r

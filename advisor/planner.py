@@ -4,8 +4,9 @@ for a GPU count, rank what fits by predicted tokens/s, and say why in plain word
 The grid walked (every combination counts as *considered*):
 
 - precision: the requested ones (bf16 by default; fp8 where the device has fp8 tensor cores);
-- tp: powers of two up to ``hardware.gpus_per_node`` that divide the GPU count. Practitioners' rule:
-  a TP group stays inside one node's NVLink, where its per-layer all-reduces are cheap;
+- tp: powers of two up to ``hardware.gpus_per_node`` that divide the GPU count (and, on more GPUs
+  than a node holds, the node: 72-GPU NVL72 racks take TP 1-8). Practitioners' rule: a TP group stays
+  inside one node's NVLink, where its per-layer all-reduces are cheap;
 - cp: powers of two dividing gpus / tp (ring attention splits the sequence in 2 x cp chunks);
 - pp: every divisor of gpus / (tp x cp) up to n_layers, dividing the blocks or not (the stages then
   uneven, ends lighter: estimator.stage_layers); vpp (interleaving): every divisor of n_layers / pp
@@ -437,6 +438,8 @@ def _layouts(req: PlanRequest) -> Iterator[_Layout]:
     m, hw, gpus = req.model, req.hardware, req.gpus
     for precision in req.precisions:
         for tp in _powers_of_two(gpus, hw.gpus_per_node):
+            if gpus > hw.gpus_per_node and hw.gpus_per_node % tp:
+                continue  # TP 16 on 72-GPU racks: some TP groups would straddle two racks
             for cp in _powers_of_two(gpus // tp, gpus):
                 for pp in _divisors(gpus // (tp * cp)):
                     dp = gpus // (tp * cp * pp)

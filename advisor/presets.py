@@ -301,6 +301,72 @@ def gh200() -> HardwareSpec:
     )
 
 
+def b200() -> HardwareSpec:
+    """NVIDIA B200 180 GB (Blackwell) in an HGX/DGX B200 node.
+
+    Datasheet (nvidia.com/en-us/data-center/hgx, HGX B200 column: 8-GPU totals with sparsity, so per
+    GPU dense = total / 8 / 2): FP32 75 (600 / 8, no sparsity), TF32 1,125, BF16/FP16 2,250, FP8 4,500
+    TFLOP/s; 180 GB HBM3e per GPU (1.44 TB), 8 TB/s (64 TB/s); NVLink 5 1.8 TB/s total per GPU (900
+    per direction) through NVSwitch; PCIe Gen5 x16 to the host. DGX B200: 8x ConnectX-7 400 Gb/s
+    (50 GB/s per GPU), 2 TB host memory, 2x Xeon Platinum 8570 (8 channels DDR5-5600 each: 2 x 358
+    GB/s). The driver reports 183,359 MiB. The GEMM efficiency is the Hopper one measured on our H200
+    (0.80), not yet measured on Blackwell: ``python -m advisor calibrate`` and ``ceilings`` on a B200
+    correct it.
+    """
+    return HardwareSpec(
+        name="B200 180GB",
+        memory_bytes=183359 * MiB,  # nvidia-smi total
+        peak_fp32_flops=75 * TFLOPS,
+        peak_tf32_flops=1125 * TFLOPS,
+        peak_bf16_flops=2250 * TFLOPS,
+        peak_fp16_flops=2250 * TFLOPS,
+        peak_fp8_flops=4500 * TFLOPS,
+        mem_bw_bytes_per_s=8.0e12,
+        gpus_per_node=8,
+        intra_node_bw_bytes_per_s=900 * GB,
+        inter_node_bw_bytes_per_s=50 * GB,
+        host_link="pcie5",
+        host_link_bw_bytes_per_s=64 * GB,
+        host_memory_bytes=2048 * GB,
+        host_mem_bw_bytes_per_s=717 * GB,
+        matmul_efficiency_frac=0.80,
+        runtime_overhead_bytes=_GPU_RUNTIME_OVERHEAD_BYTES,
+    )
+
+
+def gb200_nvl72() -> HardwareSpec:
+    """NVIDIA GB200 NVL72: 72 Blackwell GPUs (186 GB, 1,200 W) and 36 Grace CPUs in one NVLink domain.
+
+    Datasheet (nvidia.com/en-us/data-center/gb200-nvl72: rack totals, tensor figures with sparsity, so
+    per GPU dense = total / 72 / 2): FP32 80 (5,760 / 72), TF32 1,250, BF16/FP16 2,500, FP8 5,000
+    TFLOP/s; 13.4 TB HBM3e (186 GB per GPU) at 576 TB/s (8 TB/s per GPU); NVLink 5 130 TB/s (1.8 TB/s
+    per GPU, 900 per direction) across the whole rack, so the rack is one "node" here: TP, EP and FSDP
+    inside it run on NVLink. Each Grace (480 GB LPDDR5X, 512 GB/s; 17 TB and 18.4 TB/s per rack) feeds
+    two GPUs over one NVLink-C2C of 900 GB/s total: 225 GB/s per GPU per direction. Across racks, one
+    ConnectX-7 400 Gb/s NIC per GPU (4 per compute tray): 50 GB/s. The driver reports 189,471 MiB.
+    GEMM efficiency as for the B200 (Hopper's measured 0.80, an assumption until measured).
+    """
+    return HardwareSpec(
+        name="GB200 NVL72 186GB",
+        memory_bytes=189471 * MiB,  # nvidia-smi total
+        peak_fp32_flops=80 * TFLOPS,
+        peak_tf32_flops=1250 * TFLOPS,
+        peak_bf16_flops=2500 * TFLOPS,
+        peak_fp16_flops=2500 * TFLOPS,
+        peak_fp8_flops=5000 * TFLOPS,
+        mem_bw_bytes_per_s=8.0e12,
+        gpus_per_node=72,
+        intra_node_bw_bytes_per_s=900 * GB,
+        inter_node_bw_bytes_per_s=50 * GB,
+        host_link="nvlink-c2c",
+        host_link_bw_bytes_per_s=225 * GB,
+        host_memory_bytes=36 * 480 * GB,
+        host_mem_bw_bytes_per_s=36 * 512 * GB,
+        matmul_efficiency_frac=0.80,
+        runtime_overhead_bytes=_GPU_RUNTIME_OVERHEAD_BYTES,
+    )
+
+
 def _a100(name: str, memory_bytes: int, mem_bw: float) -> HardwareSpec:
     # Datasheet (nvidia.com/en-us/data-center/a100, dense): FP32 19.5, TF32 156, BF16/FP16 312 TFLOP/s,
     # no FP8; NVLink 3 600 GB/s total (300 per direction); PCIe Gen4 x16 32 GB/s per direction.
@@ -457,6 +523,8 @@ HARDWARE: dict[str, Callable[[], HardwareSpec]] = {
     "h200": h200,
     "h200-nvl": h200_nvl,
     "gh200": gh200,
+    "b200": b200,
+    "gb200": gb200_nvl72,
     "a100-80gb": a100_80gb,
     "a100-40gb": a100_40gb,
     "l40s": l40s,
@@ -464,7 +532,7 @@ HARDWARE: dict[str, Callable[[], HardwareSpec]] = {
     "cpu": cpu_host,
 }
 
-_HARDWARE_ALIASES = {"h100-sxm": "h100", "a100": "a100-80gb"}
+_HARDWARE_ALIASES = {"h100-sxm": "h100", "a100": "a100-80gb", "gb200-nvl72": "gb200"}
 
 
 def get_hardware(name: str) -> HardwareSpec:
@@ -476,8 +544,10 @@ def get_hardware(name: str) -> HardwareSpec:
         raise SpecError("gpu", name, f"unknown device; choose one of {', '.join(HARDWARE)}") from None
 
 
-# GPU names as the driver reports them -> presets, most specific first.
+# GPU names as the driver reports them -> presets, most specific first ("B200" is in "GB200").
 _GPU_NAME_PRESETS = (
+    ("GB200", "gb200"),
+    ("B200", "b200"),
     ("GH200", "gh200"),
     ("H200 NVL", "h200-nvl"),
     ("H200", "h200"),
@@ -490,6 +560,9 @@ _GPU_NAME_PRESETS = (
 )
 # Kernel names that give a GPU generation away when a trace names no device: (pattern, preset).
 _KERNEL_ARCH_PRESETS = (
+    # Blackwell's cuBLAS/CUTLASS kernels name their target (sm100_xmma_..., cutlass3x_sm100_...) and its
+    # MMA (tcgen05); tried before Hopper's, since nvjet kernels exist on both.
+    (re.compile(r"sm_?100|tcgen05|blackwell", re.IGNORECASE), "b200"),
     (re.compile(r"sm90|wgmma|nvjet|hopper", re.IGNORECASE), "h100"),
     (re.compile(r"sm80|ampere_|cutlass_80", re.IGNORECASE), "a100-80gb"),
     (re.compile(r"sm70|volta_", re.IGNORECASE), "v100"),

@@ -2,13 +2,15 @@
 against what the runs measured (targets: dry run within 8 % of the measured peak, communication bytes
 within 5 % of the analytic count).
 
-Run: ``.venv/bin/python bench/distributed_accuracy.py`` (about 2 minutes on 2 shared cores). For each
-model and layout (DDP, FSDP2 ZeRO-2 and ZeRO-3, TP 2 with and without SP, PP 2 with 4 micro-batches) it profiles one
-step on gloo with ``profile_run`` (2 processes under torchrun), then compares, rank by rank:
+Run: ``.venv/bin/python bench/distributed_accuracy.py`` (about 3 minutes on 2 shared cores). For each
+model and layout (DDP, FSDP2 ZeRO-2 and ZeRO-3, TP 2 with and without SP, PP 2 with 4 micro-batches
+(1F1B), PP 3 with 2 (torch's GPipe, which the eager step runs with fewer micro-batches than stages))
+it profiles one step on gloo with ``profile_run`` (2 or 3 processes under torchrun), then compares,
+rank by rank:
 
 - memory: ``rank_peak_memory_bytes`` against ``estimate(setup)`` (the first or last stage's breakdown
-  for a pipeline rank) and ``dry_run_distributed(setup)`` (data-parallel layouts only), on the setup as
-  the run recorded it in run.json;
+  for a pipeline rank, a middle one's where it is the fullest) and ``dry_run_distributed(setup)``
+  (data-parallel layouts only), on the setup as the run recorded it in run.json;
 - communication: calls and bytes per step of the collectives the layout's formula counts, measured
   from the trace (``collectives.collective_calls`` with sizes from ``read_collective_sizes``: the
   tensor shapes record_shapes wrote), against the formula (module docstring of ``analytic_comm``);
@@ -25,7 +27,7 @@ import platform
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -64,6 +66,8 @@ LAYOUTS: dict[str, dict] = {
     "TP 2": {"gpus": 2, "tp": 2},
     "TP 2 + SP": {"gpus": 2, "tp": 2, "sequence_parallel": True},
     "PP 2, m=4": {"gpus": 2, "pp": 2, "global_batch": 8},
+    # 2 micro-batches through 3 stages: every forward before any backward, so the last rank holds both.
+    "PP 3, m=2 (GPipe)": {"gpus": 3, "pp": 3, "global_batch": 4},
 }
 OPTIONS = RunOptions(device="cpu", steps=1, warmup=0, nproc=2)
 # Bytes each rank sends per byte of a collective's full buffer under the ring algorithms, n ranks
@@ -110,8 +114,9 @@ def analytic_comm(setup: Setup) -> dict:
     the norms' weight (and bias) gradients, once per step (advisor.parallel.apply_tp).
 
     PP: per micro-batch the activation (b x s x h) sent forward and its gradient sent back over each
-    stage boundary, so a rank of a 2-stage pipeline sends m and receives m. Element size: 4 bytes
-    (fp32 weights, gradients and activations in these runs).
+    of the pp - 1 stage boundaries: 2 (pp - 1) m sends and as many receives, 2 (pp - 1) m / pp of each
+    per rank on average (m each on a 2-stage pipeline). Element size: 4 bytes (fp32 weights, gradients
+    and activations in these runs).
     """
     m, p, t = setup.model, setup.parallel, setup.train
     e = 4
@@ -120,7 +125,8 @@ def analytic_comm(setup: Setup) -> dict:
     params = m.n_params * e
     units = m.n_layers + 1
     if p.pp > 1:
-        return {"send": (mb, mb * act), "recv": (mb, mb * act)}
+        calls = 2 * (p.pp - 1) * mb / p.pp
+        return {"send": (calls, calls * act), "recv": (calls, calls * act)}
     if p.tp > 1:
         edges = 4 * m.n_layers + 2  # the blocks' four, the embedding's and the head's
         loss = 3 * mb, 3 * mb * t.micro_batch * t.seq_len * 4
@@ -143,7 +149,7 @@ def analytic_comm(setup: Setup) -> dict:
 def run_layout(model: str | ModelSpec, layout: str, store: RunStore) -> Result:
     setup = make_setup(model=model, **BASE, **LAYOUTS[layout])
     start = time.perf_counter()
-    run = profile_run(setup, OPTIONS, store)
+    run = profile_run(setup, replace(OPTIONS, nproc=setup.gpus), store)
     name = setup.model.name
     if run.status != "ok":
         return Result(name, layout, setup, time.perf_counter() - start, {}, error=run.record["message"])
@@ -160,15 +166,21 @@ def run_layout(model: str | ModelSpec, layout: str, store: RunStore) -> Result:
 
 def memory_rows(setup: Setup, metrics: dict) -> list[dict]:
     """Per rank: measured peak (DDP's bucket buffers included: advisor.memprobe.ddp_bucket_bytes),
-    estimate, and dry run (None for tp/pp)."""
+    estimate (None for a middle pipeline rank that is not the fullest: the estimate reports the first,
+    the last and the fullest rank), and dry run (None for tp/pp)."""
     est = estimate(setup)
     p = setup.parallel
     dry = dry_run_distributed(setup).peak_bytes if p.tp == 1 and p.pp == 1 else None
     rows = []
     for rank, measured in enumerate(metrics["rank_peak_memory_bytes"]):
         stage = rank // (p.dp * p.tp)
-        mem = est.memory_first_stage if stage == 0 else est.memory_last_stage if p.pp > 1 else est.memory
-        rows.append({"rank": rank, "measured": measured, "estimate": mem.total_bytes, "dry": dry})
+        if p.pp == 1:
+            mem = est.memory
+        else:
+            by_stage = {est.memory_rank: est.memory, 0: est.memory_first_stage, p.pp - 1: est.memory_last_stage}
+            mem = by_stage.get(stage)
+        total = None if mem is None else mem.total_bytes
+        rows.append({"rank": rank, "measured": measured, "estimate": total, "dry": dry})
     return rows
 
 
@@ -227,8 +239,9 @@ def memory_table(results: list[Result]) -> list[str]:
     for r in results:
         for row in r.memory:
             dry = "n/a (tp/pp)" if row["dry"] is None else f"{row['dry'] / MiB:.2f}"
+            estimated = "n/a (middle)" if row["estimate"] is None else f"{row['estimate'] / MiB:.2f}"
             out.append(
-                f"| {r.model} | {r.layout} | {row['rank']} | {row['measured'] / MiB:.2f} | {row['estimate'] / MiB:.2f} "
+                f"| {r.model} | {r.layout} | {row['rank']} | {row['measured'] / MiB:.2f} | {estimated} "
                 f"| {_err(row['estimate'], row['measured'])} | {dry} | {_err(row['dry'], row['measured'])} |"
             )
     return out
@@ -244,7 +257,7 @@ def comm_table(results: list[Result]) -> list[str]:
         c = r.comm
         if not c:
             continue
-        calls = f"{c['calls']:g} / {c['analytic_calls'] if c['analytic_calls'] is not None else 'buckets'}"
+        calls = f"{c['calls']:g} / {'buckets' if c['analytic_calls'] is None else format(c['analytic_calls'], 'g')}"
         out.append(
             f"| {r.model} | {r.layout} | {c['kinds']} | {calls} | {c['bytes'] / MiB:.3f} | {c['analytic_bytes'] / MiB:.3f} "
             f"| {c['bytes'] / c['analytic_bytes']:.4f} | {c['wire_ran'] / c['wire_formula']:.3f} "
@@ -284,8 +297,13 @@ def summary(results: list[Result]) -> list[str]:
         f"- dry run vs measured peak ({len(errs)} ranks of data-parallel layouts): max |error| {max(errs):.1f} %, "
         f"target <= {DRY_RUN_TARGET_PCT:g} %: " + ("meets" if not over else f"misses ({', '.join(over)})")
     )
-    est = [abs(100 * (row["estimate"] - row["measured"]) / row["measured"]) for r in results for row in r.memory]
-    out.append(f"- estimator vs measured peak (all {len(est)} ranks): max |error| {max(est):.1f} % (no target)")
+    est = [
+        abs(100 * (row["estimate"] - row["measured"]) / row["measured"])
+        for r in results
+        for row in r.memory
+        if row["estimate"] is not None
+    ]
+    out.append(f"- estimator vs measured peak ({len(est)} ranks estimated): max |error| {max(est):.1f} % (no target)")
     ratios = [(r, r.comm["bytes"] / r.comm["analytic_bytes"]) for r in results if r.comm]
     over = [f"{r.model} {r.layout} ({100 * (x - 1):+.1f} %)" for r, x in ratios if abs(x - 1) * 100 > COMM_TARGET_PCT]
     out.append(
@@ -307,7 +325,7 @@ def main() -> None:
                 r = run_layout(model, layout, store)
                 results.append(r)
                 note = r.error or (f"bytes ratio {r.comm['bytes'] / r.comm['analytic_bytes']:.4f}" if r.comm else "")
-                print(f"{r.model:10s} {layout:14s} {r.wall_s:5.1f} s  {note}", flush=True)
+                print(f"{r.model:10s} {layout:18s} {r.wall_s:5.1f} s  {note}", flush=True)
     failed = [r for r in results if r.error]
     results = [r for r in results if not r.error]
     load_after = os.getloadavg()
@@ -316,13 +334,14 @@ def main() -> None:
         "# Distributed runs on the CPU: predicted memory, communication and bubble against measured",
         "",
         f"Command: `{COMMAND}`  ",
-        f"Date: {stamp}; {time.perf_counter() - start:.0f} s for {len(results)} runs of 2 gloo processes "
+        f"Date: {stamp}; {time.perf_counter() - start:.0f} s for {len(results)} runs of 2 or 3 gloo processes "
         f"(steps=1, warmup=0: one profiled step)  ",
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
         f"{platform.platform()}; load average (1/5/15 min) before {'/'.join(f'{x:.2f}' for x in load_before)}, "
         f"after {'/'.join(f'{x:.2f}' for x in load_after)}  ",
         f"Setups: {', '.join(str(m if isinstance(m, str) else m.name) for m in MODELS)}; seq 64, micro-batch 2, fp32, "
-        "AdamW (fused); PP: 4 micro-batches (global batch 8), 1F1B.",
+        "AdamW (fused); PP 2: 4 micro-batches (global batch 8), 1F1B; PP 3: 2 micro-batches (global batch 4), "
+        "GPipe.",
         "",
         "## Per-rank peak memory",
         "",
@@ -335,7 +354,7 @@ def main() -> None:
         "",
         "Measured = collectives that start inside the rank's `step` range, of the kinds the formula counts,",
         "with bytes = the full buffer of each call from the shapes in the trace (`read_collective_sizes`), mean",
-        "over the 2 ranks. Bytes ratio = measured / analytic (`analytic_comm`). Wire = bytes a rank sends under",
+        "over the ranks. Bytes ratio = measured / analytic (`analytic_comm`). Wire = bytes a rank sends under",
         "ring algorithms (all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n of the full buffer, send 1),",
         "with the algorithm gloo ran (its range's name) against the formula's. Exposed share = exposed time /",
         "collective time of the counted calls (`collective_calls`).",

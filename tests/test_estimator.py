@@ -13,6 +13,7 @@ from advisor.estimator import (
     DDP_FIRST_BUCKET_BYTES,
     _activation_memory,
     _group_bw,
+    _stage_params,
     activation_bytes_per_token,
     estimate,
     megatron_stage_layers,
@@ -244,6 +245,73 @@ def test_data_parallel_all_reduce_across_nodes_by_hand():
     assert _group_bw(tp8, 1, 16) == pytest.approx(400e9 * COMM_EFFICIENCY_FRAC)
     assert _group_bw(tp8, 4, 4) == pytest.approx(100e9 * COMM_EFFICIENCY_FRAC)  # 2 members a node
     assert _group_bw(tp8, 1, 8) == pytest.approx(450e9 * COMM_EFFICIENCY_FRAC)  # inside a node: NVLink
+
+
+def test_a_group_straddling_a_72_gpu_rack_runs_at_one_nic():
+    # GB200 NVL72: 72 GPUs share NVLink (900 GB/s a direction). TP 8 divides the rack; TP 16 does not, so
+    # on 144 GPUs ranks 64-79 form a TP group split 8 / 8 over two racks, and that group sets the pace
+    # at one NIC's 50 GB/s. On 64 GPUs (one rack) TP 16 stays on NVLink.
+    model, hw = get_model("llama-3.1-70b"), get_hardware("gb200")
+    two_racks = Setup(model, TrainSpec(seq_len=4096, global_batch=18), ParallelSpec(dp=9, tp=16, zero=1), hw)
+    assert _group_bw(two_racks, 1, 16, channels=False) == pytest.approx(50e9 * COMM_EFFICIENCY_FRAC)
+    assert _group_bw(two_racks, 1, 8, channels=False) == pytest.approx(900e9 * COMM_EFFICIENCY_FRAC)
+    # The DP group (stride 16, 9 members) spans both racks: 72 / 16 = 4 members a rack, 4 NICs.
+    assert _group_bw(two_racks, 16, 9) == pytest.approx(4 * 50e9 * COMM_EFFICIENCY_FRAC)
+    one_rack = Setup(model, TrainSpec(seq_len=4096, global_batch=4), ParallelSpec(dp=4, tp=16, zero=1), hw)
+    assert _group_bw(one_rack, 1, 16, channels=False) == pytest.approx(900e9 * COMM_EFFICIENCY_FRAC)
+    # On 8-GPU nodes groups of 3 ranks do not tile a node: ranks 6-8 straddle two, so DP 3 is slow too.
+    odd = Setup(model, TrainSpec(seq_len=4096, global_batch=12), ParallelSpec(dp=3, pp=4, zero=1), get_hardware("h100"))
+    assert _group_bw(odd, 1, 3) == pytest.approx(50e9 * COMM_EFFICIENCY_FRAC)
+
+
+def test_moe_blocks_per_pipeline_rank_follow_where_the_stages_start():
+    # Llama-4 Maverick: MoE in blocks 1, 3, 5, ... (every other one). Over 16 stages of 3 blocks, rank 0
+    # holds blocks 0-2 (one MoE block), rank 1 blocks 3-5 (two): with EP 4 each holds 32 experts of
+    # 125,829,120 parameters per MoE block. Spread evenly, every rank would hold 1.5 blocks' worth and
+    # rank 1's peak would be missed.
+    m = get_model("llama-4-maverick")
+    setup = Setup(
+        m, TrainSpec(seq_len=8192, global_batch=64), ParallelSpec(dp=4, pp=16, ep=4, zero=1), get_hardware("h200")
+    )
+    assert m.expert_params == 125_829_120
+    assert [_stage_params(setup, r == 0, r == 15, r)[1] for r in (0, 1, 2, 15)] == [
+        32 * m.expert_params * k for k in (1, 2, 1, 2)
+    ]
+    est = estimate(setup)
+    assert est.memory_rank == 1 and est.memory.total_bytes > est.memory_first_stage.total_bytes
+
+
+@pytest.mark.parametrize("pp,vpp", [(4, 1), (3, 1), (2, 2)])
+def test_moe_parameters_per_pipeline_rank_equal_the_model_split(pp, vpp):
+    # The eager step's own split (advisor.parallel.split_pipeline) of a model with MoE every other
+    # block: each rank's routed-expert and other parameters, counted on the real modules, are the
+    # estimator's.
+    import torch
+
+    from advisor.model import Transformer
+    from advisor.parallel import stage_bounds
+
+    spec = replace(get_model("tiny-moe"), n_layers=8, moe_layer_step=2)
+    setup = Setup(
+        spec,
+        TrainSpec(seq_len=256, global_batch=8, framework="pytorch"),
+        ParallelSpec(dp=1, pp=pp, vpp=vpp),
+        get_hardware("cpu"),
+    )
+    with torch.device("meta"):
+        model = Transformer(spec)
+    bounds = stage_bounds(setup)
+    n_stages = pp * vpp
+    for r in range(pp):
+        expert = other = 0
+        for stage in range(r, n_stages, pp):
+            for block in model.blocks[bounds[stage] : bounds[stage + 1]]:
+                experts = getattr(block.mlp, "experts", None)
+                n_expert = sum(p.numel() for p in experts.parameters()) if experts is not None else 0
+                expert += n_expert
+                other += sum(p.numel() for p in block.parameters()) - n_expert
+        dense, est_expert, *_, root = _stage_params(setup, r == 0, r == pp - 1, r)
+        assert (est_expert, dense - root) == (expert, other), (r, bounds)
 
 
 def test_tensor_parallel_across_nodes_is_slower():
@@ -601,6 +669,30 @@ def test_interleaved_last_rank_holds_its_warm_up_micro_batches():
     setup = make_setup(model="llama-3.1-8b", gpu="h100", gpus=4, pp=4, vpp=2, seq=8192, micro_batch=1, global_batch=16)
     saved, _ = _activation_memory(setup, 8192, 2.5, first=False, last=True)
     assert estimate(setup).memory_last_stage.activations_bytes == pytest.approx(saved, rel=1e-12)
+
+
+def test_the_eager_gpipe_schedule_keeps_every_micro_batch_on_every_rank():
+    # The eager step runs torch's GPipe with fewer micro-batches than stages: tiny over 3 stages (1, 2, 1
+    # blocks) with 2 micro-batches runs both forwards before either backward, so the last rank holds 2
+    # micro-batches of its block and of the head's saved tensors (1F1B: 1). Measured on 3 gloo
+    # processes (``python -m advisor profile --model tiny --device cpu --gpus 3 --pp 3 --nproc 3
+    # --global-batch 2 --micro-batch 1 --seq 256 --framework pytorch --steps 2``, bf16): the last rank
+    # peaked at 95,300,700 bytes, the first at 54,382,664; estimated 92.4 MB (-3.0 %) and 53.9 MB
+    # (-0.9 %), where 1F1B's in-flight counts gave 80.0 MB (-16.0 %).
+    kw = {"model": "tiny", "gpu": "cpu", "gpus": 3, "pp": 3, "seq": 256, "micro_batch": 1, "framework": "pytorch"}
+    bf16 = estimate(make_setup(**kw, global_batch=2))
+    assert bf16.memory_last_stage.total_bytes == pytest.approx(95_300_700, rel=0.05)
+    assert bf16.memory_first_stage.total_bytes == pytest.approx(54_382_664, rel=0.05)
+    # In fp32 (no autocast copies of the weights) the last rank's activations are exactly two micro-batches'.
+    gpipe = make_setup(**kw, global_batch=2, precision="fp32")
+    saved, _ = _activation_memory(gpipe, 256, 2.0, first=False, last=True)
+    assert estimate(gpipe).memory_last_stage.activations_bytes == pytest.approx(saved, rel=1e-12)
+    # With as many micro-batches as stages the eager step runs 1F1B: the last rank holds one, and its
+    # block and head tensors are half of GPipe's.
+    f1b1 = make_setup(**kw, global_batch=3, precision="fp32")
+    saved_1f1b, _ = _activation_memory(f1b1, 256, 1.0, first=False, last=True)
+    assert estimate(f1b1).memory_last_stage.activations_bytes == pytest.approx(saved_1f1b, rel=1e-12)
+    assert saved == pytest.approx(2 * saved_1f1b, rel=1e-12)
 
 
 def test_the_memory_chart_shows_the_fullest_middle_stage():

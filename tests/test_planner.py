@@ -409,3 +409,17 @@ def test_step_times_keep_three_digits_below_100_ms():
         "100",
         "62,067",
     ]
+
+
+def test_tp_stays_inside_a_72_gpu_rack():
+    # GB200 NVL72: on two racks TP 16, 32 or 64 would split some TP groups over both (72 is no multiple
+    # of 16), so TP goes up to 8; inside one rack (64 GPUs) every power of two up to 64 is tried.
+    from advisor.planner import _layouts
+
+    two_racks = {lay.tp for lay in _layouts(request("llama-3.1-70b", "gb200", 144, 4096, 144))}
+    assert two_racks == {1, 2, 4, 8}
+    one_rack = {lay.tp for lay in _layouts(request("llama-3.1-70b", "gb200", 64, 4096, 64))}
+    assert one_rack == {1, 2, 4, 8, 16, 32, 64}
+    res = plan(request("llama-3.1-70b", "gb200", 144, 8192, 288))
+    assert res.top and all(e.setup.parallel.tp <= 8 for e in res.top)
+    assert "inside one 72-GPU node" in res.top[0].reason or res.top[0].setup.parallel.tp == 1

@@ -60,7 +60,29 @@ def test_hardware_presets_cite_datasheet_numbers():
     assert h100.host_link_bw_bytes_per_s == 64e9  # PCIe Gen5 x16 per direction
     assert get_hardware("a100-80gb").peak_fp8_flops == 0
     assert get_hardware("cpu").kind == "cpu"
-    assert set(HARDWARE) >= {"h100", "h200", "gh200", "a100-80gb", "a100-40gb", "l40s", "cpu"}
+    assert set(HARDWARE) >= {"h100", "h200", "gh200", "b200", "gb200", "a100-80gb", "a100-40gb", "l40s", "cpu"}
+
+
+def test_blackwell_presets_are_their_datasheets_per_gpu():
+    # HGX B200: 8-GPU totals with sparsity (BF16 36, FP8 72, TF32 18 PFLOP/s; FP32 600 TFLOP/s dense),
+    # 1.44 TB HBM3e at 64 TB/s: per GPU dense = total / 8 / 2.
+    b200 = get_hardware("b200")
+    assert (b200.peak_bf16_flops, b200.peak_fp8_flops, b200.peak_tf32_flops) == (36e15 / 16, 72e15 / 16, 18e15 / 16)
+    assert b200.peak_fp32_flops == 600e12 / 8 and b200.mem_bw_bytes_per_s == 64e12 / 8
+    assert b200.memory_bytes == 183359 * 2**20 and b200.gpus_per_node == 8  # the driver's 183,359 MiB
+    assert (b200.host_link, b200.intra_node_bw_bytes_per_s) == ("pcie5", 900e9)  # NVLink 5: 1.8 TB/s both ways
+    # GB200 NVL72: rack totals with sparsity (BF16 360, FP8 720, TF32 180 PFLOP/s; FP32 5,760 TFLOP/s),
+    # 576 TB/s of HBM3e; one NVLink domain of 72 GPUs; 36 Graces of 480 GB, each over one 900 GB/s
+    # NVLink-C2C to two GPUs.
+    gb200 = get_hardware("gb200")
+    assert (gb200.peak_bf16_flops, gb200.peak_fp8_flops, gb200.peak_tf32_flops) == (
+        360e15 / 144,
+        720e15 / 144,
+        180e15 / 144,
+    )
+    assert gb200.peak_fp32_flops == 5760e12 / 72 and gb200.mem_bw_bytes_per_s == 576e12 / 72
+    assert (gb200.gpus_per_node, gb200.host_link, gb200.host_link_bw_bytes_per_s) == (72, "nvlink-c2c", 900e9 / 4)
+    assert gb200.host_memory_bytes == 36 * 480e9 and get_hardware("gb200-nvl72") == gb200
 
 
 def _llama(**kw):
@@ -187,6 +209,13 @@ def test_gpu_names_from_traces_find_their_presets():
     nvl, sxm = hardware_for_gpu_name("NVIDIA H200 NVL"), hardware_for_gpu_name("NVIDIA H200")
     assert (nvl.name, nvl.peak_bf16_flops, nvl.peak_fp32_flops) == ("H200 NVL 141GB", 835.5e12, 60e12)
     assert (sxm.name, sxm.peak_bf16_flops, nvl.mem_bw_bytes_per_s) == ("H200 141GB", 989.5e12, sxm.mem_bw_bytes_per_s)
+    # "B200" is part of "GB200": the Grace Blackwell part is matched first.
+    assert hardware_for_gpu_name("NVIDIA GB200", 189471 * 2**20).name == "GB200 NVL72 186GB"
+    assert hardware_for_gpu_name("NVIDIA B200", 183359 * 2**20).name == "B200 180GB"
+    # Blackwell's kernels name sm100 (cuBLAS, CUTLASS 3); nvjet ones alone read as Hopper.
+    hw, _ = hardware_for_trace([], ["nvjet_tst_128x256_64x4_2x1_v_bz_TNT", "sm100_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"])
+    assert hw.name == "B200 180GB"
+    assert hardware_for_trace([], ["nvjet_tst_128x256_64x4_2x1_v_bz_TNT"])[0].name == "H100 SXM 80GB"
     hw, how = hardware_for_trace([], ["volta_sgemm_128x64_nn"])
     assert hw.name == "V100 SXM2 32GB" and "guessed from kernel names" in how
     assert hardware_for_trace([], ["my_kernel"]) == (
