@@ -37,11 +37,11 @@ from advisor.charts import (
 )
 from advisor.errors import AdvisorError
 from advisor.estimator import estimate
-from advisor.presets import HARDWARE, MODELS
+from advisor.presets import HARDWARE, MODELS, fastest_precision, local_hardware
 from advisor.profiling import RunOptions
 from advisor.report import describe_setup, fmt_duration, memory_rows, mfu_note, roofline_line, time_rows, verdict
 from advisor.roofline import trace_roofline
-from advisor.runner import profile_run
+from advisor.runner import local_device_type, profile_run
 from advisor.runstore import RunInfo, RunStore
 from advisor.sizing import make_setup
 from advisor.specs import FRAMEWORKS, OFFLOAD_MODES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES
@@ -227,7 +227,8 @@ PROFILE_DEFAULTS = {
     "seq": 256,
     "micro_batch": 2,
     "global_batch": 0,
-    "precision": "bf16",
+    # This machine's fast path: bf16 on a GPU, fp32 on a CPU without AVX512-BF16 or AMX (1/30 of fp32).
+    "precision": fastest_precision(local_hardware(local_device_type("auto"))),
     "recompute": "none",
     "optimizer": "adamw",
     "offload": False,

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from advisor.errors import AdvisorError
 from advisor.estimator import Estimate, estimate
-from advisor.presets import HARDWARE, MODELS
+from advisor.presets import HARDWARE, MODELS, fastest_precision, local_hardware
 from advisor.profiling import RunOptions
 from advisor.report import format_estimate, format_run
-from advisor.runner import CHILD_COMMAND, child_main, profile_run
+from advisor.runner import CHILD_COMMAND, child_main, local_device_type, profile_run
 from advisor.runstore import RUN_ID_RE, STATUSES, RunStore, read_metrics
 from advisor.sizing import make_setup
 from advisor.specs import FRAMEWORKS, OFFLOAD_MODES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES, Setup
@@ -44,7 +44,12 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--global-batch", type=int, default=0, help="sequences per optimizer step (default: micro-batch x dp)"
     )
-    s.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    s.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="bf16",
+        help="default: bf16; for profile, this device's fastest (fp32 on a CPU without AVX512-BF16 or AMX)",
+    )
     s.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     s.add_argument(
         "--optimizer-impl",
@@ -166,6 +171,8 @@ def _options_from_args(args: argparse.Namespace) -> RunOptions:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
+    if args.precision is None:
+        args.precision = fastest_precision(local_hardware(local_device_type(args.device)))
     setup = setup_from_args(args)
     options = _options_from_args(args)
 
@@ -578,7 +585,8 @@ def build_parser() -> argparse.ArgumentParser:
     size.set_defaults(func=_cmd_size)
     prof = sub.add_parser("profile", help="profile a short real training step in a child process; files a run")
     add_setup_args(prof)
-    prof.set_defaults(model="tiny", seq=256, micro_batch=2, func=None)
+    # --precision: this machine's fast path unless given (fp32 on a CPU without a 16-bit matrix unit).
+    prof.set_defaults(model="tiny", seq=256, micro_batch=2, precision=None, func=None)
     r = prof.add_argument_group("run")
     r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     r.add_argument("--steps", type=int, default=3, help="timed steps, then as many profiled (default: %(default)s)")

@@ -485,7 +485,10 @@ def cpu_host() -> HardwareSpec:
     (1024 FLOP per cycle per core against 64, Intel's AMX overview). fp16 has a vectorised GEMM in PyTorch's
     CPU build only with AVX512_FP16 or AMX-FP16; without them it falls back to a scalar loop, measured
     here at 1/70 of fp32 (512^3 matmul on an AVX512-BF16 EPYC: 2.5 vs 176 GFLOP/s; bf16 625), taken
-    as 1/50. DRAM ~10 GB/s per core. Processes on one host talk through gloo over loopback: a 2-process
+    as 1/50. Without AVX512_BF16 or AMX, bf16 is no faster path either: on an AVX2-only EPYC a linear
+    layer's forward and backward under bf16 autocast (1024 x 256 x 688) ran at 1/31 of fp32 (3.2 vs
+    100 GFLOP/s; fp16 1/40), the tiny model's whole step 1/23 (10.7 s against 0.47 s), taken as 1/30.
+    DRAM ~10 GB/s per core. Processes on one host talk through gloo over loopback: a 2-process
     all-reduce of 4-64 MiB measured 1.2-1.5 GB/s bus bandwidth here, taken as 1.6 GB/s of link (the
     estimator applies its 0.8 collective efficiency). These are rough: the calibration (``python -m
     advisor calibrate``) learns this machine's real rates.
@@ -497,7 +500,7 @@ def cpu_host() -> HardwareSpec:
         memory = 16 * GiB
     peak = 96e9 * cores
     flags = cpu_flags()
-    bf16 = 16 if "amx_bf16" in flags else 3.5 if "avx512_bf16" in flags else 1
+    bf16 = 16 if "amx_bf16" in flags else 3.5 if "avx512_bf16" in flags else 1 / 30
     fp16 = 16 if "amx_fp16" in flags else 2 if "avx512_fp16" in flags else 1 / 50
     return HardwareSpec(
         name=f"CPU host ({cores} cores)",
@@ -618,6 +621,14 @@ def local_hardware(device_type: str) -> HardwareSpec:
     return replace(
         h100_sxm(), name=f"{props.name} (peaks unknown: H100 datasheet used)", memory_bytes=int(props.total_memory)
     )
+
+
+def fastest_precision(hw: HardwareSpec) -> str:
+    """The training precision with the highest peak on ``hw`` among fp32, bf16 and fp16 autocast (fp8
+    needs TransformerEngine): bf16 on Ampere and newer and on CPUs with AVX512-BF16 or AMX, fp16 on a
+    V100, fp32 on a CPU without a 16-bit matrix unit (bf16 runs at 1/30 of fp32 there). Ties go to
+    bf16 (no GradScaler, fp32's range), then fp32."""
+    return max(("fp32", "fp16", "bf16"), key=lambda p: (hw.peak_flops(p), p == "bf16", p == "fp32"))
 
 
 def current_hardware(hw: HardwareSpec) -> HardwareSpec:

@@ -41,6 +41,7 @@ from advisor.calibrate import (
     mape_pct,
     run_sweep,
     setup_groups,
+    sweep_precisions,
     sweep_setups,
     training_records,
 )
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         sweep = run_sweep(
             store,
-            sweep_setups(args.runs),
+            sweep_setups(args.runs, precisions=sweep_precisions(local_hardware("cpu"))),
             device="cpu",
             quiet_wait_s=args.quiet_wait,
             on_progress=lambda d, t, m: print(f"  [{d}/{t}] {m}", file=sys.stderr, flush=True),

@@ -128,6 +128,35 @@ def test_our_sample_run_advice_and_report():
     assert data["recommendations"][0]["id"] == fired(advice)[0]
 
 
+@pytest.mark.parametrize(
+    "flags, fp32_top, bf16_top",
+    [
+        # AVX512-BF16 (the EPYC the samples ran on): bf16 matmuls at 3.5x fp32, so the fp32 sample is
+        # told to use bf16 and the bf16 sample is not told to leave it.
+        ({"avx2", "avx512f", "avx512_bf16"}, "prec-fp32-to-bf16", None),
+        # AVX2 only: bf16 at 1/30 of fp32, so the bf16 sample is told to train in fp32, first (a
+        # warning, and the estimator's what-if of the change removes most of the step), and the fp32
+        # sample hears nothing of bf16.
+        ({"avx2"}, "launch-small-batch", "prec-16bit-on-cpu-without-fast-path"),
+    ],
+)
+def test_precision_advice_on_a_cpu_follows_its_16_bit_path(monkeypatch, flags, fp32_top, bf16_top):
+    from advisor import presets
+
+    monkeypatch.setattr(presets, "cpu_flags", lambda: flags)
+    store = RunStore(REPO / "traces")
+    fp32, bf16 = advise_run(SAMPLE_RUN, store), advise_run("20261130-165253-tiny-617152", store)
+    assert fired(fp32)[0] == fp32_top
+    assert "prec-16bit-on-cpu-without-fast-path" not in fired(fp32)
+    if bf16_top is None:
+        assert "prec-16bit-on-cpu-without-fast-path" not in fired(bf16)
+    else:
+        assert "prec-fp32-to-bf16" not in fired(fp32)
+        top = bf16.recommendations[0]
+        assert top.rule.id == bf16_top and top.changes == {"train.precision": "fp32"}
+        assert top.gain.gain_pct > 50
+
+
 def test_advise_needs_some_input():
     with pytest.raises(AdvisorError, match="needs a profiled run"):
         advise()

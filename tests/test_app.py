@@ -463,7 +463,9 @@ def test_a_shared_value_follows_only_where_the_other_tab_allows_it():
 
 def test_apply_loads_the_recommended_change_everywhere(monkeypatch):
     from advisor.runstore import RunStore
+    from tests.sample_cpu import pin_sample_cpu
 
+    pin_sample_cpu(monkeypatch)  # bf16 is the samples' CPU's fast path, not an AVX2-only one's
     monkeypatch.setattr(app, "_store", lambda: RunStore(Path(__file__).resolve().parents[1] / "traces"))
     *_, advice = app.advice_view("stored run", "20261130-165248-tiny-6bcb2f", None, *_size_values())
     choices = app.apply_choices(advice).choices

@@ -34,6 +34,7 @@ from advisor.runner import on_this_machine
 from advisor.runstore import RunStore, new_run_id, write_json_atomic
 from advisor.sizing import make_setup
 from advisor.specs import spec_to_dict
+from tests.sample_cpu import pin_sample_cpu
 
 # The synthetic truth: this "machine" runs bf16 at 0.4x and fp32 at 0.8x the estimated time, full
 # recompute costs 1.25x more on top, and every step's peak memory is 1.1x the estimate.
@@ -46,7 +47,12 @@ def _true_time_factor(setup):
 
 
 def _local(setups):
-    return [on_this_machine(s, "cpu") for s in setups]
+    """The setups on this machine's CPU, as the samples' CPU (``tests.sample_cpu``): this machine's own
+    flags would change the estimator's bf16 rate 100-fold between CPUs (3.5x fp32 or 1/30), and with
+    it the spread the synthetic truth is recovered from."""
+    with pytest.MonkeyPatch.context() as mp:
+        pin_sample_cpu(mp)
+        return [on_this_machine(s, "cpu") for s in setups]
 
 
 def _synthetic_records(setups):
@@ -69,7 +75,8 @@ def calibration(setups):
     return fit_calibration(_synthetic_records(setups))
 
 
-def test_recovers_a_known_multiplicative_error(setups, calibration):
+def test_recovers_a_known_multiplicative_error(setups, calibration, monkeypatch):
+    pin_sample_cpu(monkeypatch)  # the new setup below is on the same CPU as the training setups
     # The estimator's error is known exactly: |estimate - truth| / truth = |1 / factor - 1|.
     expected_time_pct = 100 * np.mean([abs(1 / _true_time_factor(s) - 1) for s in setups])
     assert calibration.cv["mape_step_time_estimator_pct"] == pytest.approx(expected_time_pct)
@@ -260,7 +267,8 @@ def _synthetic_store(path, setups):
     return store
 
 
-def test_training_records_keep_only_measured_runs_of_this_machine(setups, tmp_path):
+def test_training_records_keep_only_measured_runs_of_this_machine(setups, tmp_path, monkeypatch):
+    pin_sample_cpu(monkeypatch)  # records re-estimate on this machine's CPU: the setups' one
     store = RunStore(tmp_path)
     factors = {}
     for s in setups[:3]:
@@ -365,3 +373,17 @@ def test_a_calibration_goes_stale_when_the_estimator_changes(setups, tmp_path, m
     assert "the estimator changed since the fit (step_time_ms of a check setup" in cal.stale_reason()
     with pytest.raises(AdvisorError, match=r"is stale: .*refit with `python -m advisor calibrate`"):
         load_calibration(store, key)
+
+
+def test_a_sweep_measures_only_the_precisions_the_device_runs_fast(monkeypatch):
+    from advisor import presets
+    from advisor.calibrate import sweep_precisions
+
+    # bf16 autocast ran the tiny step 23x slower than fp32 on an AVX2-only CPU: the sweep leaves it out.
+    monkeypatch.setattr(presets, "cpu_flags", lambda: {"avx2"})
+    assert sweep_precisions(presets.cpu_host()) == ("fp32",)
+    assert {s.train.precision for s in sweep_setups(12, precisions=sweep_precisions(presets.cpu_host()))} == {"fp32"}
+    monkeypatch.setattr(presets, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+    assert sweep_precisions(presets.cpu_host()) == ("fp32", "bf16")
+    assert sweep_precisions(presets.get_hardware("h100")) == ("fp32", "bf16")
+    assert {s.train.precision for s in sweep_setups(12)} == {"fp32", "bf16"}

@@ -178,8 +178,12 @@ def test_setup_derives_batch_and_accumulation():
 @pytest.mark.parametrize(
     "flags, bf16, fp16",
     [
-        (set(), 1.0, 1 / 50),  # AVX2 only: bf16 runs at the fp32 rate, fp16 through a scalar fallback
-        ({"avx512f", "avx512_bf16"}, 3.5, 1 / 50),  # measured on our EPYC: bf16 matmul 3.5x fp32
+        # AVX2 only: bf16 and fp16 autocast ran a linear layer's forward and backward at 1/31 and 1/40 of
+        # fp32 on an AVX2-only EPYC; fp16's scalar fallback 1/70 on an AVX512-BF16 one.
+        ({"avx2"}, 1 / 30, 1 / 50),
+        (set(), 1 / 30, 1 / 50),
+        ({"avx2", "avx512f", "avx512_bf16"}, 3.5, 1 / 50),  # measured on our EPYC: 3.5x fp32
+        ({"avx2", "avx512f"}, 1 / 30, 1 / 50),
         ({"avx512_fp16", "amx_bf16"}, 16.0, 2.0),
         ({"amx_bf16", "amx_fp16"}, 16.0, 16.0),
     ],
@@ -230,3 +234,20 @@ def test_bf16_on_a_gpu_without_it_is_refused():
     with pytest.raises(SpecError, match="bf16"):
         make_setup(model="gpt2-124m", gpu="v100", seq=1024, precision="bf16")
     assert make_setup(model="gpt2-124m", gpu="v100", seq=1024, precision="fp16").hardware.name == "V100 SXM2 32GB"
+
+
+def test_the_fastest_precision_of_each_device(monkeypatch):
+    from advisor import presets
+
+    # bf16 on Ampere and newer (ties with fp16 go to bf16: no GradScaler), fp16 on a V100 (no bf16 math:
+    # 125 against 15.7 TFLOP/s fp32), on a CPU what its flags give.
+    assert {k: presets.fastest_precision(get_hardware(k)) for k in ("a100-80gb", "h100", "b200", "v100")} == {
+        "a100-80gb": "bf16",
+        "h100": "bf16",
+        "b200": "bf16",
+        "v100": "fp16",
+    }
+    monkeypatch.setattr(presets, "cpu_flags", lambda: {"avx2"})
+    assert presets.fastest_precision(presets.cpu_host()) == "fp32"
+    monkeypatch.setattr(presets, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+    assert presets.fastest_precision(presets.cpu_host()) == "bf16"

@@ -19,11 +19,12 @@ from advisor.verify import VERIFY_DIR, verify
 @pytest.fixture(scope="module")
 def slow_data_run(tmp_path_factory):
     store = RunStore(tmp_path_factory.mktemp("store"))
-    # 8 samples x 150 ms of simulated I/O per step against a ~200 ms step of the tiny model (1024
+    # 8 samples x 150 ms of simulated I/O per step against a ~500 ms step of the tiny model (1024
     # tokens, so the tiny-batch rule stays silent). The rule needs loading over 10 % of the step: with
     # 50 ms a sample a CI machine loaded 7x (a 4,485 ms step) read 9.0 % and the rule stayed silent;
-    # 1,200 ms keeps it over 10 % up to a step of 12 s.
-    setup = make_setup(model="tiny", gpu="cpu", seq=128, micro_batch=8, precision="bf16")
+    # 1,200 ms keeps it over 10 % up to a step of 12 s. fp32, the fast path of every CPU: in bf16 an
+    # AVX2-only CPU took 10.7 s a step (no 16-bit matrix unit), and the loading read under 10 %.
+    setup = make_setup(model="tiny", gpu="cpu", seq=128, micro_batch=8, precision="fp32")
     run = profile_run(setup, RunOptions(device="cpu", steps=2, data_delay_ms=150.0), store)
     assert run.status == "ok", run.record
     return store, run
