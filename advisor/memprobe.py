@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
-from advisor.model import Transformer
+from advisor.model import Transformer, local_tensor
 from advisor.step import HostOffloadOptimizer, Trainer, unwrap
 
 
@@ -49,7 +48,7 @@ def live_state_tensors(trainer: Trainer) -> list[torch.Tensor | None]:
         if isinstance(m, Transformer) and m._rope is not None:
             out += list(m._rope)
     # FSDP and TP hold DTensors, whose own storage is not this rank's memory: count the local shards.
-    return [t.to_local() if isinstance(t, DTensor) else t for t in out]
+    return [None if t is None else local_tensor(t) for t in out]
 
 
 def ddp_bucket_bytes(model: torch.nn.Module) -> int:

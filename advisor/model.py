@@ -8,10 +8,11 @@ activation checkpointing is non-reentrant, per block ("full") or around the atte
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from advisor.specs import RECOMPUTE_MODES, ModelSpec
@@ -224,7 +225,15 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     Vocab-sharded DTensor logits (tensor parallelism, under ``loss_parallel``) give the same loss as a
     plain tensor, replicated on every TP rank."""
     loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1))
-    return loss.to_local() if isinstance(loss, DTensor) else loss
+    return local_tensor(loss)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's local part of ``t`` if it is a DTensor (FSDP and TP parameters, vocab-sharded
+    logits), else ``t``. DTensors exist only once FSDP or TP has imported torch.distributed.tensor,
+    which is not imported here: it adds about a second to every profiling child's start."""
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    return t.to_local() if dtensor is not None and isinstance(t, dtensor) else t
 
 
 def build_model(

@@ -17,22 +17,18 @@ from advisor.sizing import make_setup
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_gpu_check_quick_mode_on_the_cpu(tmp_path):
-    cmd = [sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--quick", "--steps", "1", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+def test_gpu_check_quick_mode_on_the_cpu_with_its_distributed_part(tmp_path):
+    # One run of the script (each costs 25-85 s on 2 cores): the single-process rows, the ceilings, and
+    # the distributed part on gloo, the same code path as the NCCL part on several GPUs (DDP, FSDP2
+    # ZeRO-3, TP 2 + SP).
+    cmd = [sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--quick", "--steps", "1"]
+    cmd += ["--distributed", "2", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     (result,) = tmp_path.glob("gpu_check_*_quick.json")
-    rows = json.loads(result.read_text())
-    single, distributed = rows[:2], rows[2:]
+    all_rows = json.loads(result.read_text())
+    single, rows = all_rows[:2], all_rows[2:]
     assert [r["config"] for r in single] == ["tiny s128 b2 fp32 none", "tiny s128 b2 fp32 full"]
-    # The distributed part runs on the CPU only when asked (--distributed N): here it says why not.
-    assert distributed == [
-        {
-            "config": "distributed (NCCL / gloo)",
-            "status": "skipped",
-            "message": "skipped: on the CPU only with --distributed N",
-        }
-    ]
     for r in single:
         assert r["status"] == "ok"
         # On the CPU the dry run reproduces the measured peak (see bench/results/dryrun_accuracy_cpu.md).
@@ -40,19 +36,9 @@ def test_gpu_check_quick_mode_on_the_cpu(tmp_path):
         # Each run's roofline is judged against the ceilings the check measured first.
         assert r["roofline_bound"] in ("compute", "memory", "latency") and "roofs measured" in r["roofline_roofs"]
     md = (tmp_path / result.name.replace(".json", ".md")).read_text()
-    assert md.count("| ok |") == 2 and "## Ceilings of CPU host" in md and "| matmul fp32 |" in md
+    assert md.count("| ok |") == 5 and "## Ceilings of CPU host" in md and "| matmul fp32 |" in md
     ceilings = json.loads((tmp_path / result.name.replace(".json", "_ceilings.json")).read_text())
     assert ceilings["device_name"].startswith("CPU host") and ceilings["matmul_flops_per_s"]["fp32"] > 0
-
-
-def test_gpu_check_distributed_part_on_two_cpu_processes(tmp_path):
-    # The same code path as the NCCL part on several GPUs, on gloo: DDP, FSDP2 ZeRO-3, TP 2 + SP.
-    cmd = [sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--quick", "--steps", "1"]
-    cmd += ["--distributed", "2", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    (result,) = tmp_path.glob("gpu_check_*_quick.json")
-    rows = json.loads(result.read_text())[2:]
     assert [r["config"] for r in rows] == [
         "DDP x2 tiny s128 b2 fp32",
         "FSDP2 ZeRO-3 x2 tiny s128 b2 fp32",
@@ -63,13 +49,23 @@ def test_gpu_check_distributed_part_on_two_cpu_processes(tmp_path):
     assert fsdp["measured_peak_bytes"] < ddp["measured_peak_bytes"]  # sharded states take less per rank
     if torch_release() < DISTRIBUTED_MIN_TORCH:  # the dry run refuses this torch: the row says why
         assert fsdp["dry_run_peak_bytes"] is None and "needs torch 2.13 or newer" in fsdp["dry_run_message"]
-        assert "No dry run for:\n- DDP x2 tiny" in next(tmp_path.glob("gpu_check_*_quick.md")).read_text()
+        assert "No dry run for:\n- DDP x2 tiny" in md
         return
     # Within the 8 %, or off by the root unit (tiny's embedding and final norm, fp32), whose
     # gathered buffer is alive at the measured peak or not depending on gloo's thread timing.
     off = abs(fsdp["dry_run_peak_bytes"] - fsdp["measured_peak_bytes"])
     root = 4 * (8192 * 256 + 256)
     assert min(off, abs(off - root)) <= 0.08 * fsdp["measured_peak_bytes"]
+
+
+def test_the_distributed_part_runs_on_the_cpu_only_when_asked():
+    # Without --distributed N the script's distributed row says why it did not run on the CPU.
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check
+
+    assert gpu_check._processes("cpu", None) == (0, "skipped: on the CPU only with --distributed N")
+    assert gpu_check._processes("cpu", 2) == (2, "")
+    assert gpu_check._processes("cpu", 0) == (0, "skipped: --distributed 0")
 
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="checks the message of a machine with fewer than 2 GPUs")
