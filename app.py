@@ -227,8 +227,9 @@ PROFILE_DEFAULTS = {
     "seq": 256,
     "micro_batch": 2,
     "global_batch": 0,
-    # This machine's fast path: bf16 on a GPU, fp32 on a CPU without AVX512-BF16 or AMX (1/30 of fp32).
-    "precision": fastest_precision(local_hardware(local_device_type("auto"))),
+    # This machine's fast path: bf16 on a GPU (a V100 user picks fp16: reading the GPU's name here would
+    # start CUDA in the UI process), on a CPU its fastest, fp32 without AVX512-BF16 or AMX (1/30 of fp32).
+    "precision": "bf16" if local_device_type("auto") == "cuda" else fastest_precision(local_hardware("cpu")),
     "recompute": "none",
     "optimizer": "adamw",
     "offload": False,

@@ -456,7 +456,10 @@ def _stage_params(
         expert = moe_layers * local_experts * mlp(m.expert_ffn_hidden)
         expert_mm = (local_experts + m.n_shared_experts) * mats * h * m.expert_ffn_hidden / t
         matmul += moe_layers * (attn_mm + m.router_params + expert_mm)
-        block = max(dense_layer, moe_shared + local_experts * mlp(m.expert_ffn_hidden))
+        # The largest block this rank holds (ZeRO-3 gathers one at a time): a rank of dense blocks only
+        # (Maverick's stages of one block) never gathers an MoE block.
+        moe_block = moe_shared + local_experts * mlp(m.expert_ffn_hidden)
+        block = max(dense_layer if dense_layers else 0.0, moe_block if moe_layers else 0.0)
     root = 0.0
     if first:
         root += m.vocab * h / t + (m.max_positions * h if m.position == "learned" else 0)

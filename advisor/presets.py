@@ -475,6 +475,11 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def cpu_cores() -> int:
+    """This machine's logical CPU count (1 where the OS does not say)."""
+    return os.cpu_count() or 1
+
+
 def cpu_host() -> HardwareSpec:
     """This machine's CPU as the training device (the profiled step's fallback without a GPU).
 
@@ -493,7 +498,7 @@ def cpu_host() -> HardwareSpec:
     estimator applies its 0.8 collective efficiency). These are rough: the calibration (``python -m
     advisor calibrate``) learns this machine's real rates.
     """
-    cores = os.cpu_count() or 1
+    cores = cpu_cores()
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

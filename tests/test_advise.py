@@ -106,6 +106,16 @@ def test_gh200_offload_is_advised_over_c2c_and_not_over_pcie():
     assert "mem-offload-c2c" in gh and "mem-offload-c2c" not in h100
 
 
+def test_tp_that_does_not_tile_a_72_gpu_rack_is_flagged():
+    # GB200 NVL72: TP 16 on two racks puts ranks 64-79 in one TP group across both (72 is no multiple
+    # of 16): capped at 8, the factor moves to pipeline stages. Inside one rack (64 GPUs) TP 16 is fine.
+    kw = dict(model="llama-3.1-70b", gpu="gb200", tp=16, sequence_parallel=True, seq=4096, recompute="full")
+    two = advise(setup=make_setup(gpus=144, global_batch=144, **kw))
+    rec = next(r for r in two.recommendations if r.rule.id == "par-tp-across-nodes")
+    assert rec.changes == {"parallel.tp": 8, "parallel.pp": 2} and rec.gain.gain_pct > 0
+    assert "par-tp-across-nodes" not in fired(advise(setup=make_setup(gpus=64, global_batch=64, **kw)))
+
+
 def test_an_action_that_breaks_the_spec_says_why():
     setup = make_setup(model="tiny", gpu="cpu", seq=128, micro_batch=2, global_batch=6)  # accum 3
     rule = next(r for r in R.load_rules() if r.id == "mem-headroom-raise-microbatch")
@@ -144,6 +154,7 @@ def test_precision_advice_on_a_cpu_follows_its_16_bit_path(monkeypatch, flags, f
     from advisor import presets
 
     monkeypatch.setattr(presets, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(presets, "cpu_cores", lambda: 2)  # the samples' name: "CPU host (2 cores)"
     store = RunStore(REPO / "traces")
     fp32, bf16 = advise_run(SAMPLE_RUN, store), advise_run("20261130-165253-tiny-617152", store)
     assert fired(fp32)[0] == fp32_top

@@ -138,7 +138,7 @@ def test_profile_tab_reports_bad_input_and_refusals(store):
 def test_profile_tab_opens_on_the_newest_run(store):
     assert app.run_choices().value is None  # empty store: nothing selected
     _profile()
-    _profile(precision="fp32")
+    _profile(recompute="full")
     newest = store.list_runs()[0][0].run_id
     dropdown = app.run_choices()
     assert dropdown.value == newest and len(dropdown.choices) == 2

@@ -51,7 +51,7 @@ def _local(setups):
     flags would change the estimator's bf16 rate 100-fold between CPUs (3.5x fp32 or 1/30), and with
     it the spread the synthetic truth is recovered from."""
     with pytest.MonkeyPatch.context() as mp:
-        pin_sample_cpu(mp)
+        pin_sample_cpu(mp, cores=False)
         return [on_this_machine(s, "cpu") for s in setups]
 
 
@@ -76,7 +76,7 @@ def calibration(setups):
 
 
 def test_recovers_a_known_multiplicative_error(setups, calibration, monkeypatch):
-    pin_sample_cpu(monkeypatch)  # the new setup below is on the same CPU as the training setups
+    pin_sample_cpu(monkeypatch, cores=False)  # the new setup below is on the training setups' CPU
     # The estimator's error is known exactly: |estimate - truth| / truth = |1 / factor - 1|.
     expected_time_pct = 100 * np.mean([abs(1 / _true_time_factor(s) - 1) for s in setups])
     assert calibration.cv["mape_step_time_estimator_pct"] == pytest.approx(expected_time_pct)
@@ -268,7 +268,7 @@ def _synthetic_store(path, setups):
 
 
 def test_training_records_keep_only_measured_runs_of_this_machine(setups, tmp_path, monkeypatch):
-    pin_sample_cpu(monkeypatch)  # records re-estimate on this machine's CPU: the setups' one
+    pin_sample_cpu(monkeypatch, cores=False)  # records re-estimate on this machine's CPU: the setups' one
     store = RunStore(tmp_path)
     factors = {}
     for s in setups[:3]:
@@ -320,7 +320,8 @@ def test_real_sweep_runs_feed_the_records(tmp_path):
     assert records["precision_bf16"].tolist() == [1.0, 0.0, 1.0] and records["optimizer_sgd"].tolist() == [0, 0, 1]
 
 
-def test_cli_calibrate_on_a_store(setups, tmp_path, capsys):
+def test_cli_calibrate_on_a_store(setups, tmp_path, capsys, monkeypatch):
+    pin_sample_cpu(monkeypatch, cores=False)  # the fit re-estimates on the CPU the synthetic truth used
     _synthetic_store(tmp_path, setups[:12])
     assert main(["calibrate", "--runs-dir", str(tmp_path), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
@@ -352,6 +353,7 @@ def test_group_folds_keep_reruns_together_and_test_every_row_once():
 
 
 def test_a_calibration_goes_stale_when_the_estimator_changes(setups, tmp_path, monkeypatch):
+    pin_sample_cpu(monkeypatch, cores=False)  # the fit re-estimates on the CPU the synthetic truth used
     store = _synthetic_store(tmp_path, setups[:10])
     cal = fit_calibration(training_records(store, device_key_for(setups[0])))
     assert len(cal.checks) == 3 and cal.stale_reason() == ""

@@ -150,6 +150,6 @@ def test_power_and_comprehensions_are_refused():
 
 def test_a_condition_that_fails_on_its_input_names_the_rule():
     rule = next(r for r in RULES if r.id == "par-tp-across-nodes")
-    ctx = dict.fromkeys(R.FIELDS) | {"par_tp": 16, "hw_gpus_per_node": "eight", "par_pp": 1}
+    ctx = dict.fromkeys(R.FIELDS) | {"par_tp": 16, "hw_tp_max": "eight", "hw_gpus_per_node": 8, "gpus": 16, "par_pp": 1}
     with pytest.raises(R.AdvisorError, match="rule par-tp-across-nodes: condition"):
         R.evaluate(rule, ctx)
