@@ -767,15 +767,13 @@ def estimate(setup: Setup) -> Estimate:
     in_flight_first = min(pp, mb) * ((1 + (pp - 1) / (pp * v)) if v > 1 else 1.0)
     mem_first, dense_first, expert_first = stage_memory(True, pp == 1, in_flight_first)
     gpipe = _gpipe(setup)
-    if gpipe:
-        mem_last, dense_last, expert_last = stage_memory(False, True, float(mb))
-    elif pp > 1:
+    if pp > 1:
         # The last rank runs each micro-batch's backward right after its forward through the last
         # chunk; interleaved, it first runs (v-1) x pp warm-up forwards of its earlier chunks (torch's
         # and Megatron-LM's schedules), so at its first backward it holds min(pp, m) micro-batches of
-        # those chunks and one of the last.
+        # those chunks and one of the last. Under GPipe it holds all m.
         held, last_chunk = _rank_layers(setup, False, True), _last_chunk_layers(setup)
-        in_flight_last = (min(pp, mb) * (held - last_chunk) + last_chunk) / held
+        in_flight_last = float(mb) if gpipe else (min(pp, mb) * (held - last_chunk) + last_chunk) / held
         mem_last, dense_last, expert_last = stage_memory(False, True, in_flight_last)
     else:
         mem_last, dense_last, expert_last = mem_first, dense_first, expert_first

@@ -438,7 +438,7 @@ def _layouts(req: PlanRequest) -> Iterator[_Layout]:
     m, hw, gpus = req.model, req.hardware, req.gpus
     for precision in req.precisions:
         for tp in _powers_of_two(gpus, hw.gpus_per_node):
-            if gpus > hw.gpus_per_node and hw.gpus_per_node % tp:
+            if gpus > hw.gpus_per_node and tp > hw.tp_tile_max:
                 continue  # TP 16 on 72-GPU racks: some TP groups would straddle two racks
             for cp in _powers_of_two(gpus // tp, gpus):
                 for pp in _divisors(gpus // (tp * cp)):

@@ -510,7 +510,7 @@ def build_context(
             hw_kind=hw.kind,
             hw_host_link=hw.host_link,
             hw_gpus_per_node=hw.gpus_per_node,
-            hw_tp_max=hw.gpus_per_node & -hw.gpus_per_node,
+            hw_tp_max=hw.tp_tile_max,
             hw_memory_gib=hw.memory_bytes / GiB,
             hw_has_fp8=hw.peak_fp8_flops > 0,
             hw_bf16_speedup=hw.peak_bf16_flops / hw.peak_fp32_flops,

@@ -421,6 +421,12 @@ class HardwareSpec:
         if not 0 < self.matmul_efficiency_frac <= 1:
             raise SpecError("hardware.matmul_efficiency_frac", self.matmul_efficiency_frac, "must be in (0, 1]")
 
+    @property
+    def tp_tile_max(self) -> int:
+        """The largest power of two dividing a node's GPUs: the largest TP whose groups tile every node
+        (8 on 8- and 72-GPU nodes); a larger or non-dividing TP straddles nodes once a job spans them."""
+        return self.gpus_per_node & -self.gpus_per_node
+
     def peak_flops(self, precision: str) -> float:
         """Dense peak FLOP/s for a training precision (0 if the device lacks it)."""
         return {
