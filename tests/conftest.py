@@ -1,0 +1,37 @@
+"""Suite-wide options. ``--as-cpu`` runs the suite with the advice seeing another CPU's flags.
+
+CI runs on whichever machine it is given: an AVX2-only EPYC (bf16 at 1/30 of fp32), an AVX512-BF16
+EPYC (3.5x) or an AMX Xeon (16x). What changes between them is the peaks ``presets.cpu_host`` takes
+from ``/proc/cpuinfo``, so the rules and gains that read them. ``pytest --as-cpu amx`` makes every test
+see an AMX Xeon's flags (tests that pin a CPU themselves still do), so a test that holds on one CPU
+only shows up on any machine. The measured speeds stay this machine's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+AS_CPU_FLAGS = {
+    "avx2": frozenset({"avx2", "fma"}),
+    "avx512-bf16": frozenset({"avx2", "fma", "avx512f", "avx512_bf16"}),
+    "amx": frozenset({"avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"}),
+}
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--as-cpu",
+        choices=sorted(AS_CPU_FLAGS),
+        default=None,
+        help="make the advice see this CPU's flags instead of this machine's",
+    )
+
+
+@pytest.fixture(autouse=True)
+def _as_cpu(request, monkeypatch):
+    name = request.config.getoption("--as-cpu")
+    if name is not None:
+        from advisor import presets
+
+        monkeypatch.setattr(presets, "cpu_flags", lambda: set(AS_CPU_FLAGS[name]))
+    yield
