@@ -39,7 +39,16 @@ from advisor.errors import AdvisorError
 from advisor.estimator import estimate
 from advisor.presets import HARDWARE, MODELS, fastest_precision, local_hardware
 from advisor.profiling import RunOptions
-from advisor.report import describe_setup, fmt_duration, memory_rows, mfu_note, roofline_line, time_rows, verdict
+from advisor.report import (
+    describe_setup,
+    fmt_duration,
+    memory_rows,
+    mfu_note,
+    roofline_line,
+    step_band,
+    time_rows,
+    verdict,
+)
 from advisor.roofline import trace_roofline
 from advisor.runner import local_device_type, profile_run
 from advisor.runstore import RunInfo, RunStore
@@ -61,7 +70,11 @@ DEFAULTS = {
     "framework": "megatron",
     "recompute": "none",
     "flash_attention": True,
-    "fp32_grads": False,
+    "fp32_grads": True,
+    "recompute_layers": 0,
+    "offload_activations": 0,
+    "compile": False,
+    "fused_loss": False,
     "tp": 1,
     "pp": 1,
     "vpp": 1,
@@ -93,6 +106,10 @@ def size_view(
     recompute: str,
     flash_attention: bool,
     fp32_grads: bool,
+    recompute_layers: float,
+    offload_activations: float,
+    compile: bool,
+    fused_loss: bool,
     tp: int,
     pp: int,
     vpp: int,
@@ -106,7 +123,8 @@ def size_view(
     try:
         setup = _setup_from_size_inputs(
             model, config_file, gpu, gpus, seq, micro_batch, global_batch, precision, optimizer, optimizer_impl,
-            framework, recompute, flash_attention, fp32_grads, tp, pp, vpp, cp, ep, zero, sequence_parallel, offload,
+            framework, recompute, flash_attention, fp32_grads, recompute_layers, offload_activations, compile,
+            fused_loss, tp, pp, vpp, cp, ep, zero, sequence_parallel, offload,
         )  # fmt: skip
         est = estimate(setup)
     except AdvisorError as err:
@@ -120,11 +138,12 @@ def size_view(
             _EMPTY_MEMORY,
             _EMPTY_TIME,
         )
-    icon = "✅" if est.fits else "❌"
+    icon = "⚠️" if est.tight else "✅" if est.fits else "❌"
+    band = f" {step_band(est)}" if step_band(est) else ""
     summary = (
         f"### {icon} {verdict(est)}\n"
-        f"**{est.tokens_per_s:,.0f} tokens/s** · step {fmt_duration(est.step_time_ms)} · "
-        f"**MFU {100 * est.mfu_frac:.1f} %** · {est.setup.gpus} GPUs (dp {est.setup.parallel.dp})\n\n"
+        f"**{est.tokens_per_s:,.0f} tokens/s**{band} · step {fmt_duration(est.step_time_ms)}{band} · "
+        f"**MFU {100 * est.mfu_frac:.1f} %**{band} · {est.setup.gpus} GPUs (dp {est.setup.parallel.dp})\n\n"
         f"<small>{describe_setup(est)}</small>"
     )
     if note := mfu_note(est):
@@ -178,10 +197,33 @@ def build_size_tab() -> tuple[dict, list]:
                 label="Implementation",
                 info="megatron: bf16 weights + fp32 master, grad buffers; pytorch: eager autocast over fp32 weights",
             )
-            recompute = gr.Radio(list(RECOMPUTE_MODES), value=d["recompute"], label="Activation checkpointing")
+            recompute = gr.Radio(
+                list(RECOMPUTE_MODES),
+                value=d["recompute"],
+                label="Activation checkpointing",
+                info="selective: Megatron's (attention core); selective-op: torchtitan's (every other matmul kept)",
+            )
+            with gr.Row():
+                recompute_layers = gr.Number(
+                    value=d["recompute_layers"],
+                    precision=0,
+                    minimum=0,
+                    label="Blocks that recompute per stage",
+                    info="with full: 0 = all (Megatron's recompute_num_layers)",
+                )
+                offload_activations = gr.Number(
+                    value=d["offload_activations"],
+                    precision=0,
+                    minimum=0,
+                    label="Blocks' activations offloaded",
+                    info="per stage, to host memory and back",
+                )
             with gr.Row():
                 flash = gr.Checkbox(value=d["flash_attention"], label="Flash attention")
                 fp32_grads = gr.Checkbox(value=d["fp32_grads"], label="fp32 gradients (Megatron default)")
+            with gr.Row():
+                compile_box = gr.Checkbox(value=d["compile"], label="torch.compile (eager step)")
+                fused_loss = gr.Checkbox(value=d["fused_loss"], label="Fused loss (eager step)")
             gr.Markdown("#### Parallelism (dp = GPUs / (tp·pp·cp))")
             with gr.Row():
                 tp = _degree_dropdown(_DEGREES, d["tp"], "TP")
@@ -205,6 +247,8 @@ def build_size_tab() -> tuple[dict, list]:
     widgets |= {"micro_batch": micro_batch, "global_batch": global_batch, "precision": precision}
     widgets |= {"optimizer": optimizer, "optimizer_impl": optimizer_impl, "framework": framework}
     widgets |= {"recompute": recompute, "flash_attention": flash, "fp32_grads": fp32_grads}
+    widgets |= {"recompute_layers": recompute_layers, "offload_activations": offload_activations}
+    widgets |= {"compile": compile_box, "fused_loss": fused_loss}
     widgets |= {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "ep": ep, "zero": zero, "sequence_parallel": sp}
     widgets["offload"] = offload
     inputs = [widgets[k] for k in SIZE_KEYS]
@@ -1071,6 +1115,10 @@ def _setup_from_size_inputs(*values):
         recompute=kw["recompute"],
         flash_attention=bool(kw["flash_attention"]),
         fp32_grads=bool(kw["fp32_grads"]),
+        recompute_layers=_as_int(kw["recompute_layers"]),
+        offload_activations=_as_int(kw["offload_activations"]),
+        compile=bool(kw["compile"]),
+        fused_loss=bool(kw["fused_loss"]),
         tp=_as_int(kw["tp"]),
         pp=_as_int(kw["pp"]),
         vpp=_as_int(kw["vpp"]),
@@ -1546,6 +1594,7 @@ def size_values(setup) -> dict:
     values = {k: getattr(t, k) for k in ("precision", "optimizer", "optimizer_impl", "framework", "recompute")}
     values |= {"seq": t.seq_len, "micro_batch": t.micro_batch, "global_batch": t.global_batch}
     values |= {"flash_attention": t.flash_attention, "fp32_grads": t.fp32_grads, "gpus": setup.gpus}
+    values |= {k: getattr(t, k) for k in ("recompute_layers", "offload_activations", "compile", "fused_loss")}
     values |= {k: str(getattr(p, k)) for k in ("tp", "pp", "vpp", "cp", "ep", "zero")}
     values |= {"sequence_parallel": p.sequence_parallel, "offload": p.offload}
     if setup.model.name in MODELS:

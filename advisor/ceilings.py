@@ -266,3 +266,125 @@ def stored_ceilings(device_name: str, root: str | Path | None = None) -> Ceiling
     if c.device_name != device_name:
         raise AdvisorError(f"ceilings file {path.name} is for {c.device_name!r}, not {device_name!r}")
     return c
+
+
+# --- kernel rates by shape: what the estimator's rate model assumes (advisor.efficiency) -------------
+
+# GEMM shapes (m, n, k) timed by the GPU check: the tokens of a micro-batch (m) against the widths of
+# Llama-class projections, QKV and MLP in and out of 8B and 70B on one GPU and on a TP 4 rank, down to
+# the small k that TP leaves (1,024). Attention: causal flash attention at 16k tokens a batch.
+GEMM_SHAPES = tuple(
+    (m, n, k)
+    for m in (2048, 8192, 32768)
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (2048, 8192), (8192, 1024), (10240, 8192))
+)
+QUICK_GEMM_SHAPES = ((256, 256, 256), (1024, 1024, 256), (1024, 1024, 1024))
+ATTENTION_SEQS = (1024, 2048, 4096, 8192, 16384)
+
+
+def measure_kernel_rates(device: str = "cuda", *, quick: bool = False, repeats: int = 3) -> dict:
+    """Time the GEMM shapes (bf16, and fp8 through ``torch._scaled_mm`` where the device has fp8 units,
+    compute capability 8.9 and up) and causal flash attention forward and backward (PyTorch's flash
+    kernel, FlashAttention-2, and cuDNN's where the build has it) on this device; returns the table
+    ``advisor.efficiency.fit_device_table`` fits the rate model to, as plain JSON-ready data.
+
+    Attention FLOPs follow the estimator: a causal forward 2 b s^2 H d (half of 4 b s^2 H d), a
+    backward twice that. ``quick`` (the CPU smoke test) times three small fp32 GEMMs and no attention.
+    On an H200 the whole table takes about 30 s."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise AdvisorError("measure_kernel_rates(device='cuda'): CUDA is not available on this machine")
+    gemm: list[dict] = []
+    shapes = QUICK_GEMM_SHAPES if quick else GEMM_SHAPES
+    precisions = ["fp32"] if dev.type == "cpu" else ["bf16"]
+    if dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= (8, 9) and hasattr(torch, "_scaled_mm"):
+        precisions.append("fp8")
+    for precision in precisions:
+        for m, n, k in shapes:
+            sec = _time_gemm(dev, precision, m, n, k, repeats)
+            if sec is not None:
+                gemm.append({"precision": precision, "m": m, "n": n, "k": k, "seconds": sec})
+    attention: list[dict] = []
+    if dev.type == "cuda" and not quick:
+        for impl in ("fa2", "cudnn"):
+            for head_dim in (64, 128):
+                for seq in ATTENTION_SEQS:
+                    row = _time_attention(dev, impl, seq, head_dim, repeats)
+                    if row is not None:
+                        attention.append(row)
+        torch.cuda.empty_cache()
+    from advisor.presets import local_hardware
+
+    return {
+        "device_name": local_hardware(dev.type).name,
+        "measured_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "method": f"torch {torch.__version__}: best of {repeats} after one warm-up (CUDA events / perf_counter)",
+        "gemm": gemm,
+        "attention": attention,
+    }
+
+
+def _time_gemm(dev, precision: str, m: int, n: int, k: int, repeats: int) -> float | None:
+    """Seconds of one m x n x k GEMM (fp8: per-tensor scales, bf16 output), None where it cannot run."""
+    import torch
+
+    try:
+        if precision == "fp8":
+            a = torch.randn(m, k, device=dev).to(torch.float8_e4m3fn)
+            b = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
+            one = torch.tensor(1.0, device=dev)
+            return _best_seconds(
+                lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+                dev,
+                repeats,
+                2.0,
+            )
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+        a = torch.randn(m, k, device=dev, dtype=dtype)
+        b = torch.randn(k, n, device=dev, dtype=dtype)
+        return _best_seconds(lambda: torch.mm(a, b), dev, repeats, 2.0)
+    except (RuntimeError, TypeError) as err:  # no fp8 GEMM in this build or on this device
+        print(f"  gemm {precision} {m}x{n}x{k} skipped: {err}".splitlines()[0])
+        return None
+
+
+def _time_attention(dev, impl: str, seq: int, head_dim: int, repeats: int) -> dict | None:
+    """Forward and backward seconds of causal SDPA at ``seq`` (16k tokens a batch, 4,096-wide heads)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": getattr(SDPBackend, "CUDNN_ATTENTION", None)}[impl]
+    if backend is None:
+        return None
+    batch, heads = max(1, 16384 // seq), 4096 // head_dim
+    shape = (batch, heads, seq, head_dim)
+    q, k, v = (torch.randn(shape, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    try:
+        with sdpa_kernel(backend):
+            fwd = _best_seconds(
+                lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), dev, repeats, 2.0
+            )
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            grad = torch.ones_like(out)
+            both = _best_seconds(
+                lambda: torch.autograd.grad(
+                    torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), grad
+                ),
+                dev,
+                repeats,
+                2.0,
+            )
+    except RuntimeError as err:  # the backend cannot run this shape here
+        print(f"  attention {impl} s={seq} d={head_dim} skipped: {err}".splitlines()[0])
+        return None
+    fwd_flops = 2.0 * batch * heads * seq * seq * head_dim  # causal: half of 4 b s^2 H d
+    return {
+        "impl": impl,
+        "seq": seq,
+        "head_dim": head_dim,
+        "fwd_seconds": fwd,
+        "bwd_seconds": max(both - fwd, 1e-9),
+        "fwd_flops": fwd_flops,
+    }

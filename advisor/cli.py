@@ -63,10 +63,41 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
         default="megatron",
         help="megatron: 16-bit weights + fp32 master, persistent grad buffers; pytorch: eager autocast step",
     )
-    s.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none", help="activation checkpointing")
+    s.add_argument(
+        "--recompute",
+        choices=RECOMPUTE_MODES,
+        default="none",
+        help="activation checkpointing: selective (Megatron's: attention core), selective-op (torchtitan's op "
+        "policy: every other matmul output kept), full (block input only)",
+    )
+    s.add_argument(
+        "--recompute-layers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --recompute full: only N blocks per pipeline stage recompute (Megatron's block method); 0: all",
+    )
+    s.add_argument(
+        "--offload-activations",
+        type=int,
+        default=0,
+        metavar="N",
+        help="saved activations of N blocks per pipeline stage go to host memory and back (GPU only)",
+    )
+    s.add_argument("--compile", action="store_true", help="torch.compile on the eager step (framework pytorch)")
+    s.add_argument(
+        "--fused-loss",
+        action="store_true",
+        help="a fused, in-place cross-entropy on the eager step (Liger, flash-attn)",
+    )
     s.add_argument("--no-flash", action="store_true", help="attention without a fused (flash) kernel")
     s.add_argument("--dropout", action="store_true", help="dropout layers on")
-    s.add_argument("--fp32-grads", action="store_true", help="fp32 gradients under bf16/fp16 (Megatron-LM default)")
+    s.add_argument(
+        "--fp32-grads",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="fp32 gradients under bf16/fp16/fp8 (default: the framework's, on for megatron as Megatron-LM)",
+    )
     p = parser.add_argument_group("parallelism")
     p.add_argument("--dp", type=int, help="data-parallel size (default: from --gpus, else 1)")
     p.add_argument("--tp", type=int, default=1)
@@ -99,6 +130,10 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
         flash_attention=not args.no_flash,
         dropout=args.dropout,
         fp32_grads=args.fp32_grads,
+        recompute_layers=args.recompute_layers,
+        offload_activations=args.offload_activations,
+        compile=args.compile,
+        fused_loss=args.fused_loss,
         tp=args.tp,
         pp=args.pp,
         vpp=args.vpp,
@@ -406,6 +441,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         precisions=precisions,
         allow_offload=not args.no_offload,
         top=args.top,
+        max_memory_frac=args.max_memory_pct / 100,
         measured_link=link,
     )
     result = plan(request)
@@ -438,6 +474,13 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     )
     plan.add_argument("--no-offload", action="store_true", help="do not try CPU offload")
     plan.add_argument("--top", type=int, default=10, help="layouts to list (default: %(default)s)")
+    plan.add_argument(
+        "--max-memory-pct",
+        type=float,
+        default=90.0,
+        help="list layouts up to this share of the GPU's memory; above 90 a layout is tight, within the "
+        "memory estimate's error of not fitting (default: %(default)s)",
+    )
     plan.add_argument(
         "--measured-comm",
         choices=("auto", "off"),
@@ -599,7 +642,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--memory-budget-gib", type=float, default=0.0, help="treat the device as having this much memory (0: its own)"
     )
-    r.add_argument("--compile", action="store_true", help="torch.compile the model")
     r.add_argument("--layers", type=int, default=0, help="proxy mode: run N layers, extrapolate to the full depth")
     r.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is stopped")
     r.add_argument("--nsys", action="store_true", help="run the child under nsys profile (Nsight Systems)")

@@ -75,7 +75,7 @@ from advisor.estimator import FRAGMENTATION_FRAC
 from advisor.model import Transformer, build_model
 from advisor.parallel import apply_fsdp
 from advisor.specs import Setup
-from advisor.step import HostOffloadOptimizer, Trainer, build_optimizer, build_trainer, unwrap
+from advisor.step import HostOffloadOptimizer, Trainer, build_optimizer, build_trainer, check_step_options, unwrap
 
 TARGETS = ("cpu", "cuda")
 PHASES = ("forward", "backward", "optimizer")
@@ -279,6 +279,7 @@ def _check_inputs(setup: Setup, target: str) -> None:
             f"target='cuda' takes its runtime allowance from a GPU spec; the setup's hardware is "
             f"{setup.hardware.name!r} (choose a GPU preset such as h100, or use target='cpu')"
         )
+    check_step_options(setup)
 
 
 def torch_release() -> tuple[int, int]:
@@ -312,6 +313,7 @@ def _check_distributed(setup: Setup, offload_optimizer: bool) -> None:
             f"offload={p.offload if p.offload != 'none' else 'optimizer'!r}: the distributed dry run runs FSDP2 "
             f"without CPU offload; use offload none, or dp=1 for the single-device offloaded step"
         )
+    check_step_options(setup)
     if setup.train.precision == "fp8":
         raise AdvisorError(
             "precision='fp8': fp8 training needs NVIDIA TransformerEngine (transformer_engine.pytorch) on a Hopper or "

@@ -13,12 +13,17 @@ Sources, cited where each number is used:
 - [PaLM] Chowdhery et al. 2022, appendix B: MFU = tokens/s x (6N + 12*L*H*Q*T) / peak.
 - [NCCL] ring all-reduce moves 2(n-1)/n of the buffer per GPU, all-gather and reduce-scatter (n-1)/n.
 
+Rates come from ``advisor.efficiency``: GEMMs by the shape each rank runs (tile and wave quantization,
+small k) and precision, flash attention by implementation and sequence, a fixed cost per kernel, and
+the compute that overlapped communication slows; its fitted constants are fitted once on published
+runs (bench/published_runs.py --fit) and reported leave-one-source-out.
+
 Overlap assumptions (stated, not measured): tensor-parallel collectives, expert all-to-alls and pipeline
 point-to-point transfers are exposed; the data-parallel gradient reduction overlaps the backward
 pass of the last micro-batch (bucketed, as DDP and Megatron's overlap_grad_reduce); ZeRO-3 weight
 gathers and parameter streaming from the host overlap compute (prefetch); the ring exchange of
 context parallelism overlaps the attention it feeds; the ZeRO-1/2 weight all-gather after the
-optimizer step is exposed.
+optimizer step is exposed. What hides still costs: ``overlap_slowdown_frac`` of it is added back.
 """
 
 from __future__ import annotations
@@ -26,9 +31,18 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from advisor.specs import Setup
+from advisor.efficiency import (
+    ERROR_BAND,
+    FITTED,
+    EfficiencyParams,
+    attention_frac,
+    attention_impl,
+    device_fit,
+    gemms_time_s,
+)
+from advisor.specs import ModelSpec, Setup
 
 # Share of link bandwidth collectives reach (nccl-tests bus bandwidth on NVLink and InfiniBand is
 # typically ~80 % of the per-direction link rate).
@@ -52,10 +66,15 @@ BUCKETS_IN_FLIGHT = 2
 # all-reduce / all-gather times in nccl-tests on 8-GPU NVLink nodes are 10-30 us. Paid per bucket
 # (DDP, ZeRO-1/2) or per layer and pass (ZeRO-3 / FSDP units).
 COLLECTIVE_LATENCY_S = 20e-6
-# Fused attention reaches about half of the dense peak over forward and backward (FlashAttention-2/3
-# papers: ~70 % forward, ~40-50 % backward on H100); non-flash attention runs as batched GEMMs at the
-# matmul rate plus a memory-bound softmax over the s x s scores.
-ATTENTION_EFFICIENCY_FRAC = 0.50
+# Kernels one transformer block launches per micro-batch in a fused (Megatron-LM) step: forward norm,
+# QKV, RoPE, attention, projection, residual, norm, MLP in, activation, MLP out, residual (about 12),
+# backward twice as many; eager PyTorch launches ``eager_kernel_factor`` times as many.
+KERNELS_PER_BLOCK = 36
+# Above this share of the device's memory a setup that fits is 'tight': the memory estimate's own error
+# (``advisor.efficiency.ERROR_BAND``) is of that size.
+TIGHT_FRAC = 0.90
+# A CPU's attention at half its matmul rate (its calibration corrects both).
+CPU_ATTENTION_EFFICIENCY_FRAC = 0.50
 # Elementwise traffic per saved activation byte: written and read in forward, read and its gradient
 # written in backward.
 ELEMENTWISE_TRAFFIC_PER_SAVED_BYTE = 4
@@ -126,11 +145,14 @@ class TimeBreakdown:
     optimizer_ms: float
     offload_ms: float
     """Exposed host transfers and the host optimizer step."""
+    kernel_overhead_ms: float = 0.0
+    """Fixed cost of each kernel launched (launch gaps, wave tails): what small models pay most."""
 
     @property
     def total_ms(self) -> float:
         return (
-            self.compute_ms
+            self.kernel_overhead_ms
+            + self.compute_ms
             + self.recompute_ms
             + self.memory_bound_ms
             + self.tp_comm_ms
@@ -173,10 +195,19 @@ class Estimate:
     host_fits: bool
     memory_rank: int = 0
     """The pipeline rank whose memory ``memory`` is (0 without a pipeline)."""
+    gemm_frac: float = 0.0
+    """Share of the precision's peak this layout's GEMMs reach (``advisor.efficiency``)."""
+    attention_frac: float = 0.0
+    """Share of the 16-bit peak its attention reaches, forward and backward together."""
 
     @property
     def capacity_bytes(self) -> int:
         return self.setup.hardware.memory_bytes
+
+    @property
+    def tight(self) -> bool:
+        """Fits, but above TIGHT_FRAC of the device: within the memory estimate's error of not fitting."""
+        return self.fits and self.memory_frac > TIGHT_FRAC
 
     @property
     def fits(self) -> bool:
@@ -222,6 +253,10 @@ class Estimate:
             "hardware_flops_per_step": self.hardware_flops_per_step,
             "mfu_frac": self.mfu_frac,
             "hfu_frac": self.hfu_frac,
+            "tight": self.tight,
+            "gemm_frac": self.gemm_frac,
+            "attention_frac": self.attention_frac,
+            "error_band": None if ERROR_BAND is None else asdict(ERROR_BAND),
         }
 
 
@@ -275,7 +310,7 @@ def _head_in_blocks(setup: Setup) -> float:
     m, tr = setup.model, setup.train
     attn_fwd = 4.0 * tr.seq_len * m.q_dim * (0.5 if tr.flash_attention else 1.0)
     mm_fwd = 2.0 * (m.matmul_params_per_token() - m.vocab * m.hidden) / m.n_layers
-    recomputed = {"full": mm_fwd + attn_fwd, "selective": attn_fwd}.get(tr.recompute, 0.0)
+    recomputed = {"full": mm_fwd + attn_fwd, "selective": attn_fwd, "selective-op": mm_fwd / 2}.get(tr.recompute, 0.0)
     return 6.0 * m.vocab * m.hidden / (3.0 * (mm_fwd + attn_fwd) + recomputed)
 
 
@@ -515,23 +550,43 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
     if mode == "full":
         x = resid * h
         return (x / t if p.sequence_parallel else x), 0.0
+    if mode == "selective-op":
+        # torchtitan's op-level policy (torchtitan/distributed/activation_checkpoint.py, _custom_policy:
+        # "Saves output of all compute ops, except every second mm", over the save list of
+        # torchtitan/models/llama3/infra/parallelize.py, _op_sac_save_list: mm, the SDPA kernels,
+        # reduce-scatter, max): every other matmul output and the attention output are saved, the
+        # rest is recomputed from them and the block input. Of a block's matmul outputs (QKV q+2kv
+        # wide, projection h, MLP in f or 2f, MLP out h) half the width is kept on average.
+        mats = 2 if m.mlp == "swiglu" else 1
+        fe = m.expert_ffn_hidden * (m.top_k + m.n_shared_experts) if moe else f
+        split = e * q + 4.0 * m.n_heads + 0.5 * e * (q + 2 * kv + mats * fe)  # attention out, lse, in-widths
+        replicated = resid * h + 0.5 * e * 2 * h  # block input; projection and MLP-out outputs (h wide)
+        base = (replicated + split) / t if p.sequence_parallel else replicated + split / t
+        return base, base
 
+    # Linear inputs saved for the weight gradient: TransformerEngine's fp8 linears keep their fp8 cast
+    # of it (1 byte), Megatron-LM / NeMo recipes' fp8 [TE: transformer_engine.pytorch Linear and
+    # LayerNormLinear save the quantized input for wgrad].
+    li = 1.0 if tr.precision == "fp8" and not eager else e
     # Norm inputs, norm outputs feeding linears, output dropout masks.
     mlp_inputs = 2 if m.mlp == "swiglu" else 1
-    linear_inputs = (3 + mlp_inputs) * e * h if casts else 2 * e * h
+    linear_inputs = (3 + mlp_inputs) * e * h if casts else 2 * li * h
     replicated = 2 * resid * h + linear_inputs + 2 * drop * h
     if eager and m.norm == "rmsnorm" and setup.hardware.kind == "cpu":
         replicated += 2 * (4.0 - resid) * h + 2 * 4.0 * h
-    split = e * (q + kv) + e * kv + e * q  # Q and K for QK^T, V, output-projection input
+    split = e * (q + kv) + e * kv + li * q  # Q and K for QK^T, V, output-projection input
     if eager:
         split += e * q  # SDPA's own saved output
+    # The MLP's f-wide tensors: GELU's input and the second linear's input; eager SwiGLU four (gate, up,
+    # silu(gate), their product), Megatron's fused SwiGLU two (its 2f input, recomputed in backward)
+    # and the second linear's input [Megatron-Core bias_swiglu_impl].
+    per_f = (4 * e if eager else 2 * e + li) if m.mlp == "swiglu" else e + li
     if moe:
         fe = m.expert_ffn_hidden
-        mult = 4 if m.mlp == "swiglu" else 2
         replicated += 8.0 * m.n_experts + m.top_k * e * h  # router logits and probs (fp32), dispatched copies
-        split += mult * e * fe * (m.top_k + m.n_shared_experts)
+        split += per_f * fe * (m.top_k + m.n_shared_experts)
     else:
-        split += (4 if m.mlp == "swiglu" else 2) * e * f
+        split += per_f * f
     scores = 0.0
     if tr.flash_attention:
         split += 4.0 * m.n_heads  # log-sum-exp, fp32 per head
@@ -561,7 +616,28 @@ def _activation_memory(
     dense_layers = _rank_layers(setup, first, last, rank) - moe_layers
     dense_tok, _ = activation_bytes_per_token(setup, moe=False)
     moe_tok, _ = activation_bytes_per_token(setup, moe=True) if m.is_moe else (0.0, 0.0)
+    kept_dense, kept_moe = dense_tok, moe_tok
+    if tr.recompute == "full" and tr.recompute_layers:
+        # Only recompute_layers blocks of each stage recompute; the others keep every activation.
+        kept_dense = activation_bytes_per_token(setup, moe=False, recompute="none")[0]
+        kept_moe = activation_bytes_per_token(setup, moe=True, recompute="none")[0] if m.is_moe else 0.0
+    layers = dense_layers + moe_layers
+    per_block = (dense_layers * kept_dense + moe_layers * kept_moe) / layers if layers else 0.0
+    per_block_min = (dense_layers * dense_tok + moe_layers * moe_tok) / layers if layers else 0.0
     acts = (dense_layers * dense_tok + moe_layers * moe_tok) * tokens_mb * in_flight
+    chunks = setup.parallel.vpp
+    if tr.recompute == "full" and tr.recompute_layers:
+        keep = max(0.0, layers - tr.recompute_layers * chunks)
+        acts = (keep * per_block + (layers - keep) * per_block_min) * tokens_mb * in_flight
+    offloaded = 0.0
+    if tr.offload_activations:
+        # The offloaded blocks' activations live on the host; the GPU keeps one block's worth being
+        # copied out and one being brought back (double buffering), for one micro-batch.
+        n = min(layers, tr.offload_activations * chunks)
+        offloaded = n * per_block * tokens_mb * in_flight
+        acts -= offloaded
+        acts += min(n, 2.0) * per_block * tokens_mb
+        offloaded -= min(n, 2.0) * per_block * tokens_mb
     working = 0.0
     if tr.recompute == "full":
         # The block being recomputed holds its full activations during its backward [Korthikanti 4.1].
@@ -573,12 +649,17 @@ def _activation_memory(
     if first and tr.dropout:
         acts += m.hidden * tokens_mb * in_flight / (p.tp if p.sequence_parallel else 1)  # embedding dropout mask
     if last:
-        # Final norm input and head input, plus the fp32 log-softmax the loss saves (vocab-parallel).
+        # Final norm input and head input, plus what the loss saves per logit: the fp32 log-softmax
+        # (PyTorch's cross-entropy; Megatron-LM's vocab-parallel one keeps its fp32 softmax), or the
+        # 16-bit logits a fused loss writes its gradient into (``fused_loss``).
         head_mb = in_flight if _gpipe(setup) else 1.0
+        per_logit = e if tr.fused_loss and tr.framework == "pytorch" else 4.0
         acts += (
-            ((resid + e) * m.hidden / (p.tp if p.sequence_parallel else 1) + 4.0 * m.vocab / p.tp) * tokens_mb * head_mb
+            ((resid + e) * m.hidden / (p.tp if p.sequence_parallel else 1) + per_logit * m.vocab / p.tp)
+            * tokens_mb
+            * head_mb
         )
-    return acts, working
+    return acts, working, max(0.0, offloaded)
 
 
 # --- communication helpers --------------------------------------------------------------------
@@ -657,8 +738,84 @@ def _ddp_bucket_count(grad_bytes: float) -> int:
 # --- the estimate -------------------------------------------------------------------------------
 
 
-def estimate(setup: Setup) -> Estimate:
-    """Memory per GPU, step time, tokens/s and MFU of ``setup``; see the module docstring for sources."""
+def _fp8_cast_elements(m: ModelSpec, t: int) -> float:
+    """Elements per token one block casts to fp8 on one TP rank: each GEMM's input forward (QKV and
+    MLP-in read the hidden state, the projection its q/t input, MLP-out its f/t input) and each GEMM's
+    output gradient backward."""
+    mats = 2 if m.mlp == "swiglu" else 1
+    f = m.expert_ffn_hidden * (m.top_k + m.n_shared_experts) if m.is_moe else m.ffn_hidden
+    forward = 2 * m.hidden + m.q_dim / t + f / t
+    backward = (m.q_dim + 2 * m.kv_dim) / t + 2 * m.hidden + mats * f / t
+    return forward + backward
+
+
+@functools.lru_cache(maxsize=8192)
+def _rates(
+    m: ModelSpec,
+    t: int,
+    ep: int,
+    tokens_mb: int,
+    seq_attn: int,
+    precision: str,
+    framework: str,
+    flash: bool,
+    hw,
+    params: EfficiencyParams,
+) -> tuple[float, float]:
+    """(GEMM, attention) FLOP/s one GPU reaches on this layout's shapes (``advisor.efficiency``).
+
+    Per micro-batch of ``tokens_mb`` tokens on one TP rank, Megatron's split: QKV (q/t + 2 kv/t wide),
+    projection (q/t in), MLP in (f/t, twice for SwiGLU), MLP out; a MoE block's router, shared experts,
+    and its local experts (n_experts / ep) with tokens x top_k x ep / n_experts tokens each; the head
+    (vocab / t). Each forward, input-gradient and weight-gradient GEMM is timed at its shape. Under fp8
+    the blocks' GEMMs run at the fp8 peak and ``fp8_gemm_frac``; the head, the router and attention stay
+    16-bit (TransformerEngine and torchao convert the blocks' linears only)."""
+    h, hd = m.hidden, m.head_dim
+    q = m.q_dim // t
+    kv = max(m.n_kv_heads // t, 1) * hd
+    mats = 2 if m.mlp == "swiglu" else 1
+    T = tokens_mb
+    attn = [(1, T, q + 2 * kv, h), (1, T, h, q)]
+
+    def mlp(count: float, tokens: int, f: int) -> list:
+        return [(count, tokens, mats * f // t, h), (count, tokens, h, max(f // t, 1))]
+
+    blocks = [(c * m.n_dense_layers, a, b_, k) for c, a, b_, k in attn + mlp(1, T, m.ffn_hidden)]
+    router = []
+    if m.is_moe:
+        local = m.n_experts / ep
+        per_expert = max(1, round(T * m.top_k * ep / m.n_experts))
+        moe = attn + mlp(m.n_shared_experts, T, m.expert_ffn_hidden) + mlp(local, per_expert, m.expert_ffn_hidden)
+        blocks += [(c * m.n_moe_layers, a, b_, k) for c, a, b_, k in moe if c > 0]
+        router = [(m.n_moe_layers, T, m.n_experts, h)]
+    head = [(1, T, -(-m.vocab // t), h), *router]
+    half = "bf16" if precision == "fp8" else precision
+    peak16 = hw.peak_flops(half)
+    # A kernel table measured on this device (scripts/gpu_check.sh) replaces the datasheet share, the
+    # prior k_half and the published attention curves for it.
+    measured = device_fit(hw)
+    k_half = measured.k_half if measured else params.gemm_k_half
+    large16 = measured.large_frac.get(half, hw.matmul_efficiency_frac) if measured else hw.matmul_efficiency_frac
+    if precision == "fp8":
+        fp8 = measured.large_frac.get("fp8", params.fp8_gemm_frac) if measured else params.fp8_gemm_frac
+        peak_b, large_b = hw.peak_flops("fp8"), fp8
+    else:
+        peak_b, large_b = peak16, large16
+    f1, s1 = gemms_time_s(blocks, peak_b, large_b, hw.sm_count, k_half)
+    f2, s2 = gemms_time_s(head, peak16, large16, hw.sm_count, k_half)
+    gemm_rate = params.sustained_frac * (f1 + f2) / (s1 + s2)
+    if not flash or precision == "fp32":
+        return gemm_rate, gemm_rate
+    impl = attention_impl(framework, hw.name)
+    fwd, bwd = attention_frac(impl, seq_attn, hd, measured.attention.get(impl) if measured else None)
+    return gemm_rate, params.sustained_frac * peak16 * 3.0 / (1.0 / fwd + 2.0 / bwd)
+
+
+def estimate(setup: Setup, params: EfficiencyParams | None = None) -> Estimate:
+    """Memory per GPU, step time, tokens/s and MFU of ``setup``; see the module docstring for sources.
+    ``params`` replaces the fitted rate constants (``advisor.efficiency.FITTED``): the fit's search."""
+    params = FITTED if params is None else params
+    slowdown = params.overlap_slowdown_frac
     m, tr, p, hw = setup.model, setup.train, setup.parallel, setup.hardware
     t, pp, v, cp = p.tp, p.pp, p.vpp, p.cp
     mb = setup.grad_accum
@@ -707,13 +864,14 @@ def estimate(setup: Setup) -> Estimate:
         if offload_params:
             host += weights
             weights = 0.0
-        saved, working = _activation_memory(setup, tokens_mb, in_flight, first, last, rank)
+        saved, working, offloaded_acts = _activation_memory(setup, tokens_mb, in_flight, first, last, rank)
+        host += offloaded_acts
         # autocast's 16-bit copies of fp32 weights: saved by every linear for its backward; under full
         # recompute only the head's survives the forward, and the recomputed block makes its own.
         casts = tr.autocast and not fsdp2
         head_cast = 2.0 * m.vocab * m.hidden / t if casts and last else 0.0
         block_cast = 2.0 * (matmul - m.vocab * m.hidden / t * last) if casts else 0.0
-        if tr.recompute == "full":
+        if tr.recompute == "full" and not tr.recompute_layers:
             block_cast /= _rank_layers(setup, first, last, rank)
             working += block_cast
         else:
@@ -745,9 +903,12 @@ def estimate(setup: Setup) -> Estimate:
             begin = late = at_step = min(BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES, grad_bytes)
         else:
             begin = late = at_step = 0.0
-        # The loss backward holds the fp32 gradient of the log-softmax and of the logits: 8 bytes per
-        # logit in every precision (measured, bench/results/dryrun_accuracy_cpu.md).
-        loss = 8.0 * m.vocab / t * tokens_mb if last else 0.0
+        # PyTorch's loss backward holds the fp32 gradient of the log-softmax and of the logits: 8 bytes
+        # per logit in every precision (measured, bench/results/dryrun_accuracy_cpu.md). Megatron-LM's
+        # vocab-parallel cross-entropy and the fused losses (flash-attn's, Liger's) write the gradient
+        # in place over what they saved: nothing more.
+        in_place = tr.fused_loss or not eager
+        loss = 8.0 * m.vocab / t * tokens_mb if last and not in_place else 0.0
         # foreach kernels build one fp32 temporary the size of the parameters they update (the
         # sqrt of exp_avg_sq for AdamW); fused kernels none; a for-loop one tensor at a time.
         scratch = {"foreach": 4.0 * shard_params, "fused": 0.0, "for-loop": 4.0 * m.vocab * m.hidden / t}
@@ -808,10 +969,15 @@ def estimate(setup: Setup) -> Estimate:
     model_flops_tok = 6.0 * nmm + 3.0 * attn_fwd_full  # = 6N + 12*L*s*q [PaLM]
     attn_fwd_exec = attn_fwd_full * (0.5 if tr.flash_attention else 1.0)  # causal flash skips the masked half
     hw_flops_tok = 6.0 * nmm + 3.0 * attn_fwd_exec
+    # Share of a rank's blocks that recompute: recompute_layers of each of its vpp chunks, or all.
+    layers_rank = m.n_layers / pp
+    recompute_share = min(1.0, tr.recompute_layers * v / layers_rank) if tr.recompute_layers else 1.0
     if tr.recompute == "full":
-        recompute_tok = 2.0 * (nmm - m.vocab * m.hidden) + attn_fwd_exec
+        recompute_tok = (2.0 * (nmm - m.vocab * m.hidden) + attn_fwd_exec) * recompute_share
     elif tr.recompute == "selective":
         recompute_tok = attn_fwd_exec
+    elif tr.recompute == "selective-op":
+        recompute_tok = nmm - m.vocab * m.hidden  # half of the blocks' matmul forward
     else:
         recompute_tok = 0.0
     tokens_step = setup.tokens_per_step
@@ -820,13 +986,23 @@ def estimate(setup: Setup) -> Estimate:
 
     # --- time ---
     peak = hw.peak_flops(tr.precision)
-    rate = peak * hw.matmul_efficiency_frac
+    gpu = hw.kind == "gpu"
+    if gpu:
+        rate, attn_rate = _rates(
+            m, t, p.ep, int(tokens_mb), int(s // cp), tr.precision, tr.framework, tr.flash_attention, hw, params
+        )
+    else:
+        # A CPU keeps one matmul share and half of it for attention: its calibration
+        # (``advisor.calibrate``) fits this machine's real rates.
+        rate = peak * hw.matmul_efficiency_frac
+        attn_rate = peak * CPU_ATTENTION_EFFICIENCY_FRAC if tr.flash_attention else rate
     shard = t * pp * cp
     tokens_gpu_step = mb * b * s  # per model replica; divided by the model-parallel shards below
-    attn_rate = peak * ATTENTION_EFFICIENCY_FRAC if tr.flash_attention else rate
     attn_exec_tok = 3.0 * attn_fwd_exec
     compute_s = ((hw_flops_tok - attn_exec_tok) / rate + attn_exec_tok / attn_rate) * tokens_gpu_step / shard
-    recompute_attn_tok = attn_fwd_exec if tr.recompute != "none" else 0.0
+    recompute_attn_tok = attn_fwd_exec * (recompute_share if tr.recompute == "full" else 1.0)
+    if tr.recompute in ("none", "selective-op"):
+        recompute_attn_tok = 0.0
     recompute_s = (
         ((recompute_tok - recompute_attn_tok) / rate + recompute_attn_tok / attn_rate) * tokens_gpu_step / shard
     )
@@ -842,25 +1018,53 @@ def estimate(setup: Setup) -> Estimate:
     layers_stage = m.n_layers / pp * layer_lag
     compute_s *= lag
     recompute_s *= layer_lag
+    # The per-layer elementwise traffic (norms, activations, residuals, RoPE), counted as passes over the
+    # saved activations; on a GPU scaled by the fitted ``memory_bound_scale`` (and in eager PyTorch by
+    # ``eager_memory_factor``): the byte count is the model's weakest, and the fit says by how much.
+    # The traffic counted tensor by tensor below (softmax scores, loss, fp8 casts) is not scaled.
     elementwise_bytes = ELEMENTWISE_TRAFFIC_PER_SAVED_BYTE * saved_tok * layers_stage * tokens_mb * mb
+    if tr.recompute == "full":
+        elementwise_bytes *= 1 + 0.25 * recompute_share  # the forward half (1 of 4 passes) runs again
+    elif tr.recompute == "selective-op":
+        elementwise_bytes *= 1.25  # every elementwise op of the forward runs again
+    if gpu:
+        elementwise_bytes *= params.memory_bound_scale
+        if tr.framework == "pytorch" and not tr.compile:
+            elementwise_bytes *= params.eager_memory_factor
     if not tr.flash_attention:
         # Softmax over the s x s scores: written by QK^T, read and written by softmax, read by AV,
-        # and as many passes again backward.
+        # and as many passes again backward; once more forward where full recompute replays it.
         scores_tok = m.n_heads / t * (s / cp) * e
-        elementwise_bytes += 8 * scores_tok * layers_stage * tokens_mb * mb
-    if tr.recompute == "full":
-        elementwise_bytes *= 1.25  # the forward half (1 of 4 passes) runs again
+        passes = 8 + (2 * recompute_share if tr.recompute == "full" else 0)
+        elementwise_bytes += passes * scores_tok * layers_stage * tokens_mb * mb
     # Cross-entropy over the logits on the last stage: logits written, upcast, softmax read and written,
     # gradient written and read by the head backward; counted where the last rank sets the pace.
     elementwise_bytes += 6 * (e + 4.0) / 2 * m.vocab / t * tokens_mb * mb if last_slowest else 0.0
+    if tr.precision == "fp8":
+        # Each block GEMM's input is cast to fp8 (read 2 bytes, write 1) forward, and each output
+        # gradient backward (TransformerEngine and torchao fuse the amax into the cast).
+        elementwise_bytes += 3.0 * _fp8_cast_elements(m, t) * layers_stage * tokens_mb * mb
     memory_bound_s = elementwise_bytes / mem_rate
+    # Each kernel's fixed cost on the GPU (the gap before it starts, its last wave's tail), and in eager
+    # PyTorch the host's: it dispatches and launches every op (``eager_kernel_factor`` times the fused
+    # step's kernels), and where that takes longer than the GPU's work the GPU waits for it. torch.compile
+    # fuses the elementwise ops and cuts the dispatch; full recompute replays the forward's third.
+    kernel_overhead_s = 0.0
+    if gpu:
+        replay = recompute_share if tr.recompute == "full" else 1.0 if tr.recompute == "selective-op" else 0.0
+        kernels = KERNELS_PER_BLOCK * (1.0 + replay / 3.0) * layers_stage * mb
+        if tr.framework == "pytorch" and not tr.compile:
+            kernels *= params.eager_kernel_factor
+            host_s = kernels * params.host_op_s
+            kernel_overhead_s = max(0.0, host_s - (compute_s + recompute_s + memory_bound_s))
+        kernel_overhead_s += params.kernel_s * kernels
 
     # Tensor parallel: 2 all-reduces forward, 2 backward per block (+2 when full recompute replays the
     # forward); with sp each is an all-gather + reduce-scatter of the same volume [Korthikanti 4.2.2].
     # The vocab-parallel embedding all-reduces its output and the head its input's gradient: both on
     # one stage without a pipeline, else one each on the first and the last stage.
     tp_bw = _group_bw(setup, 1, t, channels=False)
-    n_tp_collectives = 6 if tr.recompute == "full" else 4
+    n_tp_collectives = 4 + (2 * recompute_share if tr.recompute == "full" else 0)
     edge_collectives = (2 if pp == 1 else 1) if t > 1 else 0
     tp_s = (
         mb
@@ -875,7 +1079,7 @@ def estimate(setup: Setup) -> Estimate:
         kv_bytes = 2 * kv_heads_rank * m.head_dim * e * tokens_mb * (cp - 1)
         ring_s = mb * layers_stage * 3 * kv_bytes / _group_bw(setup, t, cp, channels=False)
         attn_s = 3.0 * attn_fwd_exec / m.n_layers * layers_stage * tokens_mb * mb / t / attn_rate
-        cp_s = max(0.0, ring_s - attn_s)
+        cp_s = max(0.0, ring_s - attn_s) + (slowdown * min(ring_s, attn_s) if gpu else 0.0)
 
     # Expert parallel: dispatch and combine all-to-alls, forward and backward.
     ep_s = 0.0
@@ -894,11 +1098,12 @@ def estimate(setup: Setup) -> Estimate:
     # gradient reduction of DDP and ZeRO-1) and the whole step's work (per-micro-batch collectives of
     # ZeRO-2/3, offloaded gradients' copy out and streamed offloaded weights). What shares a
     # window competes for it: exposed = max(0, everything hidden there - the window).
-    step_work_s = compute_s + recompute_s + memory_bound_s + tp_s
+    step_work_s = compute_s + recompute_s + memory_bound_s + tp_s + kernel_overhead_s
     bwd_last_mb_s = (2.0 / 3.0) * (compute_s + memory_bound_s) / mb
     lat = COLLECTIVE_LATENCY_S
     in_bwd_window = 0.0  # needs the last backward's window
     in_step_window = 0.0  # needs the whole step's work as its window
+    in_fwd_window = 0.0  # needs the first micro-batch's forward as its window
     dp_fixed_s = 0.0  # never overlapped
     if dense_shard > 1 or expert_shard > 1:
         bw_dense = _group_bw(setup, t, dense_shard)
@@ -917,9 +1122,14 @@ def estimate(setup: Setup) -> Estimate:
             gather_s = _ring_gather_s(wbytes_d, dense_shard, bw_dense) + _ring_gather_s(wbytes_e, expert_shard, bw_exp)
             if p.zero == 1 and not offload_opt:
                 # Gradients accumulate unsharded; one reduce-scatter per step, then the updated shards
-                # are all-gathered after the optimizer step (exposed).
+                # are all-gathered after the optimizer step: exposed in the eager step, overlapped with
+                # the next step's first forward in Megatron-Core (--overlap-param-gather, on in NeMo's and
+                # Megatron-Bridge's performance recipes: its forward pre-hooks wait bucket by bucket).
                 in_bwd_window = reduce_s + buckets * lat
-                dp_fixed_s = gather_s + buckets * lat
+                if eager:
+                    dp_fixed_s = gather_s + buckets * lat
+                else:
+                    in_fwd_window = gather_s + buckets * lat
             elif p.zero <= 2:
                 # Gradients are sharded, so every micro-batch reduce-scatters its own (DeepSpeed ZeRO-2,
                 # FSDP SHARD_GRAD_OP without no_sync), hidden behind the backward passes. ZeRO-1 with the
@@ -947,15 +1157,32 @@ def estimate(setup: Setup) -> Estimate:
     opt_params = dense_gpu / (dense_shard if p.zero >= 1 else 1) + expert_gpu / (expert_shard if p.zero >= 1 else 1)
     optimizer_s = 0.0
     offload_fixed_s = d2h_s = stream_s = 0.0
+    link = hw.host_link_bw_bytes_per_s * COMM_EFFICIENCY_FRAC
+    act_offload_s = 0.0
+    if tr.offload_activations and link > 0:
+        # Each micro-batch's offloaded activations go out during its forward and come back during its
+        # backward on the host link (PCIe, or NVLink-C2C on GH200/GB200: one direction each, so they
+        # do not share it), overlapped with that pass's work (a third and two thirds of the stage's).
+        # The host link is not the network, so this competes with no DP traffic.
+        per_block = (1 - moe_frac) * activation_bytes_per_token(setup, False)[0]
+        if m.is_moe:
+            per_block += moe_frac * activation_bytes_per_token(setup, True)[0]
+        if tr.recompute == "full" and tr.recompute_layers:
+            per_block = (1 - moe_frac) * activation_bytes_per_token(setup, False, "none")[0]
+            if m.is_moe:
+                per_block += moe_frac * activation_bytes_per_token(setup, True, "none")[0]
+        blocks_off = min(layers_rank, tr.offload_activations * v)
+        copy_s = mb * blocks_off * per_block * tokens_mb / link
+        for window in (step_work_s / 3.0, 2.0 * step_work_s / 3.0):
+            act_offload_s += max(0.0, copy_s - window) + slowdown * min(copy_s, window)
     if offload_opt:
         host_bw = hw.host_mem_bw_bytes_per_s / hw.gpus_per_node * MEM_BW_EFFICIENCY_FRAC
-        link = hw.host_link_bw_bytes_per_s * COMM_EFFICIENCY_FRAC
         cpu_step_s = opt_params * opt_bytes_per_param / host_bw
         # Each micro-batch's gradient partitions go out as its backward makes them (accumulated on the
         # host: the GPU keeps none), overlapped with the step's work, as DeepSpeed's ZeRO-Offload and
         # FSDP2's CPUOffloadPolicy do. The profiled one-device step (advisor.step's HostOffloadOptimizer)
         # is simpler: it copies the accumulated gradients once, in its exposed offload phase.
-        d2h_s = mb * opt_params * grad_e / link
+        d2h_s += mb * opt_params * grad_e / link
         h2d_s = opt_params * 2.0 / link  # updated 16-bit weights back
         offload_fixed_s = cpu_step_s + h2d_s
         if offload_params:
@@ -963,18 +1190,20 @@ def estimate(setup: Setup) -> Estimate:
     else:
         optimizer_s = opt_params * opt_bytes_per_param / mem_rate
     # Each window's exposed time, split between DP communication and offload by their share of it.
-    dp_s, offload_s = dp_fixed_s, offload_fixed_s
+    dp_s, offload_s = dp_fixed_s, offload_fixed_s + act_offload_s
     for dp_need, off_need, window in (
+        (in_fwd_window, 0.0, bwd_last_mb_s / 2.0),
         (in_bwd_window, 0.0, bwd_last_mb_s),
         (in_step_window, d2h_s + stream_s, step_work_s),
     ):
         need = dp_need + off_need
         if need > 0:
-            exposed = max(0.0, need - window)
+            exposed = max(0.0, need - window) + (slowdown * min(need, window) if gpu else 0.0)
             dp_s += exposed * dp_need / need
             offload_s += exposed * off_need / need
 
     time = TimeBreakdown(
+        kernel_overhead_ms=kernel_overhead_s * 1e3,
         compute_ms=compute_s * 1e3,
         recompute_ms=recompute_s * 1e3,
         memory_bound_ms=memory_bound_s * 1e3,
@@ -1004,8 +1233,10 @@ def estimate(setup: Setup) -> Estimate:
         mfu_frac=model_flops / gpus / step_s / peak,
         hfu_frac=hw_flops / gpus / step_s / peak,
         host_bytes_per_node=host_node,
-        host_fits=host_node <= hw.host_memory_bytes or not offload_opt,
+        host_fits=host_node <= hw.host_memory_bytes or not (offload_opt or tr.offload_activations),
         memory_rank=worst_rank,
+        gemm_frac=rate / peak,
+        attention_frac=attn_rate / hw.peak_flops("bf16" if tr.precision == "fp8" else tr.precision),
     )
 
 

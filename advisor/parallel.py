@@ -50,7 +50,7 @@ from advisor.errors import AdvisorError, SpecError
 from advisor.estimator import pipeline_stage_layers
 from advisor.model import Block, Transformer, build_model, lm_loss
 from advisor.specs import Setup
-from advisor.step import _DTYPES, SyntheticTokens, Trainer, _Clock, build_optimizer, phase
+from advisor.step import _DTYPES, SyntheticTokens, Trainer, _Clock, build_optimizer, check_step_options, phase
 
 MESH_DIMS = ("pp", "dp", "tp")
 """Mesh dimensions, outermost first: Megatron-LM's rank order (TP innermost, so a TP group shares a
@@ -123,6 +123,7 @@ def _env_int(name: str) -> int:
 def check_supported(setup: Setup, device_type: str) -> None:
     """Raise AdvisorError for what the profiled parallel step cannot run (it stays estimated only)."""
     m, t, p = setup.model, setup.train, setup.parallel
+    check_step_options(setup)
     for name in ("cp", "ep"):
         if getattr(p, name) > 1:
             raise SpecError(

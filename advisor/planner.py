@@ -13,7 +13,9 @@ The grid walked (every combination counts as *considered*):
   where pp divides n_layers;
 - ep (mixture-of-experts only): every divisor of n_experts; dp = gpus / (tp x cp x pp);
 - ZeRO 0-3; CPU offload none / optimizer (ZeRO >= 1) / optimizer+params (ZeRO-3), unless disallowed
-  or the device is a CPU; recompute none / selective / full;
+  or the device is a CPU; memory techniques (``_techniques``): no recompute, the activations of half
+  or all of each stage's blocks offloaded to host memory (GPUs, offload allowed), selective, op-level
+  selective, full recompute of half of each stage's blocks, full recompute;
 - micro-batch: every divisor of the global batch.
 
 Sequence parallelism is always on when tp > 1 (Megatron-LM's advice: it removes the activations TP
@@ -30,12 +32,12 @@ result of the top (each also checked against an exhaustive search in the tests):
    b x min(pp, m) and the loss buffers with b; nothing gets smaller), so micro-batches are tried in
    increasing order and the first that does not fit ends that setting. Where the model states alone
    (weights, gradients, optimizer) overflow the device, no recompute mode or micro-batch can help.
-2. Speed bound. Compute, recompute, memory-bound kernels, TP/CP/EP/PP communication and the bubble
-   depend on the parallel degrees, precision and recompute mode, not on ZeRO or offload; at a fixed
-   tokens per step their sum is smallest at the smallest micro-batch (the bubble (p-1)/(v m) shrinks
-   as m grows, the rest does not change). One estimate per layout and recompute mode thus bounds the
-   tokens/s of all its settings. Layouts are searched best bound first; once ``top`` listed results
-   are faster than a bound, the layout (or its heavier recompute modes) is *bounded* out.
+2. Speed bound. Kernel overheads, compute, recompute, memory-bound kernels, TP/CP/EP/PP communication
+   and the bubble depend on the parallel degrees, precision, recompute mode and micro-batch, not on
+   ZeRO or offload. Their least sum over the micro-batches (larger ones fill the GEMMs' waves better and
+   pay fewer kernels' fixed costs, smaller ones shrink the bubble (p-1)/(v m)) thus bounds the tokens/s
+   of every setting of a layout and recompute mode. Layouts are searched best bound first; once ``top``
+   listed results are faster than a bound, the layout (or its heavier memory techniques) is *bounded* out.
 3. Listing. Within one layout (degrees and precision), a setting is *dominated* and not listed when
    another fitting setting is at least as fast with no more memory, or when the same setting with
    less recompute or offload (same ZeRO stage and micro-batch) fits and is faster: more recompute
@@ -47,6 +49,7 @@ result of the top (each also checked against an exhaustive search in the tests):
 from __future__ import annotations
 
 import heapq
+import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -56,15 +59,16 @@ import pandas as pd
 
 from advisor.commbw import MeasuredLink, describe_link, same_device, with_measured_link
 from advisor.errors import AdvisorError, SpecError
-from advisor.estimator import Estimate, estimate
-from advisor.report import TIME_LABELS
+from advisor.estimator import TIGHT_FRAC, Estimate, estimate, stage_layers
+from advisor.report import TIME_LABELS, band_note
 from advisor.specs import PRECISIONS, RECOMPUTE_MODES, HardwareSpec, ModelSpec, ParallelSpec, Setup, TrainSpec
 
 GiB = 2**30
 MAX_POINTS = 3000  # scatter points kept per plan: a browser draws them at once; the fastest are the ones that matter
-# Time components that do not depend on ZeRO or offload and, for one recompute mode, are smallest at
-# the smallest micro-batch: their sum bounds the step time of a layout (module docstring, cut 2).
+# Time components that do not depend on ZeRO or offload: for one recompute mode, their least sum over
+# the micro-batches bounds the step time of a layout (module docstring, cut 2).
 _BOUND_COMPONENTS = (
+    "kernel_overhead_ms",
     "compute_ms",
     "recompute_ms",
     "memory_bound_ms",
@@ -109,6 +113,9 @@ class PlanRequest:
     """Also try CPU offload of the optimizer (and of the parameters under ZeRO-3)."""
     top: int = 10
     """Results to return, best first."""
+    max_memory_frac: float = TIGHT_FRAC
+    """Share of the device's memory a listed layout may use: above 90 % a layout is 'tight', within
+    the memory estimate's error of not fitting (advisor.efficiency.ERROR_BAND); 1.0 lists those too."""
     measured_link: MeasuredLink | None = None
     """Bus bandwidth measured on a distributed run of this device (advisor.commbw.link_for); None: the
     datasheet link. Collectives inside a node then run at it (advisor.commbw.with_measured_link)."""
@@ -125,6 +132,9 @@ class PlanRequest:
             raise SpecError(
                 "measured_link", link.run_id, f"was measured on {link.device_key}, not on {self.hardware.name}"
             )
+        frac = self.max_memory_frac
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.1 <= frac <= 1.0:
+            raise SpecError("max_memory_frac", frac, "must be a number from 0.1 to 1.0")
         for name in ("gpus", "seq_len", "global_batch", "top"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -241,6 +251,8 @@ class PlanResult:
                     "sequence_parallel": p.sequence_parallel,
                     "offload": p.offload,
                     "recompute": t.recompute,
+                    "recompute_layers": t.recompute_layers,
+                    "offload_activations": t.offload_activations,
                     "micro_batch": t.micro_batch,
                     "grad_accum": s.grad_accum,
                     "precision": t.precision,
@@ -259,9 +271,12 @@ class PlanResult:
             f"Searched {self.considered:,} combinations in {self.elapsed_s:.2f} s: {self.invalid:,} invalid, "
             f"{self.no_fit:,} do not fit, {self.bounded:,} ruled out by a speed bound, {self.fitting:,} fit; "
             f"{self.dominated:,} of these not listed because another setting of the same layout is as fast "
-            f"with less memory, or faster with less recompute or offload. {self.estimated:,} estimates.",
+            f"with less memory, or faster with less recompute or offload. {self.estimated:,} estimates. "
+            f"Listed: layouts within {100 * r.max_memory_frac:.0f} % of the GPU's memory.",
             "",
         ]
+        if r.hardware.kind == "gpu" and (note := band_note()):
+            lines += [f"<small>{note}</small>", ""]
         if r.measured_link is not None:
             lines += [describe_link(r.measured_link, r.hardware), ""]
         if not self.top:
@@ -344,6 +359,8 @@ _TABLE_COLUMNS = [
     "sequence_parallel",
     "offload",
     "recompute",
+    "recompute_layers",
+    "offload_activations",
     "micro_batch",
     "grad_accum",
     "precision",
@@ -363,7 +380,7 @@ def layout_label(setup: Setup) -> str:
     degrees = f"DP{p.dp} TP{p.tp} PP{p.pp}" + (f"x{p.vpp}v" if p.vpp > 1 else "") + f" CP{p.cp}"
     if setup.model.is_moe:
         degrees += f" EP{p.ep}"
-    parts = [degrees, f"ZeRO-{p.zero}", f"b{t.micro_batch} x m{setup.grad_accum}", f"recompute {t.recompute}"]
+    parts = [degrees, f"ZeRO-{p.zero}", f"b{t.micro_batch} x m{setup.grad_accum}", technique_label(t)]
     if p.offload != "none":
         parts.append(f"offload {p.offload}")
     parts.append(t.precision)
@@ -392,6 +409,8 @@ def format_plan(result: PlanResult) -> str:
             f"{e.rank:>3} {x.tokens_per_s:>12,.0f} {_ms(x.step_time_ms):>10} {100 * x.mfu_frac:>6.1f} "
             f"{x.memory.total_bytes / GiB:>8.1f}  {layout_label(e.setup)}"
         )
+    if r.hardware.kind == "gpu" and (note := band_note()):
+        lines += ["", textwrap.fill(note, 110)]
     lines += ["", "Why #1:", *(f"  - {d}" for d in result.top[0].details)]
     if len(result.top) > 1:
         lines += ["", "Against #1:", *(f"  #{e.rank}: {e.reason}" for e in result.top[1:])]
@@ -415,8 +434,10 @@ class _Layout:
     valid: bool
     micro_batches: tuple[int, ...] = ()
     """Valid micro-batches, increasing."""
+    techniques: tuple[str, ...] = ()
+    """Memory techniques tried (``_techniques``), lightest first."""
     bound_ms: dict[str, float] = field(default_factory=dict)
-    """Per recompute mode, the step time no setting can beat (cut 2)."""
+    """Per memory technique, the step time no setting can beat (cut 2)."""
     cache: dict = field(default_factory=dict)
 
 
@@ -471,14 +492,79 @@ def _offloads(req: PlanRequest, zero: int) -> tuple[str, ...]:
 # --- the search -----------------------------------------------------------------------------------
 
 
-def layout_train(req: PlanRequest, lay: _Layout, recompute: str, b: int) -> TrainSpec:
+def _techniques(req: PlanRequest, lay: _Layout) -> tuple[str, ...]:
+    """The memory techniques tried on a layout (``techniques_for`` its smallest stage)."""
+    return techniques_for(req, min(stage_layers(_probe_setup(req, lay))))
+
+
+def techniques_for(req: PlanRequest, fewest: int) -> tuple[str, ...]:
+    """The memory techniques tried on a layout whose smallest stage holds ``fewest`` blocks, lightest
+    first: no recompute; the activations of half or all of each stage's blocks offloaded to host
+    memory (on a GPU, where offload is allowed); Megatron's selective and torchtitan's op-level
+    recompute; full recompute of half of each stage's blocks (Megatron's recompute_num_layers), then of
+    all. Half and all: the recipes' choices (Megatron-Bridge's Llama 3 70B on GB200 offloads 40 of 80)."""
+    out = ["none"]
+    hw = req.hardware
+    if req.allow_offload and hw.kind == "gpu" and hw.host_link_bw_bytes_per_s > 0:
+        out += [f"offload:{n}" for n in sorted({max(1, fewest // 2), fewest})]
+    out += ["selective", "selective-op"]
+    if fewest >= 2:
+        out.append(f"full:{fewest // 2}")
+    out.append("full")
+    return tuple(out)
+
+
+def _probe_setup(req: PlanRequest, lay: _Layout) -> Setup:
+    """A setup of the layout, for what depends on its stages only."""
+    return Setup(
+        req.model, layout_train(req, lay, "none", lay.micro_batches[0]), layout_parallel(lay, 0, "none"), req.hardware
+    )
+
+
+def technique_fields(technique: str) -> dict:
+    """The TrainSpec fields of a memory technique name: ``full:16``, ``offload:40``, ``selective``..."""
+    mode, _, n = technique.partition(":")
+    if mode == "offload":
+        return {"recompute": "none", "recompute_layers": 0, "offload_activations": int(n)}
+    return {"recompute": mode, "recompute_layers": int(n) if n else 0, "offload_activations": 0}
+
+
+def technique_of(train: TrainSpec) -> str:
+    """The memory technique name of a step (inverse of ``technique_fields``)."""
+    if train.offload_activations:
+        return f"offload:{train.offload_activations}"
+    if train.recompute_layers:
+        return f"{train.recompute}:{train.recompute_layers}"
+    return train.recompute
+
+
+def technique_label(train: TrainSpec) -> str:
+    """How a table says it: ``recompute none``, ``recompute full (16 blocks/stage)``, ``offload 40 blocks``."""
+    if train.offload_activations:
+        return f"offload {train.offload_activations} blocks"
+    if train.recompute_layers:
+        return f"recompute full ({train.recompute_layers} blocks/stage)"
+    return f"recompute {train.recompute}"
+
+
+_TECHNIQUE_RANK = {"none": 0, "offload": 1, "selective": 2, "selective-op": 3, "full": 4}
+
+
+def _technique_order(technique: str) -> tuple[int, int]:
+    """Lightest first: what a technique costs in redone work or transfers (the listing rule's order)."""
+    mode, _, n = technique.partition(":")
+    rank = _TECHNIQUE_RANK[mode]
+    return (rank, int(n) if n else (10**9 if mode == "full" else 0))
+
+
+def layout_train(req: PlanRequest, lay: _Layout, technique: str, b: int) -> TrainSpec:
     """The step of one grid point: the request's sequence and global batch, micro-batch ``b``."""
     return TrainSpec(
         seq_len=req.seq_len,
         micro_batch=b,
         global_batch=req.global_batch,
         precision=lay.precision,
-        recompute=recompute,
+        **technique_fields(technique),
     )
 
 
@@ -540,9 +626,15 @@ class _Search:
     def bound(self, lay: _Layout, recompute: str) -> float:
         """Cut 2: tokens/s that no setting of ``lay`` with this recompute mode can beat."""
         if recompute not in lay.bound_ms:
-            t = self.run(lay, 0, "none", recompute, lay.micro_batches[0]).time
-            lay.bound_ms[recompute] = sum(getattr(t, c) for c in _BOUND_COMPONENTS)
+            lay.bound_ms[recompute] = min(
+                sum(getattr(self.run(lay, 0, "none", recompute, b).time, c) for c in _BOUND_COMPONENTS)
+                for b in lay.micro_batches
+            )
         return self.tokens_per_step / (lay.bound_ms[recompute] / 1e3)
+
+    def fits_limit(self, est: Estimate) -> bool:
+        """Fits, host memory included, within the request's share of the device (``max_memory_frac``)."""
+        return est.fits and est.memory_frac <= self.req.max_memory_frac
 
     @property
     def threshold(self) -> float:
@@ -558,7 +650,7 @@ class _Search:
         for lay in layouts:
             for zero in range(4):
                 for offload in _offloads(self.req, zero):
-                    for recompute in RECOMPUTE_MODES:
+                    for recompute in lay.techniques:
                         est = self.run(lay, zero, offload, recompute, lay.micro_batches[0])
                         excess = est.memory_frac
                         if not est.host_fits and host_cap:
@@ -572,13 +664,12 @@ class _Search:
         listing rule (cut 3)."""
         bs = lay.micro_batches
         threshold = self.threshold
-        # More recompute only adds to the bounded components, so its bound is lower (cut 2).
-        modes = [r for r in RECOMPUTE_MODES if not _below(self.bound(lay, r), threshold)]
+        modes = [r for r in lay.techniques if not _below(self.bound(lay, r), threshold)]
         cap = self.req.hardware.memory_bytes
         fits: list[Estimate] = []
         for zero in range(4):
             for offload in _offloads(self.req, zero):
-                self.bounded += len(bs) * (len(RECOMPUTE_MODES) - len(modes))
+                self.bounded += len(bs) * (len(lay.techniques) - len(modes))
                 states_over = False
                 for recompute in modes:
                     if states_over:
@@ -586,7 +677,7 @@ class _Search:
                         continue
                     for i_b, b in enumerate(bs):
                         est = self.run(lay, zero, offload, recompute, b)
-                        if est.fits:
+                        if self.fits_limit(est):
                             fits.append(est)
                             continue
                         # Cut 1: larger micro-batches need more memory still.
@@ -608,7 +699,6 @@ class _Search:
 
 
 _OFFLOAD_ORDER = {"none": 0, "optimizer": 1, "optimizer+params": 2}
-_RECOMPUTE_ORDER = {r: i for i, r in enumerate(RECOMPUTE_MODES)}
 
 
 def _undominated(fits: list[Estimate], cache: dict) -> list[Estimate]:
@@ -622,21 +712,29 @@ def _undominated(fits: list[Estimate], cache: dict) -> list[Estimate]:
             continue
         least = est.memory.total_bytes
         p, t = est.setup.parallel, est.setup.train
-        o, r = _OFFLOAD_ORDER[p.offload], _RECOMPUTE_ORDER[t.recompute]
+        o, r = _OFFLOAD_ORDER[p.offload], _technique_order(technique_of(t))
         lighter = (
-            cache.get((p.zero, lo, lr, t.micro_batch))
-            for lo, i_o in _OFFLOAD_ORDER.items()
-            for lr, i_r in _RECOMPUTE_ORDER.items()
-            if i_o <= o and i_r <= r and (i_o, i_r) != (o, r)
+            x
+            for (zero, lo, lr, b), x in cache.items()
+            if zero == p.zero
+            and b == t.micro_batch
+            and _OFFLOAD_ORDER[lo] <= o
+            and _technique_order(lr) <= r
+            and (_OFFLOAD_ORDER[lo], _technique_order(lr)) != (o, r)
         )
-        if not any(x is not None and x.fits and _speed(x) > _speed(est) for x in lighter):
+        if not any(x.fits and x.memory_frac <= _limit(est) and _speed(x) > _speed(est) for x in lighter):
             out.append(est)
     return out
 
 
-def _combos(req: PlanRequest) -> int:
-    """Grid combinations inside one layout for one micro-batch: ZeRO x offload x recompute."""
-    return sum(len(_offloads(req, z)) for z in range(4)) * len(RECOMPUTE_MODES)
+def _limit(est: Estimate) -> float:
+    """The memory share a lighter variant must keep to replace ``est`` in the listing (its own, at least)."""
+    return max(est.memory_frac, TIGHT_FRAC)
+
+
+def _combos(req: PlanRequest, techniques: int) -> int:
+    """Grid combinations inside one layout for one micro-batch: ZeRO x offload x memory technique."""
+    return sum(len(_offloads(req, z)) for z in range(4)) * techniques
 
 
 def plan(request: PlanRequest) -> PlanResult:
@@ -648,13 +746,15 @@ def plan(request: PlanRequest) -> PlanResult:
     t0 = time.perf_counter()
     req = request
     search = _Search(req)
-    per_b = _combos(req)
     n_b = len(_divisors(req.global_batch))
     considered = invalid = 0
     layouts: list[_Layout] = []
+    base = len(RECOMPUTE_MODES)  # an invalid layout counts the plain recompute modes
     for lay in _layouts(req):
-        considered += per_b * n_b
         lay.micro_batches = _micro_batches(req, lay)
+        lay.techniques = _techniques(req, lay) if lay.micro_batches else ()
+        per_b = _combos(req, len(lay.techniques) or base)
+        considered += per_b * n_b
         invalid += per_b * (n_b - len(lay.micro_batches))
         if lay.micro_batches:
             search.bound(lay, "none")
@@ -663,7 +763,7 @@ def plan(request: PlanRequest) -> PlanResult:
     layouts.sort(key=lambda lay: lay.bound_ms["none"])
     for lay in layouts:
         if _below(search.bound(lay, "none"), search.threshold):
-            search.bounded += per_b * len(lay.micro_batches)
+            search.bounded += _combos(req, len(lay.techniques)) * len(lay.micro_batches)
         else:
             search.search_layout(lay)
 
@@ -724,7 +824,7 @@ def _rank_key(est: Estimate) -> tuple:
         -_speed(est),
         est.memory.total_bytes,
         t.precision,
-        (p.tp, p.cp, p.pp, p.vpp, p.ep, p.zero, _OFFLOAD_ORDER[p.offload], _RECOMPUTE_ORDER[t.recompute]),
+        (p.tp, p.cp, p.pp, p.vpp, p.ep, p.zero, _OFFLOAD_ORDER[p.offload], _technique_order(technique_of(t))),
         t.micro_batch,
     )
 
@@ -759,7 +859,9 @@ def _entries(ranked: list[Estimate]) -> list[PlanEntry]:
 def _variant(est: Estimate, **changes: object) -> Estimate | None:
     """The estimate of ``est``'s setup with some fields changed, or None when that setup is invalid."""
     s = est.setup
-    train = {k: v for k, v in changes.items() if k in ("micro_batch", "recompute")}
+    train = {
+        k: v for k, v in changes.items() if k in ("micro_batch", "recompute", "recompute_layers", "offload_activations")
+    }
     par = {k: v for k, v in changes.items() if k not in train}
     try:
         return estimate(replace(s, train=replace(s.train, **train), parallel=replace(s.parallel, **par)))
@@ -833,21 +935,35 @@ def _why(best: Estimate) -> list[str]:
         f"{zero_text} over dp x cp = {p.dp * p.cp} ranks: {placed}" + (f" ({'; '.join(others)})." if others else ".")
     )
 
-    if t.recompute == "none":
+    if t.offload_activations:
+        need = _outcome(_variant(best, offload_activations=0), best, "keeping them on the GPU")
+        link = "NVLink-C2C" if hw.host_link == "nvlink-c2c" else hw.host_link.upper()
+        out.append(
+            f"The activations of {t.offload_activations} blocks per stage go to host memory over {link} during "
+            f"forward and come back for backward: {tm.offload_ms:,.0f} ms ({_pct(tm.offload_ms, step)}) of copies "
+            "the compute does not hide, and no work redone" + (f"; {need}." if need else ".")
+        )
+    elif t.recompute == "none":
         out.append(
             f"No activation recompute: the activations ({_gib(mem.activations_bytes)}) fit, so no work is redone."
         )
     else:
         lighter = RECOMPUTE_MODES[RECOMPUTE_MODES.index(t.recompute) - 1]
-        need = _outcome(_variant(best, recompute=lighter), best, f"{lighter} recompute")
-        text = f"{t.recompute.capitalize()} recompute costs {tm.recompute_ms:,.0f} ms ({_pct(tm.recompute_ms, step)})"
+        if t.recompute_layers:
+            lighter = "full"
+            need = _outcome(_variant(best, recompute_layers=0), best, "full recompute of every block")
+            what = f"Full recompute of {t.recompute_layers} blocks per stage"
+        else:
+            need = _outcome(_variant(best, recompute=lighter), best, f"{lighter} recompute")
+            what = f"{t.recompute.capitalize()} recompute"
+        text = f"{what} costs {tm.recompute_ms:,.0f} ms ({_pct(tm.recompute_ms, step)})"
         text += f"; {need}" if need else ""
         # Recompute may pay for itself by allowing a larger micro-batch (fewer ZeRO-3 gathers, a smaller
         # bubble): say how the lightest recompute does at the micro-batch that suits it best.
         fitting = [
             alt
             for b in _divisors(s.global_batch // p.dp)
-            if (alt := _variant(best, recompute="none", micro_batch=b)) is not None and alt.fits
+            if (alt := _variant(best, recompute="none", recompute_layers=0, micro_batch=b)) is not None and alt.fits
         ]
         if fitting:
             alt = max(fitting, key=lambda e: e.tokens_per_s)
@@ -872,7 +988,9 @@ def _why(best: Estimate) -> list[str]:
     out.append(mb_text + ".")
     if t.precision == "fp8":
         out.append(
-            "fp8 GEMMs run at twice the bf16 tensor-core peak; weights keep a bf16 copy plus a 1-byte fp8 cache."
+            f"fp8: the blocks' GEMMs reach {100 * best.gemm_frac:.0f} % of the fp8 peak (twice the bf16 one); "
+            "attention, the embedding and the head stay bf16, each GEMM input is cast to fp8, and weights keep "
+            "a bf16 copy plus a 1-byte fp8 cache."
         )
     out.append(
         f"Memory: {_gib(mem.total_bytes)} of {_gib(cap)} per GPU ({100 * best.memory_frac:.0f} %), "
@@ -910,6 +1028,8 @@ def _differences(s: Setup, ref: Setup) -> str:
         ("ZeRO", s.parallel.zero, ref.parallel.zero),
         ("offload", s.parallel.offload, ref.parallel.offload),
         ("recompute", s.train.recompute, ref.train.recompute),
+        ("recompute blocks", s.train.recompute_layers, ref.train.recompute_layers),
+        ("offloaded blocks", s.train.offload_activations, ref.train.offload_activations),
         ("micro-batch", s.train.micro_batch, ref.train.micro_batch),
         ("precision", s.train.precision, ref.train.precision),
     ]

@@ -112,6 +112,31 @@ def llama_3_1_405b() -> ModelSpec:
     return _llama("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256)
 
 
+def llama_2_7b() -> ModelSpec:
+    """meta-llama/Llama-2-7b-hf: 6,738,415,616 parameters (multi-head attention, 4,096 positions)."""
+    return _llama("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, max_positions=4096)
+
+
+def llama_2_13b() -> ModelSpec:
+    """meta-llama/Llama-2-13b-hf: 13,015,864,320 parameters."""
+    return _llama("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, max_positions=4096)
+
+
+def llama_2_70b() -> ModelSpec:
+    """meta-llama/Llama-2-70b-hf: 68,976,648,192 parameters (8 KV heads)."""
+    return _llama("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, max_positions=4096)
+
+
+def llama_3_8b() -> ModelSpec:
+    """meta-llama/Meta-Llama-3-8B: Llama 3.1 8B's blocks and vocabulary at 8,192 positions."""
+    return replace(llama_3_1_8b(), name="llama-3-8b", max_positions=8192)
+
+
+def llama_3_70b() -> ModelSpec:
+    """meta-llama/Meta-Llama-3-70B: Llama 3.1 70B's blocks and vocabulary at 8,192 positions."""
+    return replace(llama_3_1_70b(), name="llama-3-70b", max_positions=8192)
+
+
 def mistral_7b() -> ModelSpec:
     """mistralai/Mistral-7B-v0.1: 7,241,732,096 parameters."""
     return _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, max_positions=32768)
@@ -188,6 +213,11 @@ MODELS: dict[str, Callable[[], ModelSpec]] = {
     "gpt2-1.5b": gpt2_1_5b,
     "llama-3.2-1b": llama_3_2_1b,
     "llama-3.2-3b": llama_3_2_3b,
+    "llama-2-7b": llama_2_7b,
+    "llama-2-13b": llama_2_13b,
+    "llama-2-70b": llama_2_70b,
+    "llama-3-8b": llama_3_8b,
+    "llama-3-70b": llama_3_70b,
     "llama-3.1-8b": llama_3_1_8b,
     "llama-3.1-70b": llama_3_1_70b,
     "llama-3.1-405b": llama_3_1_405b,
@@ -238,6 +268,7 @@ def h100_sxm() -> HardwareSpec:
         # H200 measured here: bf16 8192^3 matmul ~790 TFLOP/s of 989 (DESIGN.md); same SMs as H100.
         matmul_efficiency_frac=0.80,
         runtime_overhead_bytes=_GPU_RUNTIME_OVERHEAD_BYTES,
+        sm_count=132,  # H100 SXM5: 132 SMs (efficiency.py [SM]); H200 and GH200 the same GPU
     )
 
 
@@ -248,6 +279,26 @@ def h200() -> HardwareSpec:
     at 4.8 TB/s; NVLink 900 GB/s; PCIe Gen5. Measured on our H200: bf16 matmul ~790 TFLOP/s (0.80).
     """
     return replace(h100_sxm(), name="H200 141GB", memory_bytes=143771 * MiB, mem_bw_bytes_per_s=4.8e12)
+
+
+def h100_96gb_500w() -> HardwareSpec:
+    """NVIDIA H100 96 GB HBM2e at a 500 W power limit: Meta's Grand Teton servers, where torchtitan
+    measured its H100 benchmarks (pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md:
+    "Each H100 GPU is equipped with 96GB HBM2e with 2.4 TB/sec peak memory bandwidth", "default 500W
+    power limit"; 8 GPUs a host on NVLink, 400 Gb/s RDMA per GPU). Its peak is "between SXM and NVL,
+    and we don't know its exact value" (torchtitan docs/performance.md, footnote 1): the midpoint of the
+    SXM's 989.5 and the NVL's 835.5 dense bf16 TFLOP/s is taken, 912.5, fp8 twice that.
+    """
+    return replace(
+        h100_sxm(),
+        name="H100 96GB HBM2e 500W",
+        memory_bytes=96 * GiB,
+        peak_bf16_flops=912.5 * TFLOPS,
+        peak_fp16_flops=912.5 * TFLOPS,
+        peak_fp8_flops=1825 * TFLOPS,
+        peak_tf32_flops=456.25 * TFLOPS,
+        mem_bw_bytes_per_s=2.4e12,
+    )
 
 
 def h200_nvl() -> HardwareSpec:
@@ -298,6 +349,7 @@ def gh200() -> HardwareSpec:
         host_mem_bw_bytes_per_s=4 * 512 * GB,
         matmul_efficiency_frac=0.80,
         runtime_overhead_bytes=_GPU_RUNTIME_OVERHEAD_BYTES,
+        sm_count=132,  # the H100 GPU of the superchip (efficiency.py [SM])
     )
 
 
@@ -331,6 +383,7 @@ def b200() -> HardwareSpec:
         host_mem_bw_bytes_per_s=717 * GB,
         matmul_efficiency_frac=0.80,
         runtime_overhead_bytes=_GPU_RUNTIME_OVERHEAD_BYTES,
+        sm_count=148,  # 74 SMs per die, two dies (efficiency.py [SM])
     )
 
 
@@ -364,6 +417,7 @@ def gb200_nvl72() -> HardwareSpec:
         host_mem_bw_bytes_per_s=36 * 512 * GB,
         matmul_efficiency_frac=0.80,
         runtime_overhead_bytes=_GPU_RUNTIME_OVERHEAD_BYTES,
+        sm_count=148,  # the B200 GPU (efficiency.py [SM]), assumed the same in GB200
     )
 
 
@@ -391,6 +445,7 @@ def _a100(name: str, memory_bytes: int, mem_bw: float) -> HardwareSpec:
         # Large bf16 GEMMs reach ~250-270 of 312 TFLOP/s on A100 (cuBLAS, NVIDIA Megatron reports).
         matmul_efficiency_frac=0.82,
         runtime_overhead_bytes=_GPU_RUNTIME_OVERHEAD_BYTES,
+        sm_count=108,  # A100: 108 SMs (efficiency.py [SM])
     )
 
 
@@ -528,6 +583,7 @@ def cpu_host() -> HardwareSpec:
 
 HARDWARE: dict[str, Callable[[], HardwareSpec]] = {
     "h100": h100_sxm,
+    "h100-96gb-500w": h100_96gb_500w,
     "h200": h200,
     "h200-nvl": h200_nvl,
     "gh200": gh200,

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import textwrap
 
-from advisor.estimator import ATTENTION_EFFICIENCY_FRAC, Estimate
+from advisor.efficiency import ERROR_BAND
+from advisor.estimator import TIGHT_FRAC, Estimate
 
 GiB = 2**30
 
@@ -67,9 +67,46 @@ def verdict(est: Estimate) -> str:
     if not est.host_fits:
         host = est.host_bytes_per_node / GiB
         return f"DOES NOT FIT: offloaded state needs {host:.0f} GiB of host memory per node, more than the node has; {line}"
+    band = memory_band(est)
+    if est.tight:
+        return (
+            f"TIGHT: {line}; above {100 * TIGHT_FRAC:.0f} %, within the memory estimate's error"
+            + (f" ({band})" if band else "")
+            + " of not fitting"
+        )
     if est.fits:
         return f"FITS: {line}"
     return f"DOES NOT FIT: {line}"
+
+
+def step_band(est: Estimate) -> str:
+    """The step time's error band as text: '±8.5 %' and what it is (empty on a CPU or before a fit)."""
+    if ERROR_BAND is None or est.setup.hardware.kind != "gpu":
+        return ""
+    return f"±{ERROR_BAND.step_pct:.0f} %"
+
+
+def memory_band(est: Estimate) -> str:
+    """The memory estimate's error band as text (empty where no published peak measured it)."""
+    if ERROR_BAND is None or ERROR_BAND.memory_pct is None or est.setup.hardware.kind != "gpu":
+        return ""
+    return f"±{ERROR_BAND.memory_pct:.0f} %"
+
+
+def band_note() -> str:
+    """Where the error bands come from, said once under the figures."""
+    if ERROR_BAND is None:
+        return ""
+    mem = (
+        f"; memory ±{ERROR_BAND.memory_pct:.0f} % where sources publish the peak"
+        if ERROR_BAND.memory_pct is not None
+        else ""
+    )
+    return (
+        f"Error bands: step time, tokens/s and MFU ±{ERROR_BAND.step_pct:.0f} % on average (90 % of runs within "
+        f"±{ERROR_BAND.step_p90_pct:.0f} %), measured on published runs each held out of the fit "
+        f"({ERROR_BAND.fitted_on}){mem}; bench/results/published_runs.md."
+    )
 
 
 def memory_rows(est: Estimate) -> list[tuple[str, float, float]]:
@@ -86,25 +123,12 @@ def time_rows(est: Estimate) -> list[tuple[str, float, float]]:
     return [(label, d[k], 100 * d[k] / total) for k, label in TIME_LABELS.items() if d[k] > 0]
 
 
-@functools.cache
-def _published_errors() -> tuple[float, int, int]:
-    """On the published runs (``advisor.published``): the estimate's mean absolute step-time error in
-    percent, how many of them it reads too fast, and how many there are."""
-    from advisor.published import compare_published
-
-    errors = [c.error_pct for c in compare_published()]
-    return sum(abs(e) for e in errors) / len(errors), sum(e < 0 for e in errors), len(errors)
-
-
 def mfu_note(est: Estimate) -> str:
-    """What the estimate's MFU assumes, said beside it: it is the ideal of this model (every GEMM at the
-    device's measured-ceiling efficiency, fused attention at half the peak, communication overlapped as
-    the framework schedules it), and MFU counts attention non-causally (PaLM, appendix B) while a
-    causal flash kernel executes half of it, so MFU runs above HFU and grows with the sequence.
-    Published large runs measure lower: Llama 3 405B 38-43 % on H100 (Llama 3 paper, table 4),
-    MegaScale 55.2 % (175B on 12,288 GPUs). Against ten published steps (Megatron-LM and torchtitan on
-    A100) the estimated step is 14.3 % off on average, short on 9 (``advisor.published``,
-    tests/test_published.py); a calibration on measured runs corrects the model."""
+    """What the estimate's MFU rests on, said beside it: the rates this layout's kernels reach (GEMMs by
+    their shapes, attention by its kernel and sequence: ``advisor.efficiency``, constants fitted on
+    published runs) and the communication it leaves exposed; and that MFU counts attention
+    non-causally (PaLM, appendix B) while a causal flash kernel executes half of it, so MFU runs above
+    HFU and grows with the sequence."""
     hw = est.setup.hardware
     if hw is None or hw.kind == "cpu":
         return ""
@@ -113,14 +137,12 @@ def mfu_note(est: Estimate) -> str:
         hfu = f"it counts attention non-causally (PaLM), so it exceeds {hfu}, the FLOPs the causal kernel executes"
     else:
         hfu = f"{hfu} adds the recomputed FLOPs"
-    err, fast, n = _published_errors()
+    band = f" ({step_band(est)})" if step_band(est) else ""
     return (
-        f"MFU {100 * est.mfu_frac:.1f} % is this setup's ideal: GEMMs at {100 * hw.matmul_efficiency_frac:.0f} % "
-        f"of peak, fused attention at {100 * ATTENTION_EFFICIENCY_FRAC:.0f} %, communication overlapped as "
-        f"scheduled; {hfu}. Large published runs measure 38-55 %. On {n} published training steps the "
-        f"estimated step was off by {err:.0f} % on average, too fast on {fast} (bench/results/published_runs.md); "
-        f"calibrate on measured runs to correct it."
-    )
+        f"MFU {100 * est.mfu_frac:.1f} %{band}: this layout's GEMMs at {100 * est.gemm_frac:.0f} % of the "
+        f"{est.setup.train.precision} peak, attention at {100 * est.attention_frac:.0f} % of the 16-bit peak, "
+        f"communication overlapped as the framework schedules it; {hfu}. {band_note()}"
+    ).strip()
 
 
 def format_estimate(est: Estimate) -> str:
@@ -129,16 +151,18 @@ def format_estimate(est: Estimate) -> str:
     out = [describe_setup(est), "", verdict(est), "", f"{head:44s}GiB      %"]
     for label, gib, pct in memory_rows(est):
         out.append(f"  {label:38s}{gib:9.2f} {pct:6.1f}")
-    out.append(f"  {'total':38s}{est.memory.total_bytes / GiB:9.2f}")
+    mband = f" {memory_band(est)}" if memory_band(est) else ""
+    out.append(f"  {'total':38s}{est.memory.total_bytes / GiB:9.2f}{mband}")
     if est.memory.host_bytes:
         out.append(f"  {'(offloaded to host memory)':38s}{est.memory.host_bytes / GiB:9.2f}")
     out += ["", f"Step time{'':35s}ms      %"]
     for label, ms, pct in time_rows(est):
         out.append(f"  {label:38s}{ms:9.1f} {pct:6.1f}")
-    out.append(f"  {'total':38s}{est.step_time_ms:9.1f}")
+    band = f" {step_band(est)}" if step_band(est) else ""
+    out.append(f"  {'total':38s}{est.step_time_ms:9.1f}{band}")
     out += [
         "",
-        f"Throughput: {est.tokens_per_s:,.0f} tokens/s; MFU {100 * est.mfu_frac:.1f} %, HFU {100 * est.hfu_frac:.1f} %",
+        f"Throughput: {est.tokens_per_s:,.0f} tokens/s; MFU {100 * est.mfu_frac:.1f} %{band}, HFU {100 * est.hfu_frac:.1f} %",
         f"FLOPs per step: {est.model_flops_per_step:.3e} model, {est.hardware_flops_per_step:.3e} executed",
     ]
     if note := mfu_note(est):

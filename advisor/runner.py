@@ -202,6 +202,10 @@ def profile_run(
     if options.nsys and shutil.which("nsys") is None:
         raise AdvisorError(NSYS_HELP)
     setup = on_this_machine(setup, options.device, options.nproc)
+    if options.compile != setup.train.compile:
+        # The run compiles or not as its options say; its setup says the same, so the estimate filed
+        # with it prices the step that ran (no per-op dispatch under torch.compile).
+        setup = replace(setup, train=replace(setup.train, compile=options.compile))
     if options.memory_budget_gib:
         hw = setup.hardware
         budget = int(options.memory_budget_gib * 2**30)

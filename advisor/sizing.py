@@ -54,7 +54,11 @@ def make_setup(
     recompute: str = "none",
     flash_attention: bool = True,
     dropout: bool = False,
-    fp32_grads: bool = False,
+    fp32_grads: bool | None = None,
+    recompute_layers: int = 0,
+    offload_activations: int = 0,
+    compile: bool = False,
+    fused_loss: bool = False,
     tp: int = 1,
     pp: int = 1,
     vpp: int = 1,
@@ -67,7 +71,8 @@ def make_setup(
     """The Setup these values describe; a config.json path overrides the preset. Raises AdvisorError.
 
     Left out, ``seq`` is 4096, or the model's learned positions where it has fewer (GPT-2's 1024: 4096
-    would only be refused), and ``optimizer_impl`` is fused, or foreach for Adafactor (no fused kernel)."""
+    would only be refused), ``optimizer_impl`` is fused, or foreach for Adafactor (no fused kernel), and
+    ``fp32_grads`` the framework's default (``TrainSpec.fp32_grads``)."""
     if hf_config:
         model_spec = load_hf_config(hf_config)
     elif isinstance(model, ModelSpec):
@@ -90,6 +95,10 @@ def make_setup(
         flash_attention=flash_attention,
         dropout=dropout,
         fp32_grads=fp32_grads,
+        recompute_layers=recompute_layers,
+        offload_activations=offload_activations,
+        compile=compile,
+        fused_loss=fused_loss,
     )
     parallel = build_parallel(
         gpus, dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, zero=zero, sequence_parallel=sequence_parallel, offload=offload

@@ -13,7 +13,7 @@ from advisor.errors import SpecError
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 OPTIMIZERS = ("adamw", "sgd", "adafactor")
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = ("none", "selective", "selective-op", "full")
 OFFLOAD_MODES = ("none", "optimizer", "optimizer+params")
 OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 FRAMEWORKS = ("megatron", "pytorch")
@@ -271,15 +271,26 @@ class TrainSpec:
     optimizer: str = "adamw"
     """adamw (2 fp32 states), sgd (momentum, 1 state) or adafactor (factored second moment)."""
     recompute: str = "none"
-    """Activation checkpointing: none, selective (attention core recomputed) or full (each block)."""
+    """Activation checkpointing: none, selective (Megatron-LM's: the attention core recomputed),
+    selective-op (torchtitan's op-level policy: every other matmul output and the attention output
+    kept, the rest recomputed) or full (each block keeps only its input)."""
+    recompute_layers: int = 0
+    """With recompute='full': blocks per pipeline stage that recompute, the others keep everything
+    (Megatron-LM's --recompute-method block --recompute-num-layers N); 0 means every block."""
+    offload_activations: int = 0
+    """Blocks per pipeline stage whose saved activations go to host memory during forward and come
+    back for backward, overlapped with compute (NeMo/Megatron-LM's cpu_offloading_num_layers); 0: none."""
     flash_attention: bool = True
     """Fused attention that never stores the s x s score matrix."""
     dropout: bool = False
     """Dropout layers on (stores 1-byte masks); modern LLM pretraining runs without."""
-    fp32_grads: bool = False
-    """Keep and reduce gradients in fp32 (4 bytes) under 16-bit precision: Megatron-LM's bf16 default
-    (accumulate_allreduce_grads_in_fp32) and DeepSpeed's bf16 optimizer. Off: 16-bit gradients, as in
-    the ZeRO paper and plain PyTorch DDP/FSDP on 16-bit parameters."""
+    fp32_grads: bool | None = None
+    """Keep and reduce gradients in fp32 (4 bytes) under 16-bit precision: Megatron-LM's default with
+    bf16 and fp16 (its main_grad buffers; arguments.py sets accumulate_allreduce_grads_in_fp32 for bf16)
+    and DeepSpeed's bf16 optimizer. False: 16-bit gradients, as in the ZeRO paper and in NeMo's
+    performance recipes (grad_reduce_in_fp32 = False). None (the default) takes the framework's:
+    True for 'megatron' at 16-bit precision, False for the eager step (its fp32 parameters' gradients
+    are fp32 anyway, counted as such)."""
     optimizer_impl: str = "fused"
     """Optimizer kernels: fused (one kernel, no scratch: Megatron, DeepSpeed, torchtitan), foreach
     (PyTorch's default on GPUs: one fp32 scratch copy of the parameters during the step) or for-loop."""
@@ -287,7 +298,14 @@ class TrainSpec:
     """How the step is implemented. 'megatron': 16-bit weights with fp32 master copies, persistent
     gradient buffers, fused norms and attention (Megatron-LM, DeepSpeed). 'pytorch': this project's
     eager step, torch.autocast over fp32 parameters, gradients freed after each step (set_to_none),
-    an extra 16-bit input copy per linear under autocast."""
+    an extra 16-bit input copy per linear under autocast; fp8 there is torchao's float8 training."""
+    fused_loss: bool = False
+    """A fused cross-entropy on the eager step (flash-attn's, Liger's): it keeps the 16-bit logits and
+    writes their gradient in place, instead of PyTorch's fp32 log-softmax and gradient copies (16 bytes
+    a logit less). Megatron-LM's vocab-parallel loss is in place already."""
+    compile: bool = False
+    """torch.compile (or CUDA graphs) on the eager step: elementwise ops fused, no per-op launch
+    overhead. Megatron-LM's step is fused already."""
 
     def __post_init__(self) -> None:
         _check_int("train.seq_len", self.seq_len, 1)
@@ -296,21 +314,26 @@ class TrainSpec:
         _check_choice("train.precision", self.precision, PRECISIONS)
         _check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("train.recompute", self.recompute, RECOMPUTE_MODES)
+        if self.fp32_grads is None:
+            object.__setattr__(self, "fp32_grads", self.framework == "megatron" and self.precision != "fp32")
+        _check_int("train.recompute_layers", self.recompute_layers, 0)
+        _check_int("train.offload_activations", self.offload_activations, 0)
+        if self.recompute_layers and self.recompute != "full":
+            raise SpecError(
+                "train.recompute_layers",
+                self.recompute_layers,
+                f"recomputes N whole blocks: it needs recompute='full' (got recompute={self.recompute!r})",
+            )
         _check_choice("train.optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         _check_choice("train.framework", self.framework, FRAMEWORKS)
         if self.optimizer == "adafactor" and self.optimizer_impl == "fused":
             raise SpecError("train.optimizer_impl", "fused", "Adafactor has no fused kernel; use foreach or for-loop")
-        if self.framework == "pytorch" and self.precision == "fp8":
-            raise SpecError(
-                "train.precision",
-                "fp8",
-                "fp8 needs TransformerEngine (framework='megatron'); eager PyTorch runs fp32, bf16 or fp16",
-            )
 
     @property
     def autocast(self) -> bool:
-        """16-bit compute through torch.autocast over fp32 parameters (the eager PyTorch step)."""
-        return self.framework == "pytorch" and self.precision in ("bf16", "fp16")
+        """Low-precision compute over fp32 parameters (the eager PyTorch step): torch.autocast for bf16
+        and fp16, torchao's float8 linears (bf16 autocast around them) for fp8."""
+        return self.framework == "pytorch" and self.precision in ("bf16", "fp16", "fp8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,12 +420,16 @@ class HardwareSpec:
     """'gpu' or 'cpu'."""
     runtime_overhead_bytes: int = 0
     """Memory the framework never sees: CUDA context, cuBLAS/NCCL workspaces."""
+    sm_count: int = 0
+    """Streaming multiprocessors a GEMM's tiles spread over (wave quantization); 0: unknown, no
+    quantization modelled."""
 
     def __post_init__(self) -> None:
         _check_int("hardware.memory_bytes", self.memory_bytes, 1)
         _check_int("hardware.gpus_per_node", self.gpus_per_node, 1)
         _check_int("hardware.host_memory_bytes", self.host_memory_bytes, 0)
         _check_int("hardware.runtime_overhead_bytes", self.runtime_overhead_bytes, 0)
+        _check_int("hardware.sm_count", self.sm_count, 0)
         for f in ("peak_fp32_flops", "mem_bw_bytes_per_s"):
             _check_positive(f"hardware.{f}", getattr(self, f))
         for f in (
@@ -508,12 +535,52 @@ class Setup:
         if hw.peak_flops(t.precision) <= 0:
             have = ", ".join(q for q in PRECISIONS if hw.peak_flops(q) > 0)
             raise SpecError("train.precision", t.precision, f"{hw.name} has no {t.precision} math (use {have})")
+        if t.recompute_layers or t.offload_activations:
+            self._check_stage_blocks()
         if p.offload != "none" and hw.kind == "cpu":
             raise SpecError(
                 "parallel.offload",
                 p.offload,
                 "offload moves state from a GPU to the host; the device is already the CPU",
             )
+
+    def _check_stage_blocks(self) -> None:
+        """recompute_layers and offload_activations count blocks per pipeline stage: each at most the
+        smallest stage's, and offload only of blocks that do not recompute."""
+        m, t, p, hw = self.model, self.train, self.parallel, self.hardware
+        fewest = m.n_layers if p.pp * p.vpp == 1 else _fewest_stage_blocks(self)
+        for name, n in (
+            ("train.recompute_layers", t.recompute_layers),
+            ("train.offload_activations", t.offload_activations),
+        ):
+            if n > fewest:
+                raise SpecError(
+                    name,
+                    n,
+                    f"counts blocks per pipeline stage: at most {fewest}, the blocks of the smallest of "
+                    f"pp x vpp={p.pp * p.vpp} stages of {m.n_layers}",
+                )
+        if t.offload_activations:
+            if hw.kind == "cpu":
+                raise SpecError(
+                    "train.offload_activations",
+                    t.offload_activations,
+                    "moves activations from a GPU to the host; the device is already the CPU",
+                )
+            if t.recompute == "full" and t.recompute_layers in (0, fewest):
+                raise SpecError(
+                    "train.offload_activations",
+                    t.offload_activations,
+                    "every block recomputes (recompute='full'), so none keeps activations to offload; set "
+                    "recompute_layers below the stage's blocks or recompute to none/selective",
+                )
+            if t.recompute == "full" and t.recompute_layers + t.offload_activations > fewest:
+                raise SpecError(
+                    "train.offload_activations",
+                    t.offload_activations,
+                    f"offloads blocks that do not recompute: at most {fewest - t.recompute_layers} "
+                    f"({fewest} blocks a stage, {t.recompute_layers} recompute)",
+                )
 
     @property
     def gpus(self) -> int:
@@ -532,6 +599,13 @@ class Setup:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.train.seq_len
+
+
+def _fewest_stage_blocks(setup: Setup) -> int:
+    """Blocks of the smallest pipeline stage (the pipeline's split, ``estimator.stage_layers``)."""
+    from advisor.estimator import stage_layers
+
+    return min(stage_layers(setup))
 
 
 def spec_to_dict(spec: object) -> dict:

@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.profiler import record_function
 from torch.utils.data import DataLoader, Dataset
 
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, SpecError
 from advisor.model import Transformer, build_model
 from advisor.specs import OPTIMIZER_IMPLS, Setup
 
@@ -268,6 +268,23 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def check_step_options(setup: Setup) -> None:
+    """Raise SpecError for the training options the profiled step and the dry run do not run yet: they
+    are estimated only (``advisor size``), and a run would silently measure something else."""
+    t = setup.train
+    refused = (
+        ("train.recompute", t.recompute, t.recompute == "selective-op", "use none, selective or full"),
+        ("train.recompute_layers", t.recompute_layers, t.recompute_layers > 0, "use 0 (every block recomputes)"),
+        ("train.offload_activations", t.offload_activations, t.offload_activations > 0, "use 0"),
+        ("train.fused_loss", t.fused_loss, t.fused_loss, "the step's loss is PyTorch's cross-entropy"),
+    )
+    for name, value, bad, allowed in refused:
+        if bad:
+            raise SpecError(
+                name, value, f"the profiled step and the dry run do not run it yet (estimated only); {allowed}"
+            )
+
+
 def build_trainer(
     setup: Setup,
     device: torch.device,
@@ -281,6 +298,7 @@ def build_trainer(
     precisions run under torch.autocast, fp16 with a GradScaler)."""
     t = setup.train
     optimizer_impl = optimizer_impl or t.optimizer_impl
+    check_step_options(setup)
     if t.precision == "fp8":
         raise AdvisorError(
             "precision='fp8': fp8 training needs NVIDIA TransformerEngine (transformer_engine.pytorch) on a Hopper or "

@@ -1,91 +1,292 @@
-"""The estimator's step time against published training runs whose every layout detail is known.
+"""The estimator's step time and memory against published training runs, and the fit of its rate model.
 
-Run: ``.venv/bin/python bench/published_runs.py`` (instant: analytic). Prints a markdown table and
-writes it to ``bench/results/published_runs.md`` (``--out -`` to skip). The runs and their sources are
-in ``advisor/published.py``: Korthikanti et al. 2022, table 4, eight Megatron-LM iterations on DGX A100
-80 GB, the same eight Calculon validates on (its mean error: 3.7 %), and torchtitan's Llama 3 8B and
-70B on 64 A100 with FSDP2.
+Run: ``.venv/bin/python bench/published_runs.py`` (analytic, a few seconds: the leave-one-source-out
+refits run here too). Prints a markdown report and writes it to ``bench/results/published_runs.md``
+(``--out -`` to skip). ``--fit`` first refits the constants of ``advisor.efficiency`` on every run
+and writes them, with the leave-one-source-out error the app and the CLI quote as the estimate's error
+band, to ``advisor/efficiency_fit.json``. The runs, their sources and what each leaves out are in
+``advisor/published_runs.json`` and ``advisor/published.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import statistics
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from advisor.published import KORTHIKANTI, TORCHTITAN, compare_published  # noqa: E402 - needs ROOT on sys.path as a script
+from advisor.efficiency import FIT_PATH, FITTED, EfficiencyParams, load_fitted  # noqa: E402 - needs ROOT on sys.path
+from advisor.published import (  # noqa: E402
+    PublishedComparison,
+    all_published_runs,
+    fit_params,
+    kendall_tau,
+    leave_one_source_out,
+    published_runs,
+)
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "published_runs.md"
+TIGHT_FRAC = 0.90
 
 
 def _layout(setup) -> str:
     p, tr = setup.parallel, setup.train
-    pp = f"PP{p.pp}" + (f"x{p.vpp}v" if p.vpp > 1 else "")
-    return f"{setup.gpus} GPUs: TP{p.tp} {pp} DP{p.dp}, b{tr.micro_batch} x m{setup.grad_accum}"
+    parts = [f"{setup.gpus} {setup.hardware.name.split()[0]}"]
+    for name, v in (("TP", p.tp), ("PP", p.pp), ("CP", p.cp), ("EP", p.ep)):
+        if v > 1:
+            parts.append(f"{name}{v}" + (f"x{p.vpp}v" if name == "PP" and p.vpp > 1 else ""))
+    parts.append(f"DP{p.dp}" + (f" Z{p.zero}" if p.zero else ""))
+    rc = tr.recompute + (f"[{tr.recompute_layers}]" if tr.recompute_layers else "")
+    knobs = [tr.precision, f"s{tr.seq_len}", f"b{tr.micro_batch}x{setup.grad_accum}", rc]
+    if tr.offload_activations:
+        knobs.append(f"offload {tr.offload_activations}")
+    if tr.compile:
+        knobs.append("compile")
+    return " ".join(parts) + ", " + " ".join(knobs)
 
 
-def report() -> str:
-    rows = compare_published()
-    errors = [c.error_pct for c in rows]
-    megatron = [c.error_pct for c in rows if c.run.source == KORTHIKANTI]
+def _stats(errors: list[float]) -> str:
+    a = [abs(e) for e in errors]
+    return f"{statistics.mean(a):.1f} | {statistics.median(a):.1f} | {max(a):.1f} | {sum(e < 0 for e in errors)}/{len(errors)}"
+
+
+def _tokens_per_s(c: PublishedComparison, estimated: bool) -> float:
+    s = c.run.setup
+    step = c.estimated_step_s if estimated else c.run.measured_step_s
+    return s.tokens_per_step / step / s.gpus
+
+
+def run_fit() -> dict:
+    """Fit on every validation run, then leave each source out; the record ``efficiency_fit.json`` keeps."""
+    runs = published_runs()
+    params = fit_params(runs)
+    held = leave_one_source_out(runs)
+    loso = [c.error_pct for h in held for c in h.comparisons]
+    fitted = [r.compare(params).error_pct for r in runs]
+    memory = [c.memory_error_pct for c in (r.compare(params) for r in runs) if c.memory_error_pct is not None]
+    return {
+        "params": params.as_dict(),
+        "fitted_on": f"{len(runs)} runs of {len({r.source for r in runs})} sources (advisor/published_runs.json)",
+        "date": datetime.date.today().isoformat(),
+        "step_time_error_pct": {
+            "fitted_mean_abs": statistics.mean(abs(e) for e in fitted),
+            "fitted_median_abs": statistics.median(abs(e) for e in fitted),
+            "loso_mean_abs": statistics.mean(abs(e) for e in loso),
+            "loso_median_abs": statistics.median(abs(e) for e in loso),
+            "loso_p90_abs": sorted(abs(e) for e in loso)[int(0.9 * (len(loso) - 1))],
+        },
+        "memory_error_pct": {
+            "mean_abs": statistics.mean(abs(e) for e in memory) if memory else None,
+            "runs": len(memory),
+        },
+        "loso_params": {h.source: h.params.as_dict() for h in held},
+    }
+
+
+def report(params: EfficiencyParams | None = None) -> str:
+    params = params or FITTED
+    runs = published_runs()
+    rows = [r.compare(params) for r in runs]
+    held = {c.run.name: c for h in leave_one_source_out(runs) for c in h.comparisons}
+    fitted = [c.error_pct for c in rows]
+    loso = [held[c.run.name].error_pct for c in rows]
+    sources = sorted({r.source for r in runs})
     lines = [
-        "# Estimated against published step times",
+        "# Estimated against published training runs",
         "",
-        "- Command: `.venv/bin/python bench/published_runs.py` (analytic: no device, instant).",
-        f"- Sources: {KORTHIKANTI}, GPT models at sequence 2048, vocabulary 51200, fp16, dropout 0.1,",
-        "  Megatron's fused softmax (no flash attention), layouts as Calculon validates them",
-        f"  (`calculon-ai/calculon`, `validation/*.json`); {TORCHTITAN}, tokens/s per GPU at local",
-        "  batch 1, sequence 8192, bf16 (step = 8192 / tokens/s). Details in `advisor/published.py`.",
-        '- Error: estimated / measured - 1 (negative: the estimate is too fast). "Measured MFU": our model',
-        "  FLOPs over the measured time. Korthikanti's table 5 gives 41.5, 51.4, 56.0 and 56.3 % for the",
-        "  selective runs and torchtitan 58.2 and 51.7 %, which count the embedding table as FLOPs (ours do",
-        "  not: +5.2 % and +1.3 %): the FLOP count is right, what the estimate misses is time.",
+        "- Command: `.venv/bin/python bench/published_runs.py` (analytic; `--fit` refits the constants).",
+        f"- {len(runs)} runs from {len(sources)} sources ({', '.join(sources)}); each row's citation, the",
+        "  row as published and what the source leaves out (and what was taken) are in",
+        "  `advisor/published_runs.json`. Throughput is turned into a step time: tokens per step over",
+        "  tokens/s per GPU x GPUs.",
+        "- Error: estimated / measured step time - 1 (negative: the estimate is too fast). 'fitted': with",
+        "  the constants fitted on every run; 'held out': with constants fitted on every other source",
+        "  (leave-one-source-out), the figure for runs the model never saw.",
+        "- Constants: " + ", ".join(f"{k} {v:.3g}" for k, v in params.as_dict().items()) + ".",
         "",
-        "| run | layout | measured s | estimated s | error | measured MFU | estimated MFU | GiB/GPU est. |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "## Summary",
+        "",
+        "| runs | mean abs. error % | median % | max % | too fast |",
+        "|---|---:|---:|---:|---:|",
+        f"| fitted, all {len(rows)} | {_stats(fitted)} |",
+        f"| held out (leave one source out) | {_stats(loso)} |",
+        "",
+        "## By group (held-out errors)",
+        "",
+        "| split | group | runs | mean abs. error % | median % | max % | too fast |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for split in ("precision", "framework", "model", "GPUs", "device"):
+        groups: dict[str, list[float]] = defaultdict(list)
+        for c, e in zip(rows, loso, strict=True):
+            groups[c.run.groups[split]].append(e)
+        for g in sorted(groups):
+            lines.append(f"| {split} | {g} | {len(groups[g])} | {_stats(groups[g])} |")
+    lines += [
+        "",
+        "## By source",
+        "",
+        "Kendall's tau orders the runs of one model within a source (layouts, knob changes, GPU counts) by",
+        "tokens/s per GPU, estimated against measured: 1 is the measured order, -1 its reverse; the mean over",
+        "the source's models with two or more runs.",
+        "",
+        "| source | runs | held out: mean abs. error % | median % | max % | too fast | Kendall tau (models) |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for src in sources:
+        cs = [c for c in rows if c.run.source == src]
+        errs = [held[c.run.name].error_pct for c in cs]
+        by_model: dict[str, list[PublishedComparison]] = defaultdict(list)
+        for c in cs:
+            by_model[c.run.setup.model.name].append(c)
+        taus = [
+            kendall_tau([_tokens_per_s(c, True) for c in group], [_tokens_per_s(c, False) for c in group])
+            for group in by_model.values()
+            if len(group) >= 2
+        ]
+        tau = f"{statistics.mean(taus):+.2f} ({len(taus)})" if taus else "-"
+        lines.append(f"| {src} | {len(cs)} | {_stats(errs)} | {tau} |")
+    lines += [
+        "",
+        "## Every run",
+        "",
+        "| source | run | layout | measured s | estimated s | fitted | held out | est. MFU | memory est. / published GiB | fits |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for c in rows:
         e = c.estimate
-        lines.append(
-            f"| {c.run.name} | {_layout(c.run.setup)} | {c.run.measured_step_s:.2f} | {c.estimated_step_s:.2f} "
-            f"| {c.error_pct:+.1f} % | {c.measured_mfu_pct:.1f} % | {100 * e.mfu_frac:.1f} % "
-            f"| {e.memory.total_bytes / 2**30:.1f} |"
+        mem = f"{c.estimated_memory_gib:.1f}" + (
+            f" / {c.run.measured_memory_gib:.1f}" if c.run.measured_memory_gib else ""
         )
+        verdict = "no" if not e.fits else "tight" if e.memory_frac > TIGHT_FRAC else "yes"
+        lines.append(
+            f"| {c.run.source} | {c.run.name} | {_layout(c.run.setup)} | {c.run.measured_step_s:.3f} "
+            f"| {c.estimated_step_s:.3f} | {c.error_pct:+.1f} % | {held[c.run.name].error_pct:+.1f} % "
+            f"| {100 * e.mfu_frac:.1f} % | {mem} | {verdict} |"
+        )
+    mem_rows = [c for c in rows if c.run.measured_memory_gib]
+    if mem_rows:
+        errs = [c.memory_error_pct for c in mem_rows]
+        lines += [
+            "",
+            f"Peak memory, where a source publishes it ({len(mem_rows)} runs, torchtitan's and Trainy's",
+            "max reserved over GPUs): estimate less the CUDA context against it, mean absolute error "
+            f"{statistics.mean(abs(x) for x in errs):.1f} %, from {min(errs):+.1f} to {max(errs):+.1f} %.",
+        ]
+    no_fit = [c.run.name for c in rows if not c.estimate.fits]
     lines += [
         "",
-        f"Mean absolute error {statistics.mean(abs(x) for x in errors):.1f} % over all {len(errors)}, from "
-        f"{min(errors):+.1f} % to {max(errors):+.1f} %, too fast on {sum(x < 0 for x in errors)}; on the "
-        f"{len(megatron)} Megatron-LM steps {statistics.mean(abs(x) for x in megatron):.1f} % (Calculon: 3.7 %).",
-        "",
-        "Where it misses: the estimate takes every GEMM at 82 % of the A100's peak and every collective at",
-        "80 % of the link, whatever its size; the measured A100 steps of both frameworks run up to 27 %",
-        "longer. The smallest Megatron model misses most (22B on TP 8 alone, where a TP rank's GEMMs are",
-        "8,192 x 6,144 x 768 to 3,072, likely below the sizes that reach that rate), and the selective runs",
-        "miss more than the full-recompute ones. Calculon reaches 3.7 %",
-        "with per-size GEMM and collective efficiency tables fitted to A100 measurements; this estimator's",
-        '`calibrate` fits measured runs of the user\'s own machine instead (README, "How advice is made").',
-        "",
-        "Pipeline stages: 1F1B runs at its slowest stage's pace. Megatron-LM's even split leaves the output",
-        "head on top of the last stage's blocks, and the estimate now counts it there; it spread the head",
-        "evenly over the stages before. The six pipelined runs moved from -1.5 to -20.6 % (mean absolute",
-        "12.2 %) to +1.2 to -19.1 % (9.4 %); the Megatron mean from 14.6 to 12.4 %. Stages need not",
-        "divide the blocks either: Llama 3 405B trained its 126 blocks on 16 stages of 7, 8 x 14, 7, which",
-        "now sizes as published (`tests/test_estimator.py`).",
-        "",
-        "Data-parallel collectives across nodes: with k GPUs of a node in the group, NCCL runs k rings,",
-        "each crossing nodes on its own GPU's NIC, so FSDP over whole nodes reaches 8 NICs' bandwidth",
-        "(capped by NVLink), not one. Before, torchtitan's 8B read 3.24 s (+17.5 %, too slow: 1.23 s of",
-        "exposed gathers at one NIC's 25 GB/s) and 70B 35.0 s (+41.4 %); both now read too fast, as the",
-        "Megatron runs do, because their compute alone is. Point-to-point rings (CP, PP), all-to-alls and",
-        "tensor parallelism stay at one NIC (`estimator._group_bw`).",
-        "",
+        f"Runs that trained but the estimate calls 'does not fit': {len(no_fit)}"
+        + (f" ({'; '.join(no_fit)})" if no_fit else "")
+        + ".",
     ]
+    lines += planner_section()
+    excluded = [r for r in all_published_runs() if r.excluded_because]
+    if excluded:
+        lines += ["", "## Kept out of the validation set", ""]
+        for r in excluded:
+            c = r.compare(params)
+            lines.append(
+                f"- {r.name} ({_layout(r.setup)}): {r.excluded_because}. Measured {r.measured_step_s:.2f} s, "
+                f"estimated {c.estimated_step_s:.2f} s ({c.error_pct:+.1f} %) with vpp 1 and micro-batch 1."
+            )
+    lines.append("")
     return "\n".join(lines)
+
+
+def _plan_line(est) -> str:
+    from advisor.planner import layout_label
+
+    return (
+        f"{layout_label(est.setup)}: {est.step_time_ms / 1e3:.2f} s a step, "
+        f"{est.tokens_per_s / est.setup.gpus:,.0f} tokens/s per GPU, MFU {100 * est.mfu_frac:.1f} %, "
+        f"{100 * est.memory_frac:.0f} % of the memory"
+    )
+
+
+def planner_section() -> list[str]:
+    """The planner's top layout for two jobs beside the estimate of the layout published for them."""
+    from advisor.estimator import estimate
+    from advisor.planner import PlanRequest, plan
+    from advisor.presets import get_hardware, get_model
+    from advisor.published import published_runs
+
+    runs = {r.name: r for r in published_runs()}
+    lines = ["", "## The planner against published layouts", ""]
+    jobs = [
+        (
+            "Llama 3.1 405B on 1,024 H100, sequence 8,192, global batch 512, fp8",
+            PlanRequest(get_model("llama-3.1-405b"), get_hardware("h100"), 1024, 8192, 512, precisions=("fp8",)),
+            runs["Llama 3.1 405B, 1024 H100, TP 8 PP 8 x VP 8 CP 2, fp8-cs (Megatron-Bridge 25.11)"],
+        ),
+        (
+            "Llama 3.1 70B on 256 H100-500W, sequence 8,192, global batch 512, bf16, eager PyTorch",
+            None,
+            runs["Llama 3.1 70B, 256 H100-500W, FSDP2 32 x TP 8, bf16"],
+        ),
+    ]
+    for title, req, run in jobs:
+        pub = run.compare()
+        lines += [
+            f"**{title}.** Published ({run.source}): {_plan_line(pub.estimate)} estimated; measured "
+            f"{run.setup.tokens_per_step / run.measured_step_s / run.setup.gpus:,.0f} tokens/s per GPU."
+        ]
+        if req is None:
+            s = run.setup
+            req = PlanRequest(s.model, s.hardware, s.gpus, s.train.seq_len, s.global_batch)
+            lines[-1] += (
+                " The planner searches Megatron-style steps (the eager step's layout above is estimated as "
+                "torchtitan runs it):"
+            )
+        res = plan(req)
+        if res.top:
+            best = res.top[0].estimate
+            gain = 100 * (best.tokens_per_s / pub.estimate.tokens_per_s - 1)
+            lines.append(
+                f"Planner's top: {_plan_line(best)}, {gain:+.1f} % tokens/s against the published layout's estimate."
+            )
+            lines.append("Why: " + " ".join(res.top[0].details))
+        lines.append("")
+    # The two plans issue 17 found too optimistic: 405B on 1,024 H100s (the estimator before the rate
+    # model: TP 2 PP 32 CP 8 at 70.9 % MFU) and 70B on 256 H200s (ZeRO-3 at 78.8 %).
+    from advisor.sizing import make_setup
+
+    for title, req in (
+        (
+            "Llama 3.1 405B on 1,024 H100, sequence 8,192, global batch 2,048, bf16",
+            PlanRequest(get_model("llama-3.1-405b"), get_hardware("h100"), 1024, 8192, 2048),
+        ),
+        (
+            "Llama 3.1 70B on 256 H200, sequence 8,192, global batch 1,024, bf16",
+            PlanRequest(get_model("llama-3.1-70b"), get_hardware("h200"), 256, 8192, 1024),
+        ),
+    ):
+        res = plan(req)
+        lines.append(f"**{title}.** Planner's top: {_plan_line(res.top[0].estimate)}.")
+        if req.model.name == "llama-3.1-405b":
+            meta = make_setup(
+                model="llama-3.1-405b", gpu="h100", gpus=1024, seq=8192, global_batch=2048, tp=8, pp=16, zero=2,
+                sequence_parallel=True,
+            )  # fmt: skip
+            lines[-1] += (
+                f" Meta's layout for the 405B (TP 8, PP 16, FSDP keeping the weights gathered: ZeRO-2) on these "
+                f"GPUs: {_plan_line(estimate(meta))}, not listed above 90 % of the memory."
+            )
+        lines.append("")
+    meta = [r for r in all_published_runs() if r.source == "llama3-paper"]
+    for r in meta:
+        c = r.compare()
+        lines.append(
+            f"- {r.name}: published {r.measured_step_s:.2f} s; {_plan_line(c.estimate)} (vpp 1, micro-batch 1 assumed)."
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,8 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--out", default=str(DEFAULT_OUT), help="markdown file to write, '-' for none (default: %(default)s)"
     )
+    ap.add_argument("--fit", action="store_true", help=f"refit the constants first and write {FIT_PATH.name}")
     args = ap.parse_args(argv)
-    md = report()
+    params = None
+    if args.fit:
+        record = run_fit()
+        FIT_PATH.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        params = load_fitted(FIT_PATH)
+    md = report(params)
     print(md)
     if args.out != "-":
         Path(args.out).write_text(md, encoding="utf-8")

@@ -9,7 +9,11 @@ runs two tiny configurations on the CPU (the test suite does, so the script cann
 First it measures the device's ceilings (``advisor.ceilings``: matmul FLOP/s per precision and copy
 bandwidth), stores them in the check's run store, so every profiled run's roofline is judged against
 them, and writes them to ``bench/results/gpu_check_<gpu>_ceilings.json``; each row carries its run's
-roofline verdict and how close its GEMMs come to the measured matmul roof.
+roofline verdict and how close its GEMMs come to the measured matmul roof. Then it times the
+estimator's GEMM shapes (bf16 and fp8) and flash attention forward and backward (FlashAttention-2 and
+cuDNN, by sequence and head dim), ~30 s on an H200, and keeps the table as
+``advisor/device_tables/<gpu>.json``: the estimator fits its rate model to it for this device
+(``advisor.efficiency.fit_device_table``); the report says how well the fitted model reproduces it.
 
 A short tiny run goes first (a fault that would fail every row fails once, and the grid is not
 run); each child has ``--timeout`` seconds (240); the results are rewritten after every row, in
@@ -97,7 +101,8 @@ def main() -> int:
     )
     store_ceilings(ceilings, store.root)
     print(f"[{time.perf_counter() - t_start:6.1f} s] ceilings: {ceilings.to_dict()}", flush=True)
-    report = _Report(out, args.quick, ceilings, device, t_start)
+    kernels = _kernel_rates(device, args.quick, out, t_start)
+    report = _Report(out, args.quick, ceilings, device, t_start, kernels)
     if not args.quick:
         # A tiny run first (seconds): a fault that would fail every row fails here, once, with its log.
         setup = make_setup(model="tiny", gpu="cpu", seq=128, micro_batch=2, precision="bf16")
@@ -124,8 +129,9 @@ class _Report:
     """The check's results, rewritten after every row (in bench/results/ and in $OUT when set), so a
     run cut short by a time limit still leaves every finished row behind."""
 
-    def __init__(self, out: Path, quick: bool, ceilings, device: str, t_start: float) -> None:
+    def __init__(self, out: Path, quick: bool, ceilings, device: str, t_start: float, kernels: str = "") -> None:
         self.out, self.quick, self.ceilings, self.device, self.t_start = out, quick, ceilings, device, t_start
+        self.kernels = kernels
         self.rows: list[dict] = []
         self.md_path = out / "gpu_check.md"
 
@@ -138,7 +144,8 @@ class _Report:
             stem.with_suffix(".json"): json.dumps(self.rows, indent=2),
             Path(f"{stem}_ceilings.json"): json.dumps(self.ceilings.to_dict(), indent=2),
             stem.with_suffix(".md"): _markdown(self.rows, device_name, time.perf_counter() - self.t_start)
-            + _ceilings_markdown(self.ceilings, self.device),
+            + _ceilings_markdown(self.ceilings, self.device)
+            + self.kernels,
         }
         extra = os.environ.get("OUT")
         for path, text in files.items():
@@ -146,6 +153,54 @@ class _Report:
             if extra and Path(extra).is_dir():
                 (Path(extra) / path.name).write_text(text, encoding="utf-8")
         self.md_path = stem.with_suffix(".md")
+
+
+def _kernel_rates(device: str, quick: bool, out: Path, t_start: float) -> str:
+    """Time the estimator's GEMM shapes and flash attention on this device (advisor.ceilings.
+    measure_kernel_rates), save the table (bench/results/, $OUT, and on a GPU advisor/device_tables/,
+    which the estimator then fits its rate model to for this device) and return its markdown section:
+    the fitted constants and how well the model reproduces the measured shapes."""
+    from advisor.ceilings import measure_kernel_rates
+    from advisor.efficiency import device_table_path, fit_device_table
+    from advisor.presets import local_hardware
+
+    table = measure_kernel_rates(device, quick=quick)
+    hw = local_hardware(device)
+    slug = re.sub(r"[^a-z0-9]+", "-", hw.name.lower()).strip("-")
+    text = json.dumps(table, indent=1)
+    paths = [out / f"gpu_check_{slug}{'_quick' if quick else ''}_kernels.json"]
+    if device == "cuda" and not quick:
+        paths.append(device_table_path(hw.name))
+    extra = os.environ.get("OUT")
+    if extra and Path(extra).is_dir():
+        paths.append(Path(extra) / paths[0].name)
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n", encoding="utf-8")
+    peaks = {p: hw.peak_flops(p) for p in ("fp32", "bf16", "fp16", "fp8") if hw.peak_flops(p) > 0}
+    fit = fit_device_table(table, peaks, hw.sm_count)
+    print(
+        f"[{time.perf_counter() - t_start:6.1f} s] kernel rates: {len(table['gemm'])} GEMMs, {len(table['attention'])} attention rows",
+        flush=True,
+    )
+    lines = [
+        "",
+        "## Kernel rates (the estimator's rate model fitted to this device)",
+        "",
+        f"{len(table['gemm'])} GEMM shapes and {len(table['attention'])} attention settings timed "
+        f"({table['method']}); saved as {', '.join(p.name for p in paths)}.",
+        "",
+        "- large-GEMM share of the peak: "
+        + ", ".join(f"{p} {100 * v:.1f} %" for p, v in fit.large_frac.items())
+        + f"; small-k constant k_half {fit.k_half:.0f}; the fitted model reproduces the measured GEMM times "
+        f"within {fit.gemm_error_pct:.1f} % on average",
+    ]
+    for impl, (fr, fs, br, bs) in fit.attention.items():
+        lines.append(
+            f"- attention {impl} (head dim 128): forward {100 * fr:.1f} % x s / (s + {fs:.0f}), backward "
+            f"{100 * br:.1f} % x s / (s + {bs:.0f}) of the bf16 peak"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _profile(label: str, setup, device: str, nproc: int, options: dict, store: RunStore, t_start: float) -> dict:

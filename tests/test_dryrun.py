@@ -109,12 +109,14 @@ def test_state_bytes_agree_with_the_estimator():
     dry, est = dry_run(fp32), estimate(fp32).memory
     assert (dry.params_bytes, dry.grads_bytes) == (est.weights_bytes, est.grads_bytes) == (4 * TINY_N, 4 * TINY_N)
     assert dry.optimizer_bytes == est.optimizer_bytes + 4 * TINY_TENSORS
-    # bf16: the estimator assumes 2-byte weights and gradients plus an fp32 master copy; the autocast
-    # step keeps fp32 parameters and gradients and no master copy. Same 16 bytes per parameter in all.
-    bf16 = tiny(seq=128, micro_batch=2, precision="bf16")
+    # bf16: the estimator's Megatron-style step with 16-bit gradients keeps 2-byte weights and gradients
+    # plus an fp32 master copy; the autocast step keeps fp32 parameters and gradients and no master
+    # copy. Same 16 bytes per parameter in all. (Megatron's default fp32 main gradients make it 18.)
+    bf16 = tiny(seq=128, micro_batch=2, precision="bf16", fp32_grads=False)
     dry, est = dry_run(bf16), estimate(bf16).memory
     assert (est.weights_bytes, est.grads_bytes, est.optimizer_bytes) == (2 * TINY_N, 2 * TINY_N, 12 * TINY_N)
     assert dry.params_bytes + dry.grads_bytes + dry.optimizer_bytes == 16 * TINY_N + 4 * TINY_TENSORS
+    assert estimate(tiny(seq=128, micro_batch=2, precision="bf16")).memory.grads_bytes == 4 * TINY_N
 
 
 def test_cuda_target_adds_the_runtime_allowance_and_keeps_offloaded_state_off_the_device():

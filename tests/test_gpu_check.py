@@ -37,6 +37,17 @@ def test_gpu_check_quick_mode_on_the_cpu_with_its_distributed_part(tmp_path):
         assert r["roofline_bound"] in ("compute", "memory", "latency") and "roofs measured" in r["roofline_roofs"]
     md = (tmp_path / result.name.replace(".json", ".md")).read_text()
     assert md.count("| ok |") == 5 and "## Ceilings of CPU host" in md and "| matmul fp32 |" in md
+    # The kernel-rate table the estimator's rate model is fitted to (three small fp32 GEMMs on the CPU),
+    # kept beside the results; only a GPU's goes to advisor/device_tables/.
+    kernels = json.loads((tmp_path / result.name.replace(".json", "_kernels.json")).read_text())
+    assert [(r["m"], r["n"], r["k"]) for r in kernels["gemm"]] == [
+        (256, 256, 256),
+        (1024, 1024, 256),
+        (1024, 1024, 1024),
+    ]
+    assert all(r["precision"] == "fp32" and r["seconds"] > 0 for r in kernels["gemm"]) and kernels["attention"] == []
+    assert "## Kernel rates" in md and "large-GEMM share of the peak: fp32" in md
+    assert not list((ROOT / "advisor" / "device_tables").glob("cpu-host*"))
     ceilings = json.loads((tmp_path / result.name.replace(".json", "_ceilings.json")).read_text())
     assert ceilings["device_name"].startswith("CPU host") and ceilings["matmul_flops_per_s"]["fp32"] > 0
     assert [r["config"] for r in rows] == [

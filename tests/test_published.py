@@ -1,30 +1,27 @@
-"""The estimator's step time against published runs whose every layout detail is known
-(advisor/published.py: Korthikanti et al. 2022, table 4, the eight runs Calculon validates on, and
-torchtitan's Llama 3 8B and 70B on 64 A100 with FSDP2)."""
+"""The estimator against published training runs (advisor/published.py, advisor/published_runs.json): the
+setups are the sources', the FLOPs give their MFU, the fitted constants are the committed ones, and the
+step-time error, fitted and held out one source at a time, meets issue 17's targets."""
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
 
+from advisor.efficiency import FIT_PATH, FITTED, PARAM_BOUNDS
 from advisor.estimator import narayanan_flops_per_iteration
-from advisor.published import KORTHIKANTI, compare_published
-
-# Measured step (s), estimated step (s) as of this estimator; the error is the estimate's.
-EXPECTED = {
-    "GPT 22B, full recompute": (1.42, 1.154),
-    "GPT 22B, selective recompute + SP": (1.10, 0.832),
-    "GPT 175B, full recompute": (18.13, 16.00),
-    "GPT 175B, selective recompute + SP": (13.75, 11.13),
-    "GPT 530B, full recompute": (49.05, 49.63),
-    "GPT 530B, selective recompute + SP": (37.83, 32.94),
-    "GPT 1T, full recompute": (94.42, 91.15),
-    "GPT 1T, selective recompute + SP": (71.49, 65.90),
-    # torchtitan: 8192 tokens a GPU a step at 2973 and 331 tokens/s.
-    "Llama 3 8B, FSDP2, selective op AC": (2.7555, 2.015),
-    "Llama 3 70B, FSDP2, full AC": (24.749, 20.67),
-}
+from advisor.published import (
+    KORTHIKANTI,
+    RUNS_PATH,
+    all_published_runs,
+    compare_published,
+    fit_params,
+    kendall_tau,
+    leave_one_source_out,
+    published_model,
+    published_runs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,27 +29,62 @@ def rows():
     return {c.run.name: c for c in compare_published()}
 
 
-def test_the_published_setups_are_the_papers(rows):
-    assert list(rows) == list(EXPECTED)
-    gpt3 = rows["GPT 175B, full recompute"].run.setup
+@pytest.fixture(scope="module")
+def held_out():
+    return {c.run.name: c for h in leave_one_source_out() for c in h.comparisons}
+
+
+def test_the_published_setups_are_the_sources():
+    runs = {r.name: r for r in published_runs()}
+    gpt3 = runs["GPT 175B, full recompute"].setup
     # GPT-3 175B: 96 layers of h 12288, 96 heads; 174.6 B parameters with the 51200 vocabulary.
     assert gpt3.model.n_params == pytest.approx(174.6e9, rel=1e-3)
     p = gpt3.parallel
     assert (p.tp, p.pp, p.vpp, p.dp, gpt3.gpus, gpt3.grad_accum) == (8, 8, 3, 1, 64, 64)
-    # Every run fits the 80 GB its paper ran on.
-    assert all(c.estimate.fits for c in rows.values())
+    # MosaicML's MPT-70B as benchmarked: its table's NumParams column, 64,862,437,376 at sequence 2048
+    # (learned positions, biases everywhere), is our count of the reconstructed model.
+    assert published_model("mpt-70b@2048").n_params == 64_862_437_376
+    # torchtitan's Llama 3 8B on 64 A100: 8,192 tokens a GPU a step at 2,973 tokens/s.
+    titan = runs["Llama 3 8B, 64 A100, FSDP2, selective op AC"]
+    assert titan.measured_step_s == pytest.approx(8192 / 2973)
+    assert titan.setup.train.recompute == "selective-op" and titan.setup.parallel.zero == 3
+    # Megatron-Bridge's 70B on 64 GB200: Megatron FSDP with 40 of 80 blocks' activations on the host.
+    offload = runs[
+        "Llama 3 70B, 64 GB200, Megatron FSDP, 40 blocks' activations offloaded, fp8-cs (Megatron-Bridge 25.11)"
+    ]
+    assert offload.setup.train.offload_activations == 40 and offload.setup.parallel.zero == 3
+
+
+def test_every_run_cites_its_source_and_says_what_it_assumed():
+    rows = json.loads(RUNS_PATH.read_text())
+    for row in rows:
+        assert row["citation"] and row["quote"], row["name"]
+        assert set(row["measured"]) & {"tokens_per_s_per_gpu", "tflops_per_gpu", "step_time_s"}, row["name"]
+    # The set the issue asks for: >= 30 runs from >= 6 sources, bf16 and fp8, Megatron-style and eager,
+    # dense and MoE, 8 to more than 1,000 GPUs, A100 to GB200.
+    runs = published_runs()
+    assert len(runs) >= 30 and len({r.source for r in runs}) >= 6
+    assert {r.setup.train.precision for r in runs} >= {"bf16", "fp8"}
+    assert {r.setup.train.framework for r in runs} == {"megatron", "pytorch"}
+    assert any(r.setup.model.is_moe for r in runs) and max(r.setup.gpus for r in runs) > 1000
+    names = {r.setup.hardware.name.split()[0] for r in runs}
+    assert names >= {"A100", "H100", "H200", "B200", "GB200"}
+    # Runs kept out say why: Llama 3's 405B, whose interleaving and micro-batch the paper leaves out.
+    excluded = [r for r in all_published_runs() if r.excluded_because]
+    assert len(excluded) == 2 and all("interleaving" in r.excluded_because for r in excluded)
 
 
 def test_our_flops_give_the_papers_mfu(rows):
-    # Table 5 of the paper gives the selective runs' MFU: 41.5, 51.4, 56.0 and 56.3 %. Our model FLOPs
-    # (PaLM's 6N + 12 L s q per token) over the measured time and 312 TFLOP/s per GPU agree within 0.2
-    # points: the FLOPs are right, what the estimate misses is time.
+    # Table 5 of Korthikanti et al. gives the selective runs' MFU: 41.5, 51.4, 56.0 and 56.3 %. Our model
+    # FLOPs (PaLM's 6N + 12 L s q per token) over the measured time and 312 TFLOP/s per GPU agree within
+    # 0.25 points.
     got = [rows[f"GPT {s}, selective recompute + SP"].measured_mfu_pct for s in ("22B", "175B", "530B", "1T")]
     assert got == pytest.approx([41.5, 51.4, 56.0, 56.3], abs=0.25)
     # torchtitan reports 58.2 and 51.7 %, counting the embedding table as 6 x its parameters of FLOPs
     # (a lookup: we do not): 6 x 525M more of 6.1e10 per token for 8B (+5.2 %), 6 x 1.05B of 4.5e11
     # for 70B (+1.3 %).
-    titan = [rows[n].measured_mfu_pct for n in ("Llama 3 8B, FSDP2, selective op AC", "Llama 3 70B, FSDP2, full AC")]
+    names = ("Llama 3 8B, 64 A100, FSDP2, selective op AC", "Llama 3 70B, 64 A100, FSDP2, full AC")
+    titan = [rows[n].measured_mfu_pct for n in names]
     assert titan == pytest.approx([55.2, 51.1], abs=0.1)
     assert [titan[0] * 1.052, titan[1] * 1.013] == pytest.approx([58.2, 51.7], abs=0.2)
     # And Narayanan's per-iteration count (eq. 3, no recompute) is ours for the 22B run.
@@ -62,22 +94,57 @@ def test_our_flops_give_the_papers_mfu(rows):
     )
 
 
-@pytest.mark.parametrize("name", list(EXPECTED))
-def test_estimated_step_time_against_the_published_one(rows, name):
-    measured, estimated = EXPECTED[name]
-    c = rows[name]
-    assert c.run.measured_step_s == pytest.approx(measured, abs=1e-3)
-    assert c.estimated_step_s == pytest.approx(estimated, rel=2e-3)
+def test_the_committed_constants_are_the_fit_of_these_runs():
+    # bench/published_runs.py --fit wrote advisor/efficiency_fit.json from these runs: refitting gives
+    # the same constants, none of them pinned at a bound.
+    refit = fit_params(published_runs())
+    for name, value in refit.as_dict().items():
+        assert getattr(FITTED, name) == pytest.approx(value, rel=0.02), name
+        lo, hi = PARAM_BOUNDS[name]
+        assert lo < value < hi, name
+    record = json.loads(FIT_PATH.read_text())
+    assert record["fitted_on"].startswith(f"{len(published_runs())} runs of")
 
 
-def test_the_error_overall(rows):
-    errors = [c.error_pct for c in rows.values()]
+def test_step_time_error_fitted_and_held_out(rows, held_out):
+    fitted = [c.error_pct for c in rows.values()]
+    held = [held_out[name].error_pct for name in rows]
+    # Issue 17's targets: mean <= 10 %, median <= 8 %, leave-one-source-out mean <= 12 %.
+    assert statistics.mean(abs(e) for e in fitted) <= 10
+    assert statistics.median(abs(e) for e in fitted) <= 8
+    assert statistics.mean(abs(e) for e in held) <= 12
+    # Neither side dominates: the old estimate was too fast on 9 of 10 A100 runs, and on every one of
+    # 19 Hopper/Blackwell runs by 19-115 %.
+    assert 0.3 < sum(e < 0 for e in fitted) / len(fitted) < 0.7
+    # Korthikanti's Megatron-LM runs, Calculon's validation set (its error there: 3.7 %).
     megatron = [c.error_pct for c in rows.values() if c.run.source == KORTHIKANTI]
-    # On the Megatron-LM runs: mean absolute error 12.4 % (Calculon's on the same runs: 3.7 %), from
-    # +1.2 % to -24.3 %, fast on 7 of 8: the smallest model (22B, TP 8 only) misses most, the GEMMs of
-    # one TP rank there being the smallest. torchtitan's FSDP2 runs: -26.9 and -16.5 %.
-    assert statistics.mean(abs(e) for e in megatron) == pytest.approx(12.4, abs=0.1)
-    assert sum(e < 0 for e in megatron) == 7
-    assert min(megatron) == pytest.approx(-24.3, abs=0.1) and max(megatron) == pytest.approx(1.2, abs=0.1)
-    assert statistics.mean(abs(e) for e in errors) == pytest.approx(14.3, abs=0.1)
-    assert sum(e < 0 for e in errors) == 9
+    assert statistics.mean(abs(e) for e in megatron) < 12.4  # the estimator before this model
+
+
+def test_every_run_that_trained_fits(rows):
+    assert [name for name, c in rows.items() if not c.estimate.fits] == []
+
+
+def test_layouts_of_one_model_are_ordered_as_measured(rows):
+    # Within each source, the runs of one model (layouts, knobs, GPU counts) ordered by tokens/s per
+    # GPU: Kendall's tau of the estimate against the measurement is positive for every source.
+    by_source: dict[str, dict[str, list]] = {}
+    for c in rows.values():
+        by_source.setdefault(c.run.source, {}).setdefault(c.run.setup.model.name, []).append(c)
+    for source, models in by_source.items():
+        taus = []
+        for group in models.values():
+            if len(group) < 2:
+                continue
+            est = [c.run.setup.tokens_per_step / c.estimated_step_s for c in group]
+            meas = [c.run.setup.tokens_per_step / c.run.measured_step_s for c in group]
+            taus.append(kendall_tau(est, meas))
+        if taus:
+            assert statistics.mean(taus) > 0.5, source
+
+
+def test_kendall_tau_by_hand():
+    assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
+    assert kendall_tau([1, 2, 3], [30, 20, 10]) == -1.0
+    # Pairs (1,2) concordant, (1,3) concordant, (2,3) discordant: (2 - 1) / 3.
+    assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)

@@ -19,6 +19,13 @@ EXACT_PARAMS = {
     "gpt2-1.5b": 1_557_611_200,
     "llama-3.2-1b": 1_235_814_400,
     "llama-3.2-3b": 3_212_749_824,
+    # Llama 2: the sum of the shapes of their config.json (NeMo's Llama2Config*, the HF configs as quoted
+    # in AI-Hypercomputer/torchprime); no published total was found. Llama 3 8B/70B: Llama 3.1's blocks.
+    "llama-2-7b": 6_738_415_616,
+    "llama-2-13b": 13_015_864_320,
+    "llama-2-70b": 68_976_648_192,
+    "llama-3-8b": 8_030_261_248,
+    "llama-3-70b": 70_553_706_496,
     "llama-3.1-8b": 8_030_261_248,
     "llama-3.1-70b": 70_553_706_496,
     "llama-3.1-405b": 405_853_388_800,
@@ -103,7 +110,43 @@ BAD_INPUTS = [
     (lambda: TrainSpec(micro_batch=2.5), "train.micro_batch=2.5", "integer >= 1"),
     (lambda: TrainSpec(precision="int8"), "train.precision='int8'", "fp32, bf16, fp16, fp8"),
     (lambda: TrainSpec(optimizer="lion"), "train.optimizer='lion'", "adamw, sgd, adafactor"),
-    (lambda: TrainSpec(recompute="some"), "train.recompute='some'", "none, selective, full"),
+    (lambda: TrainSpec(recompute="some"), "train.recompute='some'", "none, selective, selective-op, full"),
+    (
+        lambda: TrainSpec(recompute="selective", recompute_layers=4),
+        "train.recompute_layers=4",
+        "needs recompute='full'",
+    ),
+    (lambda: TrainSpec(offload_activations=-1), "train.offload_activations=-1", ">= 0"),
+    # Llama-3.1-8B's 32 blocks over 4 stages: 8 a stage, so 9 blocks per stage cannot recompute.
+    (
+        lambda: make_setup(
+            model="llama-3.1-8b", gpu="h100", pp=4, global_batch=4, recompute="full", recompute_layers=9
+        ),
+        "train.recompute_layers=9",
+        "at most 8, the blocks of the smallest of pp x vpp=4 stages of 32",
+    ),
+    (
+        lambda: make_setup(model="llama-3.1-8b", gpu="h100", offload_activations=33),
+        "train.offload_activations=33",
+        "at most 32",
+    ),
+    (
+        lambda: make_setup(model="tiny", gpu="cpu", offload_activations=1),
+        "train.offload_activations=1",
+        "already the CPU",
+    ),
+    (
+        lambda: make_setup(model="llama-3.1-8b", gpu="h100", recompute="full", offload_activations=4),
+        "train.offload_activations=4",
+        "every block recomputes",
+    ),
+    (
+        lambda: make_setup(
+            model="llama-3.1-8b", gpu="h100", recompute="full", recompute_layers=20, offload_activations=20
+        ),
+        "train.offload_activations=20",
+        "at most 12 (32 blocks a stage, 20 recompute)",
+    ),
     (lambda: ParallelSpec(zero=4), "parallel.zero=4", "from 0 to 3"),
     (lambda: ParallelSpec(pp=1, vpp=2), "parallel.vpp=2", "pp > 1"),
     (lambda: ParallelSpec(sequence_parallel=True), "parallel.sequence_parallel=True", "tp > 1"),
