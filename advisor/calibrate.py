@@ -32,7 +32,7 @@ import pandas as pd
 from advisor.errors import AdvisorError
 from advisor.estimator import Estimate, estimate
 from advisor.metrics import StepMetrics
-from advisor.presets import current_hardware, gpt2_style, tiny, tiny_moe
+from advisor.presets import current_hardware, device_slug, gpt2_style, tiny, tiny_moe
 from advisor.profiling import RunOptions
 from advisor.runstore import RunInfo, RunStore, write_json_atomic
 from advisor.specs import HardwareSpec, ModelSpec, Setup, setup_from_dict, spec_to_dict
@@ -95,10 +95,6 @@ ProgressFn = Callable[[int, int, str], None]
 # --- device keys ------------------------------------------------------------------------------------
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
-
-
 def device_key_for(obj: Setup | HardwareSpec | StepMetrics | dict) -> str:
     """A file-name-safe key naming one device, e.g. ``cpu-cpu-host-2-cores`` or ``gpu-h200-141gb``.
 
@@ -110,16 +106,16 @@ def device_key_for(obj: Setup | HardwareSpec | StepMetrics | dict) -> str:
     if isinstance(obj, Setup):
         obj = obj.hardware
     if isinstance(obj, HardwareSpec):
-        return _slug(f"{obj.kind}-{obj.name}")
+        return device_slug(f"{obj.kind}-{obj.name}")
     if isinstance(obj, StepMetrics):
         obj = {"device_type": obj.device_type, "device_name": obj.device_name}
     if isinstance(obj, dict):
         if isinstance(obj.get("setup"), dict) and isinstance(obj["setup"].get("hardware"), dict):
             hw = obj["setup"]["hardware"]
-            return _slug(f"{hw.get('kind', 'gpu')}-{hw.get('name', '')}")
+            return device_slug(f"{hw.get('kind', 'gpu')}-{hw.get('name', '')}")
         if obj.get("device_type") and obj.get("device_name"):
             kind = "gpu" if obj["device_type"] == "cuda" else "cpu"
-            return _slug(f"{kind}-{obj['device_name']}")
+            return device_slug(f"{kind}-{obj['device_name']}")
     raise AdvisorError(f"cannot name a device from {type(obj).__name__}: need a Setup, HardwareSpec or StepMetrics")
 
 

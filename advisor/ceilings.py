@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -240,10 +239,10 @@ def _fast_matmul(dev, precision: str) -> bool:
 def ceilings_path(device_name: str, root: str | Path | None = None) -> Path:
     """Where the ceilings of the device called ``device_name`` are stored in the run store at
     ``root`` (default: ``advisor.runstore.default_root()``)."""
+    from advisor.presets import device_slug
     from advisor.runstore import default_root
 
-    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "device"
-    return Path(root or default_root()) / CEILINGS_DIR / f"{slug}.json"
+    return Path(root or default_root()) / CEILINGS_DIR / f"{device_slug(device_name)}.json"
 
 
 def store_ceilings(c: Ceilings, root: str | Path | None = None) -> Path:

@@ -321,10 +321,9 @@ def fit_device_table(table: dict, peaks: dict[str, float], sms: int) -> DeviceFi
 
 def device_table_path(device_name: str, root: Path = DEVICE_TABLES_DIR) -> Path:
     """Where the measured kernel table of ``device_name`` is kept (one JSON file a device)."""
-    import re
+    from advisor.presets import device_slug
 
-    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "device"
-    return root / f"{slug}.json"
+    return root / f"{device_slug(device_name)}.json"
 
 
 @functools.lru_cache(maxsize=64)

@@ -144,7 +144,8 @@ class TimeBreakdown:
     bubble_ms: float
     optimizer_ms: float
     offload_ms: float
-    """Exposed host transfers and the host optimizer step."""
+    """Exposed host transfers (offloaded optimizer state, streamed weights, offloaded activations) and
+    the host optimizer step."""
     kernel_overhead_ms: float = 0.0
     """Fixed cost of each kernel launched (launch gaps, wave tails): what small models pay most."""
 
@@ -596,6 +597,14 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
     return base + scores / t, base
 
 
+def _kept_bytes_per_token(setup: Setup, moe: bool) -> float:
+    """Saved bytes per token of a block that keeps its activations (and so may offload them): the
+    recompute mode's, or every tensor where only ``recompute_layers`` blocks of a stage recompute."""
+    tr = setup.train
+    mode = "none" if tr.recompute == "full" and tr.recompute_layers else None
+    return activation_bytes_per_token(setup, moe, mode)[0]
+
+
 def _gpipe(setup: Setup) -> bool:
     """Whether the step runs torch's GPipe schedule: the eager step does where there are fewer
     micro-batches than stages (torch's 1F1B needs as many; ``advisor.parallel``). It runs every forward
@@ -616,11 +625,8 @@ def _activation_memory(
     dense_layers = _rank_layers(setup, first, last, rank) - moe_layers
     dense_tok, _ = activation_bytes_per_token(setup, moe=False)
     moe_tok, _ = activation_bytes_per_token(setup, moe=True) if m.is_moe else (0.0, 0.0)
-    kept_dense, kept_moe = dense_tok, moe_tok
-    if tr.recompute == "full" and tr.recompute_layers:
-        # Only recompute_layers blocks of each stage recompute; the others keep every activation.
-        kept_dense = activation_bytes_per_token(setup, moe=False, recompute="none")[0]
-        kept_moe = activation_bytes_per_token(setup, moe=True, recompute="none")[0] if m.is_moe else 0.0
+    kept_dense = _kept_bytes_per_token(setup, moe=False)
+    kept_moe = _kept_bytes_per_token(setup, moe=True) if m.is_moe else 0.0
     layers = dense_layers + moe_layers
     per_block = (dense_layers * kept_dense + moe_layers * kept_moe) / layers if layers else 0.0
     per_block_min = (dense_layers * dense_tok + moe_layers * moe_tok) / layers if layers else 0.0
@@ -1164,13 +1170,9 @@ def estimate(setup: Setup, params: EfficiencyParams | None = None) -> Estimate:
         # backward on the host link (PCIe, or NVLink-C2C on GH200/GB200: one direction each, so they
         # do not share it), overlapped with that pass's work (a third and two thirds of the stage's).
         # The host link is not the network, so this competes with no DP traffic.
-        per_block = (1 - moe_frac) * activation_bytes_per_token(setup, False)[0]
+        per_block = (1 - moe_frac) * _kept_bytes_per_token(setup, False)
         if m.is_moe:
-            per_block += moe_frac * activation_bytes_per_token(setup, True)[0]
-        if tr.recompute == "full" and tr.recompute_layers:
-            per_block = (1 - moe_frac) * activation_bytes_per_token(setup, False, "none")[0]
-            if m.is_moe:
-                per_block += moe_frac * activation_bytes_per_token(setup, True, "none")[0]
+            per_block += moe_frac * _kept_bytes_per_token(setup, True)
         blocks_off = min(layers_rank, tr.offload_activations * v)
         copy_s = mb * blocks_off * per_block * tokens_mb / link
         for window in (step_work_s / 3.0, 2.0 * step_work_s / 3.0):

@@ -608,6 +608,11 @@ def get_hardware(name: str) -> HardwareSpec:
         raise SpecError("gpu", name, f"unknown device; choose one of {', '.join(HARDWARE)}") from None
 
 
+def device_slug(name: str) -> str:
+    """A device (or any) name as a file-name part: lower case, runs of other characters as one '-'."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
+
+
 # GPU names as the driver reports them -> presets, most specific first ("B200" is in "GB200").
 _GPU_NAME_PRESETS = (
     ("GB200", "gb200"),

@@ -103,7 +103,7 @@ class PublishedRun:
         s = self.setup
         n = s.model.n_active_params
         return {
-            "precision": s.train.precision if s.train.precision != "fp16" else "bf16/fp16",
+            "precision": s.train.precision,
             "framework": "eager PyTorch" if s.train.framework == "pytorch" else "Megatron-style",
             "model": "< 10B" if n < 10e9 else "10-100B" if n < 100e9 else ">= 100B",
             "GPUs": "1-8" if s.gpus <= 8 else "9-256" if s.gpus <= 256 else "> 256",

@@ -28,7 +28,7 @@ TIME_LABELS = {
     "dp_comm_ms": "DP/ZeRO comm (exposed)",
     "bubble_ms": "pipeline bubble",
     "optimizer_ms": "optimizer step",
-    "offload_ms": "CPU offload (exposed)",
+    "offload_ms": "host offload (exposed)",
 }
 
 
@@ -63,17 +63,13 @@ def describe_setup(est: Estimate) -> str:
 def verdict(est: Estimate) -> str:
     """FITS / DOES NOT FIT with the numbers behind it."""
     used, cap = est.memory.total_bytes / GiB, est.capacity_bytes / GiB
-    line = f"{used:.1f} GiB of {cap:.1f} GiB per GPU ({100 * est.memory_frac:.0f} %)"
+    band = memory_band(est)
+    line = f"{used:.1f} GiB of {cap:.1f} GiB per GPU ({100 * est.memory_frac:.0f} %{', ' + band if band else ''})"
     if not est.host_fits:
         host = est.host_bytes_per_node / GiB
         return f"DOES NOT FIT: offloaded state needs {host:.0f} GiB of host memory per node, more than the node has; {line}"
-    band = memory_band(est)
     if est.tight:
-        return (
-            f"TIGHT: {line}; above {100 * TIGHT_FRAC:.0f} %, within the memory estimate's error"
-            + (f" ({band})" if band else "")
-            + " of not fitting"
-        )
+        return f"TIGHT: {line}; above {100 * TIGHT_FRAC:.0f} %, within the memory estimate's error of not fitting"
     if est.fits:
         return f"FITS: {line}"
     return f"DOES NOT FIT: {line}"

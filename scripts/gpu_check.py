@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -41,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from advisor.ceilings import measure_ceilings, store_ceilings  # noqa: E402
 from advisor.errors import AdvisorError  # noqa: E402
 from advisor.estimator import estimate  # noqa: E402
+from advisor.presets import device_slug  # noqa: E402
 from advisor.profiling import RunOptions  # noqa: E402
 from advisor.runner import local_device_type, on_this_machine, profile_run  # noqa: E402
 from advisor.runstore import RunStore  # noqa: E402
@@ -138,7 +138,7 @@ class _Report:
     def add(self, row: dict) -> None:
         self.rows.append(row)
         device_name = self.ceilings.device_name  # the device the ceilings were measured on, named once
-        slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+        slug = device_slug(device_name)
         stem = self.out / f"gpu_check_{slug}{'_quick' if self.quick else ''}"
         files = {
             stem.with_suffix(".json"): json.dumps(self.rows, indent=2),
@@ -166,7 +166,7 @@ def _kernel_rates(device: str, quick: bool, out: Path, t_start: float) -> str:
 
     table = measure_kernel_rates(device, quick=quick)
     hw = local_hardware(device)
-    slug = re.sub(r"[^a-z0-9]+", "-", hw.name.lower()).strip("-")
+    slug = device_slug(hw.name)
     text = json.dumps(table, indent=1)
     paths = [out / f"gpu_check_{slug}{'_quick' if quick else ''}_kernels.json"]
     if device == "cuda" and not quick:
