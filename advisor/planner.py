@@ -541,9 +541,11 @@ def technique_of(train: TrainSpec) -> str:
 def technique_label(train: TrainSpec) -> str:
     """How a table says it: ``recompute none``, ``recompute full (16 blocks/stage)``, ``offload 40 blocks``."""
     if train.offload_activations:
-        return f"offload {train.offload_activations} blocks"
+        n = train.offload_activations
+        return f"offload {n} block{'s' if n > 1 else ''}"
     if train.recompute_layers:
-        return f"recompute full ({train.recompute_layers} blocks/stage)"
+        n = train.recompute_layers
+        return f"recompute full ({n} block{'s' if n > 1 else ''}/stage)"
     return f"recompute {train.recompute}"
 
 
@@ -937,7 +939,9 @@ def _why(best: Estimate) -> list[str]:
 
     if t.offload_activations:
         need = _outcome(_variant(best, offload_activations=0), best, "keeping them on the GPU")
-        link = "NVLink-C2C" if hw.host_link == "nvlink-c2c" else hw.host_link.upper()
+        link = {"nvlink-c2c": "NVLink-C2C", "pcie5": "PCIe Gen5", "pcie4": "PCIe Gen4", "pcie3": "PCIe Gen3"}.get(
+            hw.host_link, hw.host_link
+        )
         out.append(
             f"The activations of {t.offload_activations} blocks per stage go to host memory over {link} during "
             f"forward and come back for backward: {tm.offload_ms:,.0f} ms ({_pct(tm.offload_ms, step)}) of copies "
