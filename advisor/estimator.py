@@ -625,8 +625,10 @@ def _activation_memory(
     dense_layers = _rank_layers(setup, first, last, rank) - moe_layers
     dense_tok, _ = activation_bytes_per_token(setup, moe=False)
     moe_tok, _ = activation_bytes_per_token(setup, moe=True) if m.is_moe else (0.0, 0.0)
-    kept_dense = _kept_bytes_per_token(setup, moe=False)
-    kept_moe = _kept_bytes_per_token(setup, moe=True) if m.is_moe else 0.0
+    kept_dense, kept_moe = dense_tok, moe_tok
+    if tr.recompute == "full" and tr.recompute_layers:  # the other blocks keep every tensor
+        kept_dense = _kept_bytes_per_token(setup, moe=False)
+        kept_moe = _kept_bytes_per_token(setup, moe=True) if m.is_moe else 0.0
     layers = dense_layers + moe_layers
     per_block = (dense_layers * kept_dense + moe_layers * kept_moe) / layers if layers else 0.0
     per_block_min = (dense_layers * dense_tok + moe_layers * moe_tok) / layers if layers else 0.0
