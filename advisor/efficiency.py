@@ -319,6 +319,12 @@ def fit_device_table(table: dict, peaks: dict[str, float], sms: int) -> DeviceFi
     )
 
 
+def fit_device(table: dict, hw) -> DeviceFit:
+    """``fit_device_table`` on ``hw``'s dense peaks of every precision it has, and its SM count."""
+    peaks = {p: hw.peak_flops(p) for p in ("fp32", "bf16", "fp16", "fp8") if hw.peak_flops(p) > 0}
+    return fit_device_table(table, peaks, hw.sm_count)
+
+
 def device_table_path(device_name: str, root: Path = DEVICE_TABLES_DIR) -> Path:
     """Where the measured kernel table of ``device_name`` is kept (one JSON file a device)."""
     from advisor.presets import device_slug
@@ -336,9 +342,7 @@ def device_fit(hw) -> DeviceFit | None:
     import sys
 
     try:
-        table = json.loads(path.read_text())
-        peaks = {p: hw.peak_flops(p) for p in ("fp32", "bf16", "fp16", "fp8") if hw.peak_flops(p) > 0}
-        return fit_device_table(table, peaks, hw.sm_count)
+        return fit_device(json.loads(path.read_text()), hw)
     except (OSError, ValueError, KeyError, TypeError) as err:
         print(f"advisor: ignoring the kernel table {path.name}: {err}", file=sys.stderr)
         return None

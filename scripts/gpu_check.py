@@ -161,7 +161,7 @@ def _kernel_rates(device: str, quick: bool, out: Path, t_start: float) -> str:
     which the estimator then fits its rate model to for this device) and return its markdown section:
     the fitted constants and how well the model reproduces the measured shapes."""
     from advisor.ceilings import measure_kernel_rates
-    from advisor.efficiency import device_table_path, fit_device_table
+    from advisor.efficiency import device_table_path, fit_device
     from advisor.presets import local_hardware
 
     table = measure_kernel_rates(device, quick=quick)
@@ -177,8 +177,7 @@ def _kernel_rates(device: str, quick: bool, out: Path, t_start: float) -> str:
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text + "\n", encoding="utf-8")
-    peaks = {p: hw.peak_flops(p) for p in ("fp32", "bf16", "fp16", "fp8") if hw.peak_flops(p) > 0}
-    fit = fit_device_table(table, peaks, hw.sm_count)
+    fit = fit_device(table, hw)
     print(
         f"[{time.perf_counter() - t_start:6.1f} s] kernel rates: {len(table['gemm'])} GEMMs, {len(table['attention'])} attention rows",
         flush=True,
