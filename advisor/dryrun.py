@@ -75,7 +75,15 @@ from advisor.estimator import FRAGMENTATION_FRAC
 from advisor.model import Transformer, build_model
 from advisor.parallel import apply_fsdp
 from advisor.specs import Setup
-from advisor.step import HostOffloadOptimizer, Trainer, build_optimizer, build_trainer, check_step_options, unwrap
+from advisor.step import (
+    HostOffloadOptimizer,
+    Trainer,
+    attach_offloader,
+    build_optimizer,
+    build_trainer,
+    check_step_options,
+    unwrap,
+)
 
 TARGETS = ("cpu", "cuda")
 PHASES = ("forward", "backward", "optimizer")
@@ -519,6 +527,11 @@ def dry_run(
         trainer = build_trainer(
             setup, torch.device("cpu"), optimizer_impl=optimizer_impl, offload_optimizer=offload_optimizer
         )
+        if trainer.offloader is not None and target == "cuda":
+            # The host is another memory: offloaded activations leave the device and come back empty.
+            trainer.offloader = attach_offloader(
+                unwrap(trainer.model), setup, torch.device("cpu"), keep_host_copy=False
+            )
         with _DataDependentStandIns(setup.model.n_experts):
             trainer.step(_fake_batches(setup))  # warm-up: creates the optimizer state and the RoPE cache
 
@@ -533,6 +546,20 @@ def dry_run(
     states = before_opt["optimizer"]
     phases = _phases(tracker, _CATEGORIES, states)
     host = host_other + states if offload else 0
+    notes: tuple[str, ...] = ()
+    if trainer.offload_stats:
+        acts = trainer.offload_stats[-1]
+        per_micro_batch = acts.bytes_offloaded // setup.grad_accum  # micro-batches go out and back in turn
+        if target == "cuda":
+            host += per_micro_batch
+        notes = (
+            f"activation offload: {acts.blocks} blocks, {per_micro_batch / GiB:.3f} GiB a micro-batch to the host "
+            + (
+                "and back; the copies count as instantaneous (the real step holds the block being copied too)"
+                if target == "cuda"
+                else "(another buffer of the same memory on a CPU target: nothing saved)"
+            ),
+        )
     if offload and target == "cuda":
         # The host's tensors leave the device view: master weights and their gradients ("other"), the
         # states; during the host optimizer step the GPU holds only the parameters and their gradients.
@@ -543,7 +570,15 @@ def dry_run(
         phases["optimizer"] = dict.fromkeys(_CATEGORIES.values(), 0) | {"params": params, "grads": before_opt["grads"]}
         states = 0
     return _result(
-        setup, target, phases, before_opt, backward_start, states_bytes=states, host_bytes=host, notes=(), start=start
+        setup,
+        target,
+        phases,
+        before_opt,
+        backward_start,
+        states_bytes=states,
+        host_bytes=host,
+        notes=notes,
+        start=start,
     )
 
 
@@ -577,7 +612,9 @@ def _distributed_trainer(
     point of the step (checked at 8 and 1024 ranks).
     """
     t = setup.train
-    model = build_model(setup.model, t.recompute, device="meta", flash=t.flash_attention)
+    model = build_model(
+        setup.model, t.recompute, device="meta", flash=t.flash_attention, recompute_layers=t.recompute_layers
+    )
     model.train()
     _apply_data_parallel(model, mesh, setup.parallel.zero, t.precision)
     with fake_mode:

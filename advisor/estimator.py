@@ -558,10 +558,21 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
         # reduce-scatter, max): every other matmul output and the attention output are saved, the
         # rest is recomputed from them and the block input. Of a block's matmul outputs (QKV q+2kv
         # wide, projection h, MLP in f or 2f, MLP out h) half the width is kept on average.
-        mats = 2 if m.mlp == "swiglu" else 1
-        fe = m.expert_ffn_hidden * (m.top_k + m.n_shared_experts) if moe else f
-        split = e * q + 4.0 * m.n_heads + 0.5 * e * (q + 2 * kv + mats * fe)  # attention out, lse, in-widths
-        replicated = resid * h + 0.5 * e * 2 * h  # block input; projection and MLP-out outputs (h wide)
+        # A dense block's matmuls run in a fixed order, so the saved ones are known exactly: q, k, v,
+        # o, then gate, up, down (SwiGLU) or up, down (GELU); the 1st, 3rd, 5th... are kept. An MoE
+        # block's count depends on the routing: half of each width on average.
+        if moe:
+            mats = 2 if m.mlp == "swiglu" else 1
+            fe = m.expert_ffn_hidden * (m.top_k + m.n_shared_experts)
+            split_mm, repl_mm = 0.5 * e * (q + 2 * kv + mats * fe), 0.5 * e * 2 * h
+        else:
+            order = [("s", q), ("s", kv), ("s", kv), ("r", h)]
+            order += [("s", f), ("s", f), ("r", h)] if m.mlp == "swiglu" else [("s", f), ("r", h)]
+            kept = order[::2]
+            split_mm = e * sum(w for kind, w in kept if kind == "s")
+            repl_mm = e * sum(w for kind, w in kept if kind == "r")  # o and down outputs: h wide, whole
+        split = e * q + 4.0 * m.n_heads + split_mm  # attention output, fp32 log-sum-exp, kept matmuls
+        replicated = resid * h + repl_mm  # the block input, kept by the checkpoint
         base = (replicated + split) / t if p.sequence_parallel else replicated + split / t
         return base, base
 
@@ -605,6 +616,26 @@ def _kept_bytes_per_token(setup: Setup, moe: bool) -> float:
     return activation_bytes_per_token(setup, moe, mode)[0]
 
 
+def offloaded_activation_bytes(setup: Setup, first: bool = True, last: bool = True) -> float:
+    """Bytes one micro-batch's offloaded blocks save for backward on one GPU: what activation offload
+    moves to the host and back (``offload_activations`` blocks of the stage, each keeping every tensor
+    its recompute mode keeps). Counted the same on a CPU device, where the copies save nothing."""
+    tr, p = setup.train, setup.parallel
+    if not tr.offload_activations:
+        return 0.0
+    tokens_mb = tr.micro_batch * tr.seq_len / p.cp
+    moe_layers = _rank_moe_layers(setup, first, last, None)
+    dense_layers = _rank_layers(setup, first, last, None) - moe_layers
+    layers = dense_layers + moe_layers
+    if not layers:
+        return 0.0
+    per_block = dense_layers * _kept_bytes_per_token(setup, moe=False)
+    if moe_layers:
+        per_block += moe_layers * _kept_bytes_per_token(setup, moe=True)
+    per_block /= layers
+    return min(layers, tr.offload_activations * p.vpp) * per_block * tokens_mb
+
+
 def _gpipe(setup: Setup) -> bool:
     """Whether the step runs torch's GPipe schedule: the eager step does where there are fewer
     micro-batches than stages (torch's 1F1B needs as many; ``advisor.parallel``). It runs every forward
@@ -638,20 +669,27 @@ def _activation_memory(
         keep = max(0.0, layers - tr.recompute_layers * chunks)
         acts = (keep * per_block + (layers - keep) * per_block_min) * tokens_mb * in_flight
     offloaded = 0.0
-    if tr.offload_activations:
+    if tr.offload_activations and setup.hardware.kind != "cpu":  # on a CPU the host is the device memory
         # The offloaded blocks' activations live on the host; the GPU keeps one block's worth being
         # copied out and one being brought back (double buffering), for one micro-batch.
         n = min(layers, tr.offload_activations * chunks)
         offloaded = n * per_block * tokens_mb * in_flight
         acts -= offloaded
-        acts += min(n, 2.0) * per_block * tokens_mb
-        offloaded -= min(n, 2.0) * per_block * tokens_mb
+        if tr.framework != "pytorch":
+            acts += min(n, 2.0) * per_block * tokens_mb
+            offloaded -= min(n, 2.0) * per_block * tokens_mb
     working = 0.0
     if tr.recompute == "full":
         # The block being recomputed holds its full activations during its backward [Korthikanti 4.1].
         work_dense, _ = activation_bytes_per_token(setup, moe=False, recompute="none")
         work_moe = activation_bytes_per_token(setup, moe=True, recompute="none")[0] if m.is_moe else 0.0
         working = max(work_dense, work_moe) * tokens_mb
+    if tr.offload_activations and setup.hardware.kind != "cpu" and tr.framework == "pytorch":
+        # The eager step's offload (advisor.offload) frees each tensor once its copy out has passed, so
+        # nothing offloaded is on the GPU when backward begins; later one offloaded block comes back
+        # while the block above runs its backward, after the loss buffers are freed (the dry run on
+        # the CUDA target shows the peak lower by every offloaded byte).
+        working = max(working, per_block * tokens_mb)
     e = 4.0 if tr.precision == "fp32" else 2.0
     resid = 4.0 if tr.autocast and not _eager_fsdp2(setup) else e
     if first and tr.dropout:
@@ -875,13 +913,17 @@ def estimate(setup: Setup, params: EfficiencyParams | None = None) -> Estimate:
         saved, working, offloaded_acts = _activation_memory(setup, tokens_mb, in_flight, first, last, rank)
         host += offloaded_acts
         # autocast's 16-bit copies of fp32 weights: saved by every linear for its backward; under full
-        # recompute only the head's survives the forward, and the recomputed block makes its own.
+        # recompute only the head's survives the forward, and the recomputed block makes its own; so
+        # under op-level recompute, whose policy saves no cast (measured with the dry run).
         casts = tr.autocast and not fsdp2
         head_cast = 2.0 * m.vocab * m.hidden / t if casts and last else 0.0
         block_cast = 2.0 * (matmul - m.vocab * m.hidden / t * last) if casts else 0.0
-        if tr.recompute == "full" and not tr.recompute_layers:
-            block_cast /= _rank_layers(setup, first, last, rank)
-            working += block_cast
+        if tr.recompute in ("full", "selective-op"):
+            # Partial recompute: the blocks that keep their activations keep their casts too.
+            n_layers = _rank_layers(setup, first, last, rank)
+            recomputing = min(n_layers, tr.recompute_layers * p.vpp) if tr.recompute_layers else n_layers
+            saved += block_cast * (n_layers - recomputing) / n_layers if n_layers else 0.0
+            working += block_cast / n_layers if n_layers else 0.0
         else:
             saved += block_cast
         # Communication buffers when backward begins, later in backward, and at the optimizer step.

@@ -87,6 +87,15 @@ class StepMetrics:
     """Peak memory of each rank, by rank (peak_memory_bytes is the largest)."""
     losses: list = field(default_factory=list)
     """Training loss after each step, where the step records it (the distributed step does)."""
+    recompute_layers: int | None = None
+    """Blocks per stage that recompute under recompute='full' (0: all)."""
+    offload_activations: int | None = None
+    """Blocks per stage whose saved activations went to the host and back."""
+    activation_offload: dict = field(default_factory=dict)
+    """Activation offload, mean over the timed steps (advisor.offload.OffloadStats): blocks, tensors,
+    bytes_offloaded and bytes_restored per step, copy_out_ms, copy_in_ms, exposed_ms (copy time not
+    hidden behind compute), host_bytes, pinned, out_gb_per_s and in_gb_per_s (host-link bandwidth
+    achieved), and estimate_bytes (the estimator's count for the same blocks). Empty without offload."""
     # --- from the trace analysis (advisor.analysis); None where the trace has no GPU events ---
     n_ranks: int | None = None
     gpu_idle_pct: float | None = None

@@ -2,22 +2,60 @@
 
 Parameter count equals ``ModelSpec.n_params`` exactly (tested for every preset on the meta device).
 Attention is ``scaled_dot_product_attention`` (flash/efficient kernels where the device has them);
-activation checkpointing is non-reentrant, per block ("full") or around the attention core
-("selective", Korthikanti et al. 2022).
+activation checkpointing is non-reentrant, per block ("full", optionally of only the first
+``recompute_layers`` blocks: Megatron-LM's --recompute-method block), around the attention core
+("selective", Korthikanti et al. 2022), or per block with torchtitan's op-level policy ("selective-op":
+every other matmul output and the attention output saved, the rest recomputed). A ``block_runner``
+(``advisor.offload.ActivationOffloader.block``) runs each block's forward, where the saved-tensor hooks
+that move activations to the host go.
 """
 
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from advisor.specs import RECOMPUTE_MODES, ModelSpec
 
 INIT_STD = 0.02  # GPT-2 / Llama initialisation (normal, std 0.02)
+
+# torchtitan's op-level selective checkpointing (torchtitan/models/llama3/infra/parallelize.py,
+# _op_sac_save_list; torchtitan/distributed/activation_checkpoint.py, _custom_policy): the outputs of
+# these ops are saved, except every second matmul, and everything else is recomputed in backward.
+# torchtitan's models have no biases, so its list names aten.mm; GPT-2's biased linears run aten.addmm,
+# counted here as the same matmul. The CPU's SDPA kernel stands beside the CUDA ones.
+_aten = torch.ops.aten
+_OP_SAC_MATMULS = (_aten.mm.default, _aten.addmm.default)
+_OP_SAC_SAVE = {
+    *_OP_SAC_MATMULS,
+    _aten._scaled_dot_product_efficient_attention.default,
+    _aten._scaled_dot_product_flash_attention.default,
+    _aten._scaled_dot_product_flash_attention_for_cpu.default,
+    _aten._scaled_dot_product_cudnn_attention.default,
+    _aten.max.default,
+}
+if hasattr(torch.ops, "_c10d_functional"):
+    _OP_SAC_SAVE.add(torch.ops._c10d_functional.reduce_scatter_tensor.default)
+
+
+def op_sac_context():
+    """A fresh context pair for one checkpointed block under torchtitan's op-level policy: matmul
+    outputs counted separately in forward and in recompute, the odd ones saved."""
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func in _OP_SAC_MATMULS:
+            counts[mode] += 1
+        save = func in _OP_SAC_SAVE and not (func in _OP_SAC_MATMULS and counts[mode] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def _norm(spec: ModelSpec, dim: int) -> nn.Module:
@@ -156,11 +194,17 @@ class Transformer(nn.Module):
 
     MOE_AUX_WEIGHT = 0.01  # Switch Transformer's alpha
 
-    def __init__(self, spec: ModelSpec, recompute: str = "none", flash: bool = True) -> None:
+    def __init__(self, spec: ModelSpec, recompute: str = "none", flash: bool = True, recompute_layers: int = 0) -> None:
         super().__init__()
         if recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute={recompute!r}: must be one of {', '.join(RECOMPUTE_MODES)}")
-        self.spec, self.recompute = spec, recompute
+        if recompute_layers < 0 or (recompute_layers and recompute != "full"):
+            raise ValueError(f"recompute_layers={recompute_layers}: a count >= 0 of blocks, with recompute='full'")
+        self.spec, self.recompute, self.recompute_layers = spec, recompute, recompute_layers
+        self.block_runner = None
+        """Called with a block's index within this stage, returns a function that runs the block's
+        forward (given as a thunk) and returns its output (``advisor.offload.ActivationOffloader.block``);
+        None runs the blocks plainly."""
         self.embed = nn.Embedding(spec.vocab, spec.hidden)
         self.pos = nn.Embedding(spec.max_positions, spec.hidden) if spec.position == "learned" else None
         # Llama-4 style interleaving: block i is MoE when (i + 1) % moe_layer_step == 0.
@@ -174,6 +218,20 @@ class Transformer(nn.Module):
             self.head.weight = self.embed.weight
         self.apply(self._init)
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def recomputes(self, i: int) -> bool:
+        """Whether the stage's block ``i`` recomputes its whole forward in backward (full recompute of
+        every block, or of the first ``recompute_layers``)."""
+        return self.recompute == "full" and (not self.recompute_layers or i < self.recompute_layers)
+
+    def _block_forward(self, i: int, block: nn.Module, x: torch.Tensor, rope) -> torch.Tensor:
+        if not self.training:
+            return block(x, rope)
+        if self.recomputes(i):
+            return checkpoint(block, x, rope, use_reentrant=False)
+        if self.recompute == "selective-op":
+            return checkpoint(block, x, rope, use_reentrant=False, context_fn=op_sac_context)
+        return block(x, rope)
 
     @staticmethod
     def _init(module: nn.Module) -> None:
@@ -203,11 +261,9 @@ class Transformer(nn.Module):
             if self.pos is not None:
                 x = x + self.pos(torch.arange(s, device=tokens.device))
         rope = self._rope_for(s, tokens.device)
-        for block in self.blocks:
-            if self.recompute == "full" and self.training:
-                x = checkpoint(block, x, rope, use_reentrant=False)
-            else:
-                x = block(x, rope)
+        for i, block in enumerate(self.blocks):
+            forward = partial(self._block_forward, i, block, x, rope)
+            x = self.block_runner(i)(forward) if self.block_runner is not None and self.training else forward()
         if self.head is None:
             return x
         logits = self.head(self.norm(x))
@@ -237,14 +293,19 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def build_model(
-    spec: ModelSpec, recompute: str = "none", device: str | torch.device | None = None, flash: bool = True
+    spec: ModelSpec,
+    recompute: str = "none",
+    device: str | torch.device | None = None,
+    flash: bool = True,
+    recompute_layers: int = 0,
 ) -> Transformer:
     """The model for ``spec``; on ``device="meta"`` nothing is allocated (for counting and dry runs).
-    ``flash=False`` materialises the attention scores (unfused attention)."""
+    ``flash=False`` materialises the attention scores (unfused attention); ``recompute_layers`` limits
+    full recompute to the first N blocks of the stage."""
     if device is None:
-        return Transformer(spec, recompute, flash)
+        return Transformer(spec, recompute, flash, recompute_layers)
     with torch.device(device):
-        return Transformer(spec, recompute, flash)
+        return Transformer(spec, recompute, flash, recompute_layers)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -49,8 +49,17 @@ from torch.utils.data import DataLoader
 from advisor.errors import AdvisorError, SpecError
 from advisor.estimator import pipeline_stage_layers
 from advisor.model import Block, Transformer, build_model, lm_loss
+from advisor.ranges import phase
 from advisor.specs import Setup
-from advisor.step import _DTYPES, SyntheticTokens, Trainer, _Clock, build_optimizer, check_step_options, phase
+from advisor.step import (
+    _DTYPES,
+    SyntheticTokens,
+    Trainer,
+    _Clock,
+    attach_offloader,
+    build_optimizer,
+    check_step_options,
+)
 
 MESH_DIMS = ("pp", "dp", "tp")
 """Mesh dimensions, outermost first: Megatron-LM's rank order (TP innermost, so a TP group shares a
@@ -124,6 +133,13 @@ def check_supported(setup: Setup, device_type: str) -> None:
     """Raise AdvisorError for what the profiled parallel step cannot run (it stays estimated only)."""
     m, t, p = setup.model, setup.train, setup.parallel
     check_step_options(setup)
+    if t.offload_activations and p.pp > 1:
+        raise SpecError(
+            "train.offload_activations",
+            t.offload_activations,
+            "the pipelined step keeps several micro-batches of a stage in flight and does not offload them yet "
+            "(estimated only); use pp=1 or offload_activations=0",
+        )
     for name in ("cp", "ep"):
         if getattr(p, name) > 1:
             raise SpecError(
@@ -669,9 +685,12 @@ def build_parallel_trainer(
     full model from ``seed`` on ``device`` (the weights of ``step.build_trainer``'s model) and then
     keeps its part, so a rank briefly holds the whole model in fp32. Raises AdvisorError."""
     check_supported(setup, device.type)
+    check_step_options(setup, compile_model)
     t, p = setup.train, setup.parallel
     torch.manual_seed(seed)
-    model = build_model(setup.model, t.recompute, device=device, flash=t.flash_attention)
+    model = build_model(
+        setup.model, t.recompute, device=device, flash=t.flash_attention, recompute_layers=t.recompute_layers
+    )
     model.train()
     dtype = _DTYPES[t.precision]
     autocast_dtype = None if dtype == torch.float32 else dtype
@@ -692,9 +711,10 @@ def build_parallel_trainer(
         if compile_model:
             apply_compile(part)
     if p.pp == 1:
+        offloader = attach_offloader(model, setup, device)  # hooks around each block, under FSDP2 too
         wrapped = _apply_data_parallel(model, setup, info)
         optimizer = build_optimizer(_param_groups(wrapped), t.optimizer, t.optimizer_impl)
-        return ParallelTrainer(model=wrapped, optimizer=optimizer, **common)
+        return ParallelTrainer(model=wrapped, optimizer=optimizer, offloader=offloader, **common)
 
     times = _ChunkTimes(device)
     pp_group = info.mesh.get_group("pp")

@@ -29,7 +29,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from advisor.errors import AdvisorError
-from advisor.estimator import estimate
+from advisor.estimator import estimate, offloaded_activation_bytes
 from advisor.memprobe import ddp_bucket_bytes, live_state_tensors, peak_from_memory_events, unique_storage_bytes
 from advisor.metrics import StepMetrics
 from advisor.model import model_flops_per_token
@@ -488,7 +488,16 @@ def _rank_result(trainer, measured: _Measured, options: RunOptions, rank: int = 
         "skipped_timed": measured.skipped_timed,
         "skipped_total": trainer.skipped_steps,
         "losses": list(getattr(trainer, "losses", [])),
+        "offload": _mean_offload(getattr(trainer, "offload_stats", [])[1 : 1 + options.steps]),
     }
+
+
+def _mean_offload(stats: list) -> dict[str, Any]:
+    """The timed steps' activation offload figures, averaged field by field ({} without offload)."""
+    if not stats:
+        return {}
+    rows = [s.as_dict() for s in stats]
+    return {k: (statistics.fmean(r[k] for r in rows) if not isinstance(v, bool) else v) for k, v in rows[0].items()}
 
 
 def _metrics(
@@ -592,7 +601,17 @@ def _metrics(
         rank_step_time_ms=[statistics.median(r["step_ms"]) * time_scale for r in ranks],
         rank_peak_memory_bytes=[int(r["peak_bytes"]) for r in ranks],
         losses=ranks[-1]["losses"],
+        recompute_layers=t.recompute_layers,
+        offload_activations=t.offload_activations,
+        activation_offload=_offload_summary(setup, ranks[0].get("offload") or {}),
     )
+
+
+def _offload_summary(setup: Setup, measured: dict[str, Any]) -> dict[str, Any]:
+    """The measured offload figures (rank 0's) with the estimator's byte count for the same blocks."""
+    if not measured:
+        return {}
+    return measured | {"estimate_bytes": offloaded_activation_bytes(setup) * setup.grad_accum}
 
 
 def _layout(setup: Setup) -> str:

@@ -184,6 +184,8 @@ def format_run(record: dict, metrics: dict | None, path) -> str:
         ]
         if m.get("proxy_note"):
             out.append(f"  {m['proxy_note']}")
+        if off := m.get("activation_offload"):
+            out.append("  " + offload_line(off))
         if (m.get("world_size") or 1) > 1:
             mems = ", ".join(f"{b / 2**30:.3f}" for b in m["rank_peak_memory_bytes"])
             out.append(f"  {m['world_size']} processes: {m['layout']}")
@@ -205,6 +207,17 @@ def format_run(record: dict, metrics: dict | None, path) -> str:
         out.append("  trace: trace.json.gz (open in https://ui.perfetto.dev)")
     out.append(f"  with Nsight Systems: {record.get('nsys_command', '')}")
     return "\n".join(out)
+
+
+def offload_line(off: dict) -> str:
+    """One line on a run's activation offload (StepMetrics.activation_offload)."""
+    where = "pinned host memory" if off.get("pinned") else "a host buffer (CPU device: saves nothing)"
+    return (
+        f"activation offload: {off['blocks']:.0f} blocks, {off['bytes_offloaded'] / GiB:.3f} GiB a step to "
+        f"{where} and back (estimate {off['estimate_bytes'] / GiB:.3f} GiB); copies {off['copy_out_ms']:.1f} ms "
+        f"out at {off['out_gb_per_s']:.1f} GB/s, {off['copy_in_ms']:.1f} ms back at {off['in_gb_per_s']:.1f} GB/s, "
+        f"{off['exposed_ms']:.1f} ms not hidden; host memory {off['host_bytes'] / GiB:.3f} GiB"
+    )
 
 
 def roofline_line(m: dict) -> str:

@@ -28,7 +28,7 @@ from advisor.presets import local_hardware
 from advisor.profiling import RunOptions, proxy_setup
 from advisor.runstore import RunInfo, RunStore, add_owner, new_run_id, write_json_atomic
 from advisor.specs import Setup, setup_from_dict, spec_to_dict
-from advisor.step import resolve_device
+from advisor.step import check_step_options, resolve_device
 
 CHILD_COMMAND = "_child"
 """The CLI command the profiling child runs (``python -m advisor _child --run-dir DIR``); not in the help."""
@@ -149,6 +149,10 @@ def profile_cli_args(setup: Setup, options: RunOptions) -> list[str]:
     if t.global_batch:
         args += ["--global-batch", str(t.global_batch)]
     args += ["--precision", t.precision, "--optimizer", t.optimizer, "--recompute", t.recompute]
+    if t.recompute_layers:
+        args += ["--recompute-layers", str(t.recompute_layers)]
+    if t.offload_activations:
+        args += ["--offload-activations", str(t.offload_activations)]
     if not t.flash_attention:
         args.append("--no-flash")
     if setup.gpus > 1:
@@ -219,6 +223,7 @@ def profile_run(
             f"{setup.parallel.pp} x cp {setup.parallel.cp}) but nproc({options.nproc}) x nnodes({options.nnodes}) = "
             f"{options.world_size}: set --gpus to the world size, or --nproc / --nnodes to the layout"
         )
+    check_step_options(setup, options.compile)
     preflight(setup, options)
     run_id = new_run_id(setup.model.name)
     run_dir = store.staging_dir(run_id)

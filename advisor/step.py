@@ -12,41 +12,21 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.profiler import record_function
 from torch.utils.data import DataLoader, Dataset
 
 from advisor.errors import AdvisorError, SpecError
 from advisor.model import Transformer, build_model
+from advisor.offload import ActivationOffloader, OffloadStats, offloaded_blocks
+from advisor.ranges import phase
 from advisor.specs import OPTIMIZER_IMPLS, Setup
-
-try:  # the nvtx package works without a GPU; torch.cuda.nvtx needs a CUDA build (DESIGN.md)
-    import nvtx
-
-    _push, _pop = nvtx.push_range, nvtx.pop_range
-except ImportError:  # e.g. a GPU image without the package: torch's binding sees the same NVTX
-    if torch.cuda.is_available():
-        _push, _pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
-    else:
-        _push = _pop = lambda *a: None
 
 PHASES = ("data", "forward", "backward", "optimizer")
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@contextmanager
-def phase(name: str) -> Iterator[None]:
-    """A range both Nsight Systems (NVTX) and torch.profiler (record_function) see."""
-    _push(name)
-    try:
-        with record_function(name):
-            yield
-    finally:
-        _pop()
 
 
 class SyntheticTokens(Dataset):
@@ -143,6 +123,10 @@ class Trainer:
     phase_ms: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
     skipped_steps: int = 0
     """Optimizer steps the fp16 GradScaler skipped for inf/NaN gradients (it lowers the scale each time)."""
+    offloader: ActivationOffloader | None = None
+    """Moves the saved activations of ``train.offload_activations`` blocks to the host and back."""
+    offload_stats: list[OffloadStats] = field(default_factory=list)
+    """Each step's activation offload figures (bytes, copy times, exposed time, host memory)."""
     losses: list[float] = field(default_factory=list)
     """Each step's loss: the mean over its micro-batches (and, in a parallel step, over the data-parallel
     ranks), so a layout's losses can be checked against the single-process step's."""
@@ -174,6 +158,8 @@ class Trainer:
         # CUDA events can be read only once the GPU has passed them: every mark is turned into a time
         # after the step's final sync (reading one earlier raises, the backward still queued).
         marks = []
+        if self.offloader is not None:
+            self.offloader.reset()
         with phase("step"):
             for i in range(self.grad_accum):
                 with phase("data"):
@@ -203,6 +189,8 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 t5 = clock.mark()
         clock.sync()
+        if self.offloader is not None:
+            self.offload_stats.append(self.offloader.stats())
         for t0, t1, t2, t3 in marks:
             times["data"] += clock.ms(t0, t1)
             times["forward"] += clock.ms(t1, t2)
@@ -268,20 +256,33 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def check_step_options(setup: Setup) -> None:
-    """Raise SpecError for the training options the profiled step and the dry run do not run yet: they
+def check_step_options(setup: Setup, compile_model: bool = False) -> None:
+    """Raise SpecError for the training options the profiled step and the dry run do not run: they
     are estimated only (``advisor size``), and a run would silently measure something else."""
     t = setup.train
-    refused = (
-        ("train.recompute", t.recompute, t.recompute == "selective-op", "use none, selective or full"),
-        ("train.recompute_layers", t.recompute_layers, t.recompute_layers > 0, "use 0 (every block recomputes)"),
-        ("train.offload_activations", t.offload_activations, t.offload_activations > 0, "use 0"),
-        ("train.fused_loss", t.fused_loss, t.fused_loss, "the step's loss is PyTorch's cross-entropy"),
-    )
-    for name, value, bad, allowed in refused:
-        if bad:
+    if t.fused_loss:
+        raise SpecError(
+            "train.fused_loss",
+            t.fused_loss,
+            "the profiled step and the dry run do not run it yet (estimated only); the step's loss is PyTorch's "
+            "cross-entropy",
+        )
+    if t.offload_activations:
+        if t.recompute in ("selective", "selective-op"):
+            # Checkpointed regions keep what they save out of the saved-tensor hooks' reach.
             raise SpecError(
-                name, value, f"the profiled step and the dry run do not run it yet (estimated only); {allowed}"
+                "train.offload_activations",
+                t.offload_activations,
+                f"the profiled step offloads blocks that keep all their activations; recompute={t.recompute!r} "
+                "keeps them in checkpointed regions the hooks cannot see: use recompute none, or full with "
+                "recompute_layers below the blocks",
+            )
+        if compile_model or t.compile:
+            raise SpecError(
+                "train.offload_activations",
+                t.offload_activations,
+                "torch.compile traces through the saved-tensor hooks that move activations to the host; "
+                "offload runs in eager mode only (turn compile off)",
             )
 
 
@@ -298,7 +299,7 @@ def build_trainer(
     precisions run under torch.autocast, fp16 with a GradScaler)."""
     t = setup.train
     optimizer_impl = optimizer_impl or t.optimizer_impl
-    check_step_options(setup)
+    check_step_options(setup, compile_model)
     if t.precision == "fp8":
         raise AdvisorError(
             "precision='fp8': fp8 training needs NVIDIA TransformerEngine (transformer_engine.pytorch) on a Hopper or "
@@ -311,8 +312,11 @@ def build_trainer(
     if setup.gpus > 1:
         raise AdvisorError(f"this is the single-process step; the layout asks for {setup.gpus} GPUs (use --nproc)")
     torch.manual_seed(seed)
-    model: torch.nn.Module = build_model(setup.model, t.recompute, device=device, flash=t.flash_attention)
+    model: torch.nn.Module = build_model(
+        setup.model, t.recompute, device=device, flash=t.flash_attention, recompute_layers=t.recompute_layers
+    )
     model.train()
+    offloader = attach_offloader(model, setup, device)
     params = list(model.parameters())
     if offload_optimizer:
         optimizer: torch.optim.Optimizer | HostOffloadOptimizer = HostOffloadOptimizer(
@@ -332,7 +336,20 @@ def build_trainer(
         scaler=scaler,
         autocast_dtype=None if dtype == torch.float32 else dtype,
         grad_accum=setup.grad_accum,
+        offloader=offloader,
     )
+
+
+def attach_offloader(model: Transformer, setup: Setup, device: torch.device, *, keep_host_copy: bool = True):
+    """The ActivationOffloader for ``setup.train.offload_activations`` blocks of ``model`` (this
+    stage's), set as its block runner; None when nothing is offloaded."""
+    t = setup.train
+    if not t.offload_activations:
+        return None
+    blocks = offloaded_blocks(len(model.blocks), t.recompute, t.recompute_layers, t.offload_activations)
+    offloader = ActivationOffloader(device, blocks, resident=lambda: model._rope or (), keep_host_copy=keep_host_copy)
+    model.block_runner = offloader.block
+    return offloader
 
 
 def unwrap(model: torch.nn.Module) -> Transformer:

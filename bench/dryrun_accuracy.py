@@ -44,7 +44,7 @@ GPT2_30M = ModelSpec(
     qkv_bias=True, attn_out_bias=True, mlp_bias=True,
 )  # fmt: skip
 
-# (model, precision, recompute, micro_batch, seq)
+# (model, precision, recompute, micro_batch, seq); "full:N" recomputes the first N blocks only.
 CONFIGS: list[tuple[str | ModelSpec, str, str, int, int]] = [
     ("tiny", "fp32", "none", 1, 128),
     ("tiny", "fp32", "selective", 2, 256),
@@ -61,6 +61,12 @@ CONFIGS: list[tuple[str | ModelSpec, str, str, int, int]] = [
     (GPT2_30M, "bf16", "none", 2, 128),
     (GPT2_30M, "bf16", "full", 4, 256),
     (GPT2_30M, "fp32", "selective", 2, 512),
+    ("tiny", "bf16", "selective-op", 2, 256),
+    ("tiny", "fp32", "full:2", 2, 256),
+    (LLAMA_34M, "bf16", "selective-op", 2, 256),
+    (LLAMA_34M, "bf16", "full:3", 2, 256),
+    (GPT2_30M, "bf16", "selective-op", 2, 256),
+    (GPT2_30M, "fp32", "full:2", 2, 256),
 ]
 
 
@@ -74,7 +80,8 @@ class Row:
     @property
     def label(self) -> str:
         t = self.setup.train
-        return f"{self.setup.model.name} {t.precision} {t.recompute} b{t.micro_batch} s{t.seq_len}"
+        mode = f"{t.recompute}:{t.recompute_layers}" if t.recompute_layers else t.recompute
+        return f"{self.setup.model.name} {t.precision} {mode} b{t.micro_batch} s{t.seq_len}"
 
     @property
     def dry_err_pct(self) -> float:
@@ -106,6 +113,7 @@ class Row:
 def measure(model: str | ModelSpec, precision: str, recompute: str, micro_batch: int, seq: int) -> Row:
     """One configuration: measured peak (one warm-up step first), dry run, estimate."""
     # The eager PyTorch step with PyTorch's default foreach AdamW: what build_trainer runs here.
+    recompute, _, layers = recompute.partition(":")
     setup = make_setup(
         model=model,
         gpu="cpu",
@@ -113,6 +121,7 @@ def measure(model: str | ModelSpec, precision: str, recompute: str, micro_batch:
         micro_batch=micro_batch,
         precision=precision,
         recompute=recompute,
+        recompute_layers=int(layers or 0),
         optimizer_impl="foreach",
         framework="pytorch",
     )

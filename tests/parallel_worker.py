@@ -52,6 +52,21 @@ LAYOUTS: dict[str, tuple[int, dict]] = {
             "optimizer_impl": "foreach",
         },
     ),
+    # Activation offload under FSDP2 (its gathered weights stay put, the activations move) and under
+    # TP with sequence parallelism (DTensor activations: their local shards move), beside partial recompute.
+    "fsdp_zero3_offload": (2, {"gpus": 2, "global_batch": 8, "zero": 3, "offload_activations": 2}),
+    "tp_sp_offload": (
+        2,
+        {
+            "gpus": 2,
+            "tp": 2,
+            "sequence_parallel": True,
+            "global_batch": 4,
+            "recompute": "full",
+            "recompute_layers": 1,
+            "offload_activations": 2,
+        },
+    ),
     "pp_1f1b": (2, {"gpus": 2, "pp": 2, "global_batch": 8}),
     "pp_interleaved": (2, {"gpus": 2, "pp": 2, "vpp": 2, "global_batch": 8}),
     "fsdp_tp": (4, {"gpus": 4, "tp": 2, "zero": 3, "sequence_parallel": True, "global_batch": 8}),
@@ -139,6 +154,7 @@ def run_layout(name: str, out_dir: Path) -> dict:
     dist.all_gather_object(comm, _comm_events(prof))
     return {
         "losses": trainer.losses,
+        "offloaded_bytes": trainer.offload_stats[-1].bytes_offloaded if trainer.offload_stats else 0,
         "phases": sorted(trainer.phase_ms),
         "comm": comm,
         "seconds": time.perf_counter() - start,

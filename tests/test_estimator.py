@@ -879,12 +879,13 @@ def test_partial_recompute_keeps_every_activation_of_the_other_blocks():
     assert part.time.recompute_ms == pytest.approx(full.time.recompute_ms / 4, rel=1e-9)
 
 
-def test_op_level_selective_checkpointing_keeps_half_the_matmul_outputs():
+def test_op_level_selective_checkpointing_keeps_every_other_matmul_output():
     # torchtitan's policy: the block input (2h), the attention output (2q) and its log-sum-exp (4a),
-    # and every other matmul's output: half of QKV (q + 2kv), the projection (h), MLP in (2f) and out (h).
+    # and the 1st, 3rd, 5th and 7th of the block's matmul outputs in order q, k, v, o, gate, up, down:
+    # q, v, gate and down (the dry run of the eager step agrees within 0.5 %: bench/dryrun_accuracy.py).
     h, q, kv, f = 4096, 4096, 1024, 14336
     setup = _llama8b(recompute="selective-op")
-    per_token = 2 * h + 2 * q + 4 * 32 + 0.5 * 2 * (q + 2 * kv + 2 * f + 2 * h)
+    per_token = 2 * h + 2 * q + 4 * 32 + 2 * (q + kv + f + h)
     assert activation_bytes_per_token(setup, moe=False)[0] == per_token
     # It recomputes half of the blocks' matmul forward, not the attention (its output is saved).
     est, none = estimate(setup, P0), estimate(_llama8b(), P0)

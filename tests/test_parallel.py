@@ -21,8 +21,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from advisor.errors import AdvisorError
-from advisor.parallel import stage_bounds
+from advisor.errors import AdvisorError, SpecError
+from advisor.parallel import check_supported, stage_bounds
 from advisor.sizing import make_setup
 from advisor.specs import Setup
 from advisor.step import build_trainer, make_loader
@@ -49,6 +49,8 @@ EXPECTED_COMM = {
     "tp_sp": {"all_gather", "reduce_scatter"},
     "tp_sp_gpt2": {"all_gather", "reduce_scatter", "all_reduce"},
     "tp_sp_sgd": {"all_gather", "reduce_scatter"},
+    "fsdp_zero3_offload": {"all_gather", "reduce_scatter"},
+    "tp_sp_offload": {"all_gather", "reduce_scatter"},
     "pp_1f1b": {"send", "recv", "all_reduce"},
     "pp_interleaved": {"send", "recv", "all_reduce"},
     "fsdp_tp": {"all_gather", "reduce_scatter"},
@@ -123,6 +125,20 @@ def test_layout_losses_and_weights_equal_the_single_process_step(runs, name):
             continue
         off = int((diff > 1e-6).sum())
         assert off <= max(2, ref.numel() // 1000), f"{name} {key}: {off} of {ref.numel()} weights differ by > 1e-6"
+
+
+def test_offload_moves_activations_under_fsdp2_and_tensor_parallelism(runs):
+    # The two offload layouts' losses and weights equal the single-process step's (the test above);
+    # here, their steps moved activations: FSDP2's plain tensors, TP+SP's DTensor shards.
+    results, _ = runs
+    assert results["fsdp_zero3_offload"]["offloaded_bytes"] > 0 and results["tp_sp_offload"]["offloaded_bytes"] > 0
+    assert all(results[n]["offloaded_bytes"] == 0 for n in results if "offload" not in n)
+
+
+def test_offload_in_a_pipeline_is_refused_with_the_reason():
+    setup = make_setup(model="tiny", gpu="cpu", gpus=2, pp=2, global_batch=4, offload_activations=1)
+    with pytest.raises(SpecError, match=r"pipelined step .* does not offload them yet"):
+        check_supported(setup, "cpu")
 
 
 @pytest.mark.parametrize("name", TWO + THREE + FOUR)

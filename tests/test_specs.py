@@ -131,11 +131,6 @@ BAD_INPUTS = [
         "at most 32",
     ),
     (
-        lambda: make_setup(model="tiny", gpu="cpu", offload_activations=1),
-        "train.offload_activations=1",
-        "already the CPU",
-    ),
-    (
         lambda: make_setup(model="llama-3.1-8b", gpu="h100", recompute="full", offload_activations=4),
         "train.offload_activations=4",
         "every block recomputes",
