@@ -44,6 +44,7 @@ from advisor.report import (
     fmt_duration,
     memory_rows,
     mfu_note,
+    offload_line,
     roofline_line,
     step_band,
     time_rows,
@@ -53,7 +54,15 @@ from advisor.roofline import trace_roofline
 from advisor.runner import local_device_type, profile_run
 from advisor.runstore import RunInfo, RunStore
 from advisor.sizing import make_setup
-from advisor.specs import FRAMEWORKS, OFFLOAD_MODES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES
+from advisor.specs import (
+    FP8_RECIPES,
+    FRAMEWORKS,
+    OFFLOAD_MODES,
+    OPTIMIZER_IMPLS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE_MODES,
+)
 
 log = logging.getLogger("advisor.app")
 
@@ -289,9 +298,16 @@ PROFILE_DEFAULTS = {
     "pp": 1,
     "zero": 0,
     "sequence_parallel": False,
+    "recompute_layers": 0,
+    "offload_activations": 0,
+    "fp8_recipe": "tensorwise",
+    "unified_memory": False,
 }
 """The Profile tab's inputs, in profile_view's parameter order; nproc > 1 runs the step under torchrun
-with the layout dp = nproc / (tp x pp), ZeRO 0 = DDP, 1-2 = FSDP2 without and 3 with resharding."""
+with the layout dp = nproc / (tp x pp), ZeRO 0 = DDP, 1-2 = FSDP2 without and 3 with resharding.
+recompute_layers: with full checkpointing, only that many blocks recompute (0: all); offload_activations:
+that many blocks' saved activations go to host memory and back; fp8 runs torchao's float8 linears with
+fp8_recipe's scaling; unified_memory runs the step's CUDA tensors from managed memory."""
 
 
 class Jobs:
@@ -413,6 +429,15 @@ def run_view(run: RunInfo):
         summary += f"\n\n{line[0].upper()}{line[1:]}"
     if m.get("proxy_note"):
         summary += f"\n\n**{m['proxy_note']}**"
+    if off := m.get("activation_offload"):
+        line = offload_line(off)
+        summary += f"\n\n{line[0].upper()}{line[1:]}"
+    if um := m.get("unified_memory"):
+        summary += (
+            f"\n\nUnified Memory: peak {um.get('peak_bytes', 0) / 2**30:.3f} GiB managed in "
+            f"{um.get('allocations', 0)} segments (cap {um['budget']['cap_bytes'] / 2**30:.1f} GiB: "
+            f"{um['budget']['why']}); {um.get('refused_allocations', 0)} refused by the cap. {um['page_faults']}"
+        )
     if (m.get("world_size") or 1) > 1:
         mems = ", ".join(f"{b / 2**30:.3f}" for b in m["rank_peak_memory_bytes"])
         steps = ", ".join(f"{t:.1f}" for t in m["rank_step_time_ms"])
@@ -460,6 +485,10 @@ def profile_view(
     pp: int | str = 1,
     zero: int | str = 0,
     sequence_parallel: bool = False,
+    recompute_layers: float = 0,
+    offload_activations: float = 0,
+    fp8_recipe: str = "tensorwise",
+    unified_memory: bool = False,
     request: gr.Request | None = None,
 ):
     """Profile tab: runs the step in a child process (nproc > 1: torchrun with that many), yields
@@ -469,7 +498,9 @@ def profile_view(
         single_offload = bool(offload) and n == 1  # one process: ZeRO-Offload; several: FSDP2's offload
         setup = make_setup(
             model=model,
-            gpu="cpu" if device == "cpu" else "h100",
+            # A placeholder the run replaces with this machine's device; fp8 on a CPU must reach the
+            # run, which files it as refused with the reason (a CPU preset has no fp8 math to validate).
+            gpu="cpu" if device == "cpu" and precision != "fp8" else "h100",
             gpus=n,
             tp=_as_int(tp),
             pp=_as_int(pp),
@@ -480,6 +511,9 @@ def profile_view(
             global_batch=_as_int(global_batch) or 0,
             precision=precision,
             recompute=recompute,
+            recompute_layers=_as_int(recompute_layers) or 0,
+            offload_activations=_as_int(offload_activations) or 0,
+            fp8_recipe=fp8_recipe,
             optimizer=optimizer,
             optimizer_impl=optimizer_impl,
             framework="pytorch",
@@ -493,6 +527,7 @@ def profile_view(
             num_workers=_as_int(num_workers) or 0,
             pin_memory=bool(pin_memory),
             compile=bool(compile_model),
+            unified_memory=bool(unified_memory),
         )
     except AdvisorError as err:
         yield (f"### Invalid setup\n{err}", *_no_run_outputs())
@@ -613,8 +648,40 @@ def build_profile_tab() -> tuple[dict, gr.Dropdown]:
                 seq = gr.Number(value=d["seq"], precision=0, minimum=1, label="Sequence length")
                 micro_batch = gr.Number(value=d["micro_batch"], precision=0, minimum=1, label="Micro-batch")
                 global_batch = gr.Number(value=d["global_batch"], precision=0, minimum=0, label="Global batch")
-            precision = gr.Radio(["fp32", "bf16", "fp16"], value=d["precision"], label="Precision")
-            recompute = gr.Radio(list(RECOMPUTE_MODES), value=d["recompute"], label="Activation checkpointing")
+            with gr.Row():
+                precision = gr.Radio(list(PRECISIONS), value=d["precision"], label="Precision")
+                fp8_recipe = gr.Radio(
+                    list(FP8_RECIPES),
+                    value=d["fp8_recipe"],
+                    label="fp8 scaling (torchao)",
+                    elem_id="profile-fp8-recipe",
+                )
+            recompute = gr.Radio(
+                list(RECOMPUTE_MODES),
+                value=d["recompute"],
+                label="Activation checkpointing",
+                elem_id="profile-recompute",
+            )
+            with gr.Row():
+                precompute_layers = gr.Number(
+                    value=d["recompute_layers"],
+                    precision=0,
+                    minimum=0,
+                    label="Blocks that recompute (full; 0 = all)",
+                    elem_id="profile-recompute-layers",
+                )
+                poffload_acts = gr.Number(
+                    value=d["offload_activations"],
+                    precision=0,
+                    minimum=0,
+                    label="Blocks' activations offloaded to host",
+                    elem_id="profile-offload-activations",
+                )
+            unified_memory = gr.Checkbox(
+                value=d["unified_memory"],
+                label="Unified Memory (CUDA managed; capped at free GPU memory on PCIe GPUs)",
+                elem_id="profile-unified-memory",
+            )
             with gr.Row():
                 optimizer = gr.Radio(list(OPTIMIZERS), value=d["optimizer"], label="Optimizer")
                 optimizer_impl = gr.Radio(list(OPTIMIZER_IMPLS), value=d["optimizer_impl"], label="Optimizer kernels")
@@ -669,6 +736,8 @@ def build_profile_tab() -> tuple[dict, gr.Dropdown]:
     widgets |= {"device": device, "steps": steps, "layers": layers, "num_workers": num_workers}
     widgets |= {"pin_memory": pin_memory, "compile_model": compile_model, "optimizer_impl": optimizer_impl}
     widgets |= {"nproc": nproc, "tp": ptp, "pp": ppp, "zero": pzero, "sequence_parallel": psp}
+    widgets |= {"recompute_layers": precompute_layers, "offload_activations": poffload_acts}
+    widgets |= {"fp8_recipe": fp8_recipe, "unified_memory": unified_memory}
     inputs = [widgets[k] for k in PROFILE_DEFAULTS]  # profile_view's parameter order
     outputs = [summary, phases, memory, nvml, timeline, top_ops, trace, roofline]
     run_btn.click(profile_view, inputs, outputs, api_name="profile", concurrency_limit=1, concurrency_id="device").then(
@@ -1608,17 +1677,17 @@ def profile_values(setup, options: dict | None) -> dict:
     """The Profile tab's widget values (PROFILE_DEFAULTS keys) for ``setup`` and a run's options; the
     distributed layout only with a run's options."""
     t = setup.train
-    values = {k: getattr(t, k) for k in ("micro_batch", "global_batch", "recompute", "optimizer", "optimizer_impl")}
-    values |= {"seq": t.seq_len, "offload": setup.parallel.offload == "optimizer"}
-    if t.precision in ("fp32", "bf16", "fp16"):
-        values["precision"] = t.precision
+    keys = ("micro_batch", "global_batch", "recompute", "optimizer", "optimizer_impl", "recompute_layers")
+    values = {k: getattr(t, k) for k in keys}
+    values |= {"offload_activations": t.offload_activations, "fp8_recipe": t.fp8_recipe}
+    values |= {"seq": t.seq_len, "offload": setup.parallel.offload == "optimizer", "precision": t.precision}
     if setup.model.name in MODELS:
         values["model"] = setup.model.name
     opts = options or {}
     for key, name in (("device", "device"), ("steps", "steps"), ("layers", "layers"), ("compile", "compile_model")):
         if key in opts:
             values[name] = opts[key]
-    for key in ("num_workers", "pin_memory", "nproc"):
+    for key in ("num_workers", "pin_memory", "nproc", "unified_memory"):
         if key in opts:
             values[key] = opts[key]
     if options is not None:  # a stored run's own layout (a Size tab setup's GPUs are not this machine's)

@@ -190,7 +190,7 @@ def apply_action(
         else:
             spec_changes.setdefault(section, {})[name] = value
     if not spec_changes:
-        return setup, opts, values, ""
+        return setup, opts, values, _step_conflict(setup, opts)
     if setup is None:
         return None, opts, values, "no setup to change: the input is a trace without a spec"
     try:
@@ -202,7 +202,17 @@ def apply_action(
         )
     except SpecError as err:
         return None, opts, values, f"cannot apply: {err}"
-    return after, opts, values, ""
+    return after, opts, values, _step_conflict(after, opts)
+
+
+def _step_conflict(setup: Setup | None, opts: dict[str, Any]) -> str:
+    """Why the profiled step could not run the changed setup and options together (empty: it could)."""
+    if setup is not None and opts.get("compile") and setup.train.offload_activations:
+        return (
+            "cannot apply: the profiled step offloads activations in eager mode only, and torch.compile would "
+            "trace through its hooks (turn activation offload off first)"
+        )
+    return ""
 
 
 def advise(

@@ -18,7 +18,16 @@ from advisor.report import format_estimate, format_run
 from advisor.runner import CHILD_COMMAND, child_main, local_device_type, profile_run
 from advisor.runstore import RUN_ID_RE, STATUSES, RunStore, read_metrics
 from advisor.sizing import make_setup
-from advisor.specs import FRAMEWORKS, OFFLOAD_MODES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES, Setup
+from advisor.specs import (
+    FP8_RECIPES,
+    FRAMEWORKS,
+    OFFLOAD_MODES,
+    OPTIMIZER_IMPLS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE_MODES,
+    Setup,
+)
 
 
 def add_setup_args(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +58,12 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
         choices=PRECISIONS,
         default="bf16",
         help="default: bf16; for profile, this device's fastest (fp32 on a CPU without AVX512-BF16 or AMX)",
+    )
+    s.add_argument(
+        "--fp8-recipe",
+        choices=FP8_RECIPES,
+        default="tensorwise",
+        help="with --precision fp8 on the eager step: torchao's scaling (default: %(default)s)",
     )
     s.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     s.add_argument(
@@ -134,6 +149,7 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
         offload_activations=args.offload_activations,
         compile=args.compile,
         fused_loss=args.fused_loss,
+        fp8_recipe=args.fp8_recipe,
         tp=args.tp,
         pp=args.pp,
         vpp=args.vpp,
@@ -193,6 +209,8 @@ def _options_from_args(args: argparse.Namespace) -> RunOptions:
         pin_memory=args.pin_memory,
         data_delay_ms=args.data_delay_ms,
         memory_budget_gib=args.memory_budget_gib,
+        unified_memory=args.unified_memory,
+        um_host_budget_gib=args.um_host_budget_gib,
         compile=args.compile,
         layers=args.layers,
         timeout_s=args.timeout,
@@ -641,6 +659,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--memory-budget-gib", type=float, default=0.0, help="treat the device as having this much memory (0: its own)"
+    )
+    r.add_argument(
+        "--unified-memory",
+        action="store_true",
+        help="the step's CUDA tensors in managed memory (capped at the GPU's free memory on PCIe GPUs)",
+    )
+    r.add_argument(
+        "--um-host-budget-gib",
+        type=float,
+        default=0.0,
+        help="with --unified-memory on GH200/GB200: host memory it may use beyond the GPU's free memory",
     )
     r.add_argument("--layers", type=int, default=0, help="proxy mode: run N layers, extrapolate to the full depth")
     r.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is stopped")

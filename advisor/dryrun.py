@@ -288,6 +288,11 @@ def _check_inputs(setup: Setup, target: str) -> None:
             f"{setup.hardware.name!r} (choose a GPU preset such as h100, or use target='cpu')"
         )
     check_step_options(setup)
+    if setup.train.precision == "fp8":
+        raise AdvisorError(
+            "precision='fp8': the dry run does not trace torchao's float8 linears; use `advisor size` for the fp8 "
+            "estimate, or profile it on a GPU with fp8 units"
+        )
 
 
 def torch_release() -> tuple[int, int]:
@@ -322,11 +327,6 @@ def _check_distributed(setup: Setup, offload_optimizer: bool) -> None:
             f"without CPU offload; use offload none, or dp=1 for the single-device offloaded step"
         )
     check_step_options(setup)
-    if setup.train.precision == "fp8":
-        raise AdvisorError(
-            "precision='fp8': fp8 training needs NVIDIA TransformerEngine (transformer_engine.pytorch) on a Hopper or "
-            "newer GPU; the dry run's step supports fp32, bf16 and fp16"
-        )
     if setup.train.precision == "fp16" and p.zero:
         # As the real run (advisor.parallel.check_supported): a GradScaler's inf check must see every
         # gradient shard, which torch's GradScaler does not do for sharded gradients.

@@ -219,6 +219,21 @@ def exposed_communication(target: str, g: GainInput) -> Gain | None:
     return _share_gain(target, g, share, f"{share:.1f} % of the GPU span is communication with no compute beside it")
 
 
+@register("act_offload_exposed")
+def act_offload_exposed(target: str, g: GainInput) -> Gain | None:
+    """The activation-offload copy time the run measured as not hidden behind compute, removed."""
+    share = g.ctx.get("act_offload_exposed_pct")
+    if share is None:
+        return None
+    return _share_gain(
+        target,
+        g,
+        share,
+        f"{share:.1f} % of the step is spent in the offload hooks (copies and bookkeeping; on a CPU the extra "
+        "allocations they cause add more, so this is a floor)",
+    )
+
+
 @register("exposed_collectives")
 def exposed_collectives(target: str, g: GainInput) -> Gain | None:
     """Collective time with no compute beside it on its rank (measured per rank, CPU or GPU), hidden."""

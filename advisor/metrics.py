@@ -91,6 +91,10 @@ class StepMetrics:
     """Blocks per stage that recompute under recompute='full' (0: all)."""
     offload_activations: int | None = None
     """Blocks per stage whose saved activations went to the host and back."""
+    unified_memory: dict = field(default_factory=dict)
+    """With --unified-memory (advisor.unified_memory): the allocator, the budget (free and total GPU
+    memory, coherent link or not, the cap and why), managed bytes at their peak, segment allocations,
+    allocations the cap refused, and where page faults can be read. Empty without it."""
     activation_offload: dict = field(default_factory=dict)
     """Activation offload, mean over the timed steps (advisor.offload.OffloadStats): blocks, tensors,
     bytes_offloaded and bytes_restored per step, copy_out_ms, copy_in_ms, exposed_ms (copy time not

@@ -85,7 +85,7 @@ class OffloadStats:
     copy_in_ms: float
     exposed_ms: float
     """Copy time not hidden behind compute: the compute stream's waits for copies to come back (on a
-    CPU every copy is inline, so all of it)."""
+    CPU the hooks run inline, so all of their time, copies and bookkeeping)."""
     host_bytes: int
     """Host memory the offload holds: the pinned pool on a GPU, the peak of live copies on a CPU."""
     pinned: bool
@@ -164,8 +164,9 @@ class ActivationOffloader:
     def reset(self) -> None:
         """Start counting a new step."""
         self._n = self._out = self._in = 0
-        self._out_ms = self._in_ms = self._exposed_ms = 0.0
+        self._out_ms = self._in_ms = self._exposed_ms = self._hook_ms = 0.0
         self._events = []
+        self._pending.clear()  # groups a failed step left behind (their forward never met its backward)
         self._peak_host = self._live_host
 
     def stats(self) -> OffloadStats:
@@ -180,7 +181,8 @@ class ActivationOffloader:
             else:
                 exposed += ms
         if not self.cuda:
-            exposed = out_ms + in_ms  # a CPU copies inline: nothing hides it
+            # A CPU runs the hooks inline: their whole time (copies and bookkeeping) adds to the step.
+            exposed = self._hook_ms
         host = self._pool_bytes if self.cuda else self._peak_host
         return OffloadStats(
             blocks=len(self.blocks),
@@ -221,9 +223,12 @@ class ActivationOffloader:
     def _prefetch_hook(self, i: int) -> Callable:
         def hook(grad: torch.Tensor) -> None:
             # Block i's backward starts now: its own copies (if not asked for yet) and block i-1's go.
+            t0 = time.perf_counter()
             for b in (i, i - 1):
                 if b in self.blocks:
                     self._fetch(b)
+            if not self.cuda:  # inline on a CPU: part of the hooks' time
+                self._hook_ms += (time.perf_counter() - t0) * 1e3
 
         return hook
 
@@ -236,6 +241,24 @@ class ActivationOffloader:
         return any(base is r for r in self.resident())
 
     def _pack(self, t: torch.Tensor):
+        if self.cuda:
+            return self._pack_tensor(t)
+        t0 = time.perf_counter()
+        try:
+            return self._pack_tensor(t)
+        finally:
+            self._hook_ms += (time.perf_counter() - t0) * 1e3
+
+    def _unpack(self, packed):
+        if self.cuda:
+            return self._unpack_tensor(packed)
+        t0 = time.perf_counter()
+        try:
+            return self._unpack_tensor(packed)
+        finally:
+            self._hook_ms += (time.perf_counter() - t0) * 1e3
+
+    def _pack_tensor(self, t: torch.Tensor):
         if self._skip(t):
             return t
         group = self._current
@@ -284,7 +307,7 @@ class ActivationOffloader:
         group.packed.append(weakref.ref(packed))
         return packed
 
-    def _unpack(self, packed):
+    def _unpack_tensor(self, packed):
         if isinstance(packed, torch.Tensor):
             return packed
         group = packed.group

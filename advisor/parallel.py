@@ -152,7 +152,10 @@ def check_supported(setup: Setup, device_type: str) -> None:
         raise AdvisorError(f"device_type={device_type!r}: must be one of {', '.join(_BACKENDS)}")
     if t.precision == "fp8":
         raise SpecError(
-            "train.precision", "fp8", "the profiled step runs fp32, bf16 or fp16 (fp8 needs TransformerEngine)"
+            "train.precision",
+            "fp8",
+            "the distributed step does not convert its linears to float8 yet; fp8 (torchao) runs in the "
+            "single-process step",
         )
     if t.precision == "fp16" and (p.tp > 1 or p.pp > 1 or p.zero > 0):
         # A GradScaler's inf check must see every gradient shard (FSDP's ShardedGradScaler, Megatron's

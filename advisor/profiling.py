@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 import traceback
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from advisor.model import model_flops_per_token
 from advisor.nvml import NvmlSampler
 from advisor.specs import HardwareSpec, Setup
 from advisor.step import build_trainer, make_loader, resolve_device
+from advisor.unified_memory import managed_memory
 
 INJECTIONS = ("oom", "crash", "hang", "error")
 _ENDPOINT_RE = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$")
@@ -85,6 +87,12 @@ class RunOptions:
     its own run id, so it cannot stand in)."""
     inject: str = ""
     """Test hook: make the child fail on purpose (oom, crash, hang, error)."""
+    unified_memory: bool = False
+    """Run the step's CUDA tensors from managed memory (advisor.unified_memory), capped at the GPU's
+    free memory on a PCIe GPU; refused on a CPU."""
+    um_host_budget_gib: float = 0.0
+    """With unified_memory on a coherent GPU (GH200, GB200): host memory the managed bytes may use
+    beyond the GPU's free memory."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -103,6 +111,9 @@ class RunOptions:
             (self.nnodes == 1 or _ENDPOINT_RE.match(self.rdzv_endpoint), "rdzv_endpoint", "host:port when nnodes > 1"),
             (self.nnodes == 1 or self.rdzv_id, "rdzv_id", "a job id shared by every node when nnodes > 1"),
             (not self.rdzv_id or _RDZV_ID_RE.match(self.rdzv_id), "rdzv_id", "letters, digits, '.', '_', '-'"),
+            (0 <= self.um_host_budget_gib <= 100_000, "um_host_budget_gib", "0 to 100000 GiB"),
+            (self.unified_memory or not self.um_host_budget_gib, "um_host_budget_gib", "0 without unified_memory"),
+            (not (self.unified_memory and self.world_size > 1), "unified_memory", "off for a distributed run"),
         ]
         for ok, name, allowed in checks:
             if not ok:
@@ -197,30 +208,38 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
     full = setup
     setup = proxy_setup(setup, options.layers)
     device = resolve_device(options.device)
-    trainer = build_trainer(
-        setup,
-        device,
-        offload_optimizer=setup.parallel.offload != "none",
-        compile_model=options.compile,
-        seed=options.seed,
+    managed = (
+        managed_memory(device, options.um_host_budget_gib, estimate(setup).memory.total_bytes)
+        if options.unified_memory
+        else nullcontext({})
     )
-    loader = make_loader(
-        setup,
-        _total_steps(options) * trainer.grad_accum,
-        options.num_workers,
-        options.pin_memory,
-        options.seed,
-        delay_ms=options.data_delay_ms,
-    )
-    sampler = _sampler(options, device)
-    measured = _profile_steps(trainer, iter(loader), options, device, run_dir / "trace.json.gz", progress=True)
-    sampler.stop()
+    with managed as um_record:
+        trainer = build_trainer(
+            setup,
+            device,
+            offload_optimizer=setup.parallel.offload != "none",
+            compile_model=options.compile,
+            seed=options.seed,
+        )
+        loader = make_loader(
+            setup,
+            _total_steps(options) * trainer.grad_accum,
+            options.num_workers,
+            options.pin_memory,
+            options.seed,
+            delay_ms=options.data_delay_ms,
+        )
+        sampler = _sampler(options, device)
+        measured = _profile_steps(trainer, iter(loader), options, device, run_dir / "trace.json.gz", progress=True)
+        sampler.stop()
     write_top_ops(measured.prof, run_dir / "top_ops.json", device.type)
     (run_dir / "nvml.json").write_text(
         json.dumps({"summary": sampler.summary(), "samples": sampler.samples}, indent=1), encoding="utf-8"
     )
     ranks = [_rank_result(trainer, measured, options)]
     metrics = _metrics(full, setup, options, ranks, sampler.summary(), sampler.device_name, run_id, device)
+    if um_record:
+        metrics = replace(metrics, unified_memory=um_record)
     metrics = with_trace_analysis(metrics, run_dir / "trace.json.gz", setup.hardware)
     metrics.save(run_dir / "metrics.json")
     return metrics

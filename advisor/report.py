@@ -201,6 +201,8 @@ def format_run(record: dict, metrics: dict | None, path) -> str:
             out.append(f"  {nv.get('nvml_reason', 'NVML unavailable')}")
         if m.get("roofline_bound"):
             out.append("  " + roofline_line(m))
+    if record.get("status") == "refused":
+        return "\n".join(out)  # nothing ran: no trace to open, no command that would run
     if ((metrics or {}).get("world_size") or 1) > 1:
         out.append("  traces: ranks/rank-<r>.trace.json.gz, one per rank (open in https://ui.perfetto.dev)")
     else:

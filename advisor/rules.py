@@ -66,6 +66,7 @@ _DERIVED_FIELDS = {
     "sync_calls_per_step": "blocking host calls per profiled step",
     "n_stragglers": "ranks flagged as stragglers",
     "reserved_over_peak": "CUDA allocator reservation over peak allocation (fragmentation), ratio",
+    "act_offload_exposed_pct": "measured activation-offload copy time not hidden behind compute, % of step time",
     "reserved_pct": "CUDA allocator reservation at its peak, % of device capacity",
     "gemm_pct": "GEMM kernels, % of summed GPU-event time",
     "attention_pct": "attention kernels, % of summed GPU-event time",
@@ -82,6 +83,7 @@ _OPTION_FIELDS = {
     "pin_memory": "pinned host memory for batches",
     "compile": "torch.compile on",
     "data_delay_ms": "simulated per-sample loading latency, ms (a test scenario knob)",
+    "unified_memory": "the step's CUDA tensors in managed (Unified) memory",
 }
 _SPEC_FIELDS = {
     "model_n_params": "parameters",
@@ -99,6 +101,10 @@ _SPEC_FIELDS = {
     "train_precision": "fp32, bf16, fp16 or fp8",
     "train_recompute": "none, selective or full",
     "train_flash_attention": "fused attention on",
+    "train_recompute_layers": "with full recompute: blocks per stage that recompute (0: all)",
+    "train_offload_activations": "blocks per stage whose activations go to host memory",
+    "stage_blocks": "transformer blocks per pipeline stage (the fewest of any stage)",
+    "attention_flops_pct": "attention's share of the model FLOPs (12 L s q of 6 N + 12 L s q), %",
     "train_optimizer": "adamw, sgd or adafactor",
     "train_optimizer_impl": "for-loop, foreach or fused",
     "train_framework": "megatron or pytorch",
@@ -136,13 +142,15 @@ _ESTIMATE_FIELDS = {
     "est_tp_comm_pct": "TP communication, % of estimated step time",
     "est_bubble_pct": "pipeline bubble, % of estimated step time",
     "est_offload_pct": "exposed CPU offload, % of estimated step time",
+    "est_compute_pct": "GEMMs and attention (math), % of estimated step time",
+    "est_kernel_overhead_pct": "per-kernel launch and tail cost, % of estimated step time",
     "est_recompute_pct": "recomputation, % of estimated step time",
     "est_optimizer_pct": "optimizer step, % of estimated step time",
     "est_host_fits": "offloaded state fits host memory",
 }
 FIELDS: dict[str, str] = {**_METRIC_FIELDS, **_DERIVED_FIELDS, **_OPTION_FIELDS, **_SPEC_FIELDS, **_ESTIMATE_FIELDS}
 _ACTION_SPECS = {"train": TrainSpec, "parallel": ParallelSpec, "model": ModelSpec}
-_OPTION_NAMES = ("num_workers", "pin_memory", "compile", "data_delay_ms")
+_OPTION_NAMES = ("num_workers", "pin_memory", "compile", "data_delay_ms", "unified_memory")
 
 
 class RuleError(AdvisorError):
@@ -456,6 +464,8 @@ def build_context(
         if m.sync_calls is not None and m.steps_measured:
             ctx["sync_calls_per_step"] = m.sync_calls / m.steps_measured
         ctx["n_stragglers"] = len(m.stragglers) if m.n_ranks else None
+        if m.activation_offload and step:
+            ctx["act_offload_exposed_pct"] = _pct(m.activation_offload.get("exposed_ms"), step)
         if m.reserved_memory_bytes and m.peak_memory_bytes:
             ctx["reserved_over_peak"] = m.reserved_memory_bytes / m.peak_memory_bytes
         if m.reserved_memory_bytes and m.memory_capacity_bytes:
@@ -491,6 +501,10 @@ def build_context(
             train_precision=t.precision,
             train_recompute=t.recompute,
             train_flash_attention=t.flash_attention,
+            train_recompute_layers=t.recompute_layers,
+            train_offload_activations=t.offload_activations,
+            stage_blocks=md.n_layers // (p.pp * p.vpp),
+            attention_flops_pct=100.0 * _attention_flops_share(md, t.seq_len),
             train_optimizer=t.optimizer,
             train_optimizer_impl=t.optimizer_impl,
             train_framework=t.framework,
@@ -533,6 +547,8 @@ def build_context(
             est_tp_comm_pct=_pct(tm.tp_comm_ms, total_ms),
             est_bubble_pct=_pct(tm.bubble_ms, total_ms),
             est_offload_pct=_pct(tm.offload_ms, total_ms),
+            est_compute_pct=_pct(tm.compute_ms, total_ms),
+            est_kernel_overhead_pct=_pct(tm.kernel_overhead_ms, total_ms),
             est_recompute_pct=_pct(tm.recompute_ms, total_ms),
             est_optimizer_pct=_pct(tm.optimizer_ms, total_ms),
             est_host_fits=estimate.host_fits,
@@ -543,3 +559,9 @@ def build_context(
             ctx["peak_memory_gib"] = ctx["est_memory_gib"]
             ctx["memory_capacity_gib"] = estimate.capacity_bytes / GiB
     return ctx
+
+
+def _attention_flops_share(model, seq_len: int) -> float:
+    """Attention's share of the training FLOPs (PaLM's 12 L s q over 6 N_matmul + 12 L s q)."""
+    attn = 12.0 * model.n_layers * seq_len * model.q_dim
+    return attn / (6.0 * model.matmul_params_per_token() + attn)

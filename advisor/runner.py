@@ -24,11 +24,13 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.estimator import estimate
+from advisor.fp8 import Refused, fp8_refusal
 from advisor.presets import local_hardware
 from advisor.profiling import RunOptions, proxy_setup
 from advisor.runstore import RunInfo, RunStore, add_owner, new_run_id, write_json_atomic
 from advisor.specs import Setup, setup_from_dict, spec_to_dict
 from advisor.step import check_step_options, resolve_device
+from advisor.unified_memory import NSYS_UM_FLAGS, um_refusal
 
 CHILD_COMMAND = "_child"
 """The CLI command the profiling child runs (``python -m advisor _child --run-dir DIR``); not in the help."""
@@ -116,18 +118,20 @@ def launcher(options: RunOptions) -> list[str]:
 def _child_command(run_dir: Path, options: RunOptions) -> list[str]:
     cmd = [*launcher(options), "-m", "advisor", CHILD_COMMAND, "--run-dir", str(run_dir)]
     if options.nsys:
-        cmd = nsys_prefix(run_dir / "nsys") + cmd
+        cmd = nsys_prefix(run_dir / "nsys", options.unified_memory) + cmd
     return cmd
 
 
-def nsys_prefix(output: Path | str) -> list[str]:
-    """``nsys profile`` recording only the CUDA capture range (the active steps), with a SQLite export."""
+def nsys_prefix(output: Path | str, unified_memory: bool = False) -> list[str]:
+    """``nsys profile`` recording only the CUDA capture range (the active steps), with a SQLite export;
+    for a Unified Memory run, with its CPU and GPU page faults."""
     return [
         "nsys",
         "profile",
         "--capture-range=cudaProfilerApi",
         "--capture-range-end=stop",
         "--trace=cuda,nvtx,osrt,cublas,cudnn",
+        *(NSYS_UM_FLAGS if unified_memory else ()),
         "--sample=none",
         "--export=sqlite",
         "--force-overwrite=true",
@@ -153,6 +157,8 @@ def profile_cli_args(setup: Setup, options: RunOptions) -> list[str]:
         args += ["--recompute-layers", str(t.recompute_layers)]
     if t.offload_activations:
         args += ["--offload-activations", str(t.offload_activations)]
+    if t.precision == "fp8" and t.fp8_recipe != "tensorwise":
+        args += ["--fp8-recipe", t.fp8_recipe]
     if not t.flash_attention:
         args.append("--no-flash")
     if setup.gpus > 1:
@@ -187,6 +193,10 @@ def profile_cli_args(setup: Setup, options: RunOptions) -> list[str]:
     if options.memory_budget_gib:
         args += ["--memory-budget-gib", f"{options.memory_budget_gib:g}"]
     args += [flag for flag, on in (("--pin-memory", options.pin_memory), ("--compile", options.compile)) if on]
+    if options.unified_memory:
+        args.append("--unified-memory")
+    if options.um_host_budget_gib:
+        args += ["--um-host-budget-gib", f"{options.um_host_budget_gib:g}"]
     return args
 
 
@@ -205,6 +215,8 @@ def profile_run(
     store = store or RunStore()
     if options.nsys and shutil.which("nsys") is None:
         raise AdvisorError(NSYS_HELP)
+    if reason := device_refusal(setup, options):
+        return _file_refused(setup, options, store, reason)
     setup = on_this_machine(setup, options.device, options.nproc)
     if options.compile != setup.train.compile:
         # The run compiles or not as its options say; its setup says the same, so the estimate filed
@@ -228,17 +240,7 @@ def profile_run(
     run_id = new_run_id(setup.model.name)
     run_dir = store.staging_dir(run_id)
     cmd = _child_command(run_dir, options)
-    user_cmd = shlex.join(["python", "-m", "advisor", "profile", *profile_cli_args(setup, options)])
-    record: dict[str, Any] = {
-        "run_id": run_id,
-        "status": "running",
-        "message": "",
-        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "setup": spec_to_dict(setup),
-        "options": options.as_dict(),
-        "command": user_cmd,
-        "nsys_command": shlex.join(nsys_prefix(f"{run_id}-nsys")) + " " + user_cmd,
-    }
+    record = _new_record(run_id, setup, options)
     write_json_atomic(
         run_dir / "request.json", {"run_id": run_id, "setup": record["setup"], "options": record["options"]}
     )
@@ -256,6 +258,50 @@ def profile_run(
     env_file = run_dir / "environment.json"
     if env_file.is_file():
         record["environment"] = json.loads(env_file.read_text(encoding="utf-8"))
+    write_json_atomic(run_dir / "run.json", record)
+    store.commit(run_id)
+    return store.load(run_id)
+
+
+def _new_record(run_id: str, setup: Setup, options: RunOptions) -> dict[str, Any]:
+    user_cmd = shlex.join(["python", "-m", "advisor", "profile", *profile_cli_args(setup, options)])
+    return {
+        "run_id": run_id,
+        "status": "running",
+        "message": "",
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "setup": spec_to_dict(setup),
+        "options": options.as_dict(),
+        "command": user_cmd,
+        "nsys_command": shlex.join(nsys_prefix(f"{run_id}-nsys", options.unified_memory)) + " " + user_cmd,
+    }
+
+
+def device_refusal(setup: Setup, options: RunOptions) -> str | None:
+    """Why this machine's device cannot run an option (fp8 on a CPU or without torchao, Unified Memory
+    on a CPU), or None: the run is filed as refused without starting a child. What needs the GPU itself
+    (its compute capability, its free memory) the child checks before it allocates, and files the same
+    way; asking here would start CUDA in the app's process."""
+    device = resolve_device(options.device)
+    if setup.train.precision == "fp8" and (reason := fp8_refusal(device, query_gpu=False)):
+        return reason
+    if options.unified_memory and device.type != "cuda":
+        return um_refusal(device, 0.0, None)
+    return None
+
+
+def _file_refused(setup: Setup, options: RunOptions, store: RunStore, reason: str) -> RunInfo:
+    """A run with status 'refused' and the reason: nothing ran, the store stays consistent."""
+    run_id = new_run_id(setup.model.name)
+    run_dir = store.staging_dir(run_id)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    record = _new_record(run_id, setup, options) | {
+        "status": "refused",
+        "message": reason,
+        "finished_utc": now,
+        "wall_s": 0.0,
+        "files": ["run.json"],
+    }
     write_json_atomic(run_dir / "run.json", record)
     store.commit(run_id)
     return store.load(run_id)
@@ -350,6 +396,9 @@ def child_main(run_dir: Path) -> int:
         _child_status(
             run_dir, "oom", f"out of memory: {first}. Lower the micro-batch, enable checkpointing, or use --layers"
         )
+        return 3
+    except Refused as err:
+        _child_status(run_dir, "refused", str(err))
         return 3
     except AdvisorError as err:
         _child_status(run_dir, "failed", str(err))

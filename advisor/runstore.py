@@ -32,7 +32,9 @@ from advisor.errors import AdvisorError
 from advisor.metrics import StepMetrics
 
 RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[a-z0-9][a-z0-9._-]{0,39}-[0-9a-f]{6}$")
-STATUSES = ("running", "ok", "oom", "timeout", "crashed", "failed", "cancelled")
+STATUSES = ("running", "ok", "oom", "timeout", "crashed", "failed", "cancelled", "refused")
+"""'refused': an option this machine cannot run (fp8 without fp8 units or torchao, Unified Memory beyond
+what the GPU has free); the run holds the reason and no measurement."""
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "traces"
 STAGING = ".staging"
 RESERVED_DIRS = ("calibration", "verifications", "ceilings")

@@ -59,6 +59,7 @@ def make_setup(
     offload_activations: int = 0,
     compile: bool = False,
     fused_loss: bool = False,
+    fp8_recipe: str = "tensorwise",
     tp: int = 1,
     pp: int = 1,
     vpp: int = 1,
@@ -99,6 +100,7 @@ def make_setup(
         offload_activations=offload_activations,
         compile=compile,
         fused_loss=fused_loss,
+        fp8_recipe=fp8_recipe,
     )
     parallel = build_parallel(
         gpus, dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, zero=zero, sequence_parallel=sequence_parallel, offload=offload

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from advisor.errors import SpecError
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+FP8_RECIPES = ("tensorwise", "rowwise")  # torchao's float8 scaling recipes (advisor.fp8)
 OPTIMIZERS = ("adamw", "sgd", "adafactor")
 RECOMPUTE_MODES = ("none", "selective", "selective-op", "full")
 OFFLOAD_MODES = ("none", "optimizer", "optimizer+params")
@@ -306,12 +307,16 @@ class TrainSpec:
     compile: bool = False
     """torch.compile (or CUDA graphs) on the eager step: elementwise ops fused, no per-op launch
     overhead. Megatron-LM's step is fused already."""
+    fp8_recipe: str = "tensorwise"
+    """With precision='fp8' on the eager step: torchao's scaling, 'tensorwise' (one scale per tensor)
+    or 'rowwise' (a scale per row: more accurate, somewhat slower)."""
 
     def __post_init__(self) -> None:
         _check_int("train.seq_len", self.seq_len, 1)
         _check_int("train.micro_batch", self.micro_batch, 1)
         _check_int("train.global_batch", self.global_batch, 0)
         _check_choice("train.precision", self.precision, PRECISIONS)
+        _check_choice("train.fp8_recipe", self.fp8_recipe, FP8_RECIPES)
         _check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("train.recompute", self.recompute, RECOMPUTE_MODES)
         if self.fp32_grads is None:

@@ -20,13 +20,15 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils.data import DataLoader, Dataset
 
 from advisor.errors import AdvisorError, SpecError
+from advisor.fp8 import Refused, convert_to_fp8, fp8_refusal
 from advisor.model import Transformer, build_model
 from advisor.offload import ActivationOffloader, OffloadStats, offloaded_blocks
 from advisor.ranges import phase
 from advisor.specs import OPTIMIZER_IMPLS, Setup
 
 PHASES = ("data", "forward", "backward", "optimizer")
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+"""Autocast dtype per precision: fp8 runs its linears in float8 (torchao) and the rest in bf16."""
 
 
 class SyntheticTokens(Dataset):
@@ -294,17 +296,16 @@ def build_trainer(
     offload_optimizer: bool = False,
     compile_model: bool = False,
     seed: int = 0,
+    fp8_emulate: bool = False,
 ) -> Trainer:
     """Model, optimizer, scaler and autocast for ``setup`` on ``device`` (fp32 parameters; 16-bit
-    precisions run under torch.autocast, fp16 with a GradScaler)."""
+    precisions run under torch.autocast, fp16 with a GradScaler; fp8 is torchao's float8 linears under
+    bf16 autocast, refused (``Refused``) without fp8 units unless ``fp8_emulate``, for tests)."""
     t = setup.train
     optimizer_impl = optimizer_impl or t.optimizer_impl
     check_step_options(setup, compile_model)
-    if t.precision == "fp8":
-        raise AdvisorError(
-            "precision='fp8': fp8 training needs NVIDIA TransformerEngine (transformer_engine.pytorch) on a Hopper or "
-            "newer GPU; the profiled step supports fp32, bf16 and fp16"
-        )
+    if t.precision == "fp8" and (reason := fp8_refusal(device, emulate=fp8_emulate)):
+        raise Refused(reason)
     if t.precision == "fp16" and offload_optimizer:
         raise AdvisorError(
             "precision='fp16' with optimizer offload: the loss scaler needs the optimizer on the device; use bf16"
@@ -316,6 +317,8 @@ def build_trainer(
         setup.model, t.recompute, device=device, flash=t.flash_attention, recompute_layers=t.recompute_layers
     )
     model.train()
+    if t.precision == "fp8":
+        convert_to_fp8(model, t.fp8_recipe)
     offloader = attach_offloader(model, setup, device)
     params = list(model.parameters())
     if offload_optimizer:

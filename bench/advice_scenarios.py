@@ -120,6 +120,12 @@ SCENARIOS = [
         designed_for="kern-non-flash",
     ),
     Scenario(
+        "offload-on-cpu",
+        "4 of 8 blocks' activations offloaded on a CPU device (copies inline, nothing saved)",
+        dict(model=DEEP, seq=256, micro_batch=4, precision="bf16", offload_activations=4),
+        designed_for="mem-offload-activations-on-cpu",
+    ),
+    Scenario(
         "small-microbatch",
         "micro-batch 1 with 8 accumulation steps and plenty of memory",
         dict(model="tiny", seq=128, micro_batch=1, global_batch=8, precision="bf16"),

@@ -20,6 +20,11 @@ run); each child has ``--timeout`` seconds (240); the results are rewritten afte
 bench/results/ and in ``$OUT`` when set (the device machine's), so a run cut short keeps what it
 finished, and a failed row carries the end of its run's log.
 
+Then the techniques the advice is about (``technique_rows``), on Llama-3.2-1B: bf16 vs fp8 (torchao,
+tensorwise and rowwise), full recompute vs offloading half the blocks' activations vs recomputing only
+half, and Unified Memory within the free memory, each with its host-link traffic beside the estimate;
+a technique the machine cannot run is a row that says why, and the others run.
+
 The distributed part (NCCL on GPUs, gloo on the CPU) profiles DDP, FSDP2 with resharding and tensor
 parallel 2 with sequence parallel on every visible GPU under torchrun; with one GPU it is skipped
 and says so. ``--distributed N`` sets the process count (0 skips it).
@@ -119,10 +124,14 @@ def main() -> int:
                 )
                 label = f"{model} s{seq} b{micro} {precision} {recompute}"
                 report.add(_profile(label, setup, device, 1, options, store, t_start))
+    for row in technique_rows(device, store, args, t_start, options):
+        report.add(row)
     for row in distributed_rows(device, store, args, t_start, options):
         report.add(row)
     print(report.md_path.read_text(encoding="utf-8"))
-    return 0 if all(r["status"] in ("ok", "skipped") for r in report.rows) else 1
+    # A refused row is the machine saying what it cannot run (fp8 without fp8 units, Unified Memory on a
+    # CPU), with the reason; a failed, crashed, oom or timed-out one is a fault.
+    return 0 if all(r["status"] in ("ok", "skipped", "refused") for r in report.rows) else 1
 
 
 class _Report:
@@ -202,17 +211,53 @@ def _kernel_rates(device: str, quick: bool, out: Path, t_start: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _profile(label: str, setup, device: str, nproc: int, options: dict, store: RunStore, t_start: float) -> dict:
+def technique_rows(device: str, store: RunStore, args, t_start: float, options: dict) -> list[dict]:
+    """The techniques the advice is about, on one ~1B model (Llama-3.2-1B, 16 blocks; tiny on the CPU
+    smoke test), beside the grid's bf16 rows of the same model without and with full recompute: fp8
+    (torchao, tensorwise and rowwise), offloading half the blocks' activations, recomputing only half,
+    both, and Unified Memory within the GPU's free memory. Each row is a profiled run beside the
+    estimate; a technique this machine cannot run is a 'refused' row that says why (fp8 with no
+    torchao or no fp8 units, Unified Memory on a CPU) and the other rows run."""
+    model, seq, micro = ("tiny", 128, 2) if args.quick else ("llama-3.2-1b", 2048, 4)
+    precision = "fp32" if device == "cpu" and args.quick else "bf16"
+    half = make_setup(model=model, gpu="cpu").model.n_layers // 2
+    rows = []
+    # The grid above has this model's bf16 rows without and with full recompute to compare against.
+    configs = [
+        (f"{precision} offload {half} blocks' activations", {"offload_activations": half}, {}),
+        (f"{precision} recompute {half} blocks", {"recompute": "full", "recompute_layers": half}, {}),
+        (f"{precision} offload {half} + recompute the rest", {"recompute": "full", "recompute_layers": half, "offload_activations": half}, {}),
+        ("fp8 tensorwise (torchao)", {"precision": "fp8"}, {}),
+        ("fp8 rowwise (torchao)", {"precision": "fp8", "fp8_recipe": "rowwise"}, {}),
+        (f"{precision} Unified Memory", {}, {"unified_memory": True}),
+    ]  # fmt: skip
+    if args.quick:  # the CPU smoke test: each kind of row once
+        configs = [configs[0], configs[2], configs[3], configs[5]]
+    for label, train, extra in configs:
+        kw = {"model": model, "seq": seq, "micro_batch": micro, "precision": precision} | train
+        gpu = "h100" if kw["precision"] == "fp8" else "cpu"  # a placeholder: the run takes this machine's device
+        setup = make_setup(gpu=gpu, **kw)
+        rows.append(
+            _profile(f"{model} s{seq} b{micro} {label}", setup, device, 1, options | extra, store, t_start, dry=False)
+        )
+    return rows
+
+
+def _profile(
+    label: str, setup, device: str, nproc: int, options: dict, store: RunStore, t_start: float, *, dry: bool = True
+) -> dict:
     """One configuration profiled in a child process: its result row (refused, or the run's row)."""
     print(f"[{time.perf_counter() - t_start:6.1f} s] {label}", flush=True)
     try:
+        run = profile_run(setup, RunOptions(device=device, nproc=nproc, **options), store)
+        if run.status == "refused":  # nothing ran: the reason is the row
+            return {"config": label, "status": "refused", "message": run.record.get("message", "")}
         local = on_this_machine(setup, device, nproc)
         est = estimate(local)
-        run = profile_run(setup, RunOptions(device=device, nproc=nproc, **options), store)
     except AdvisorError as err:
         return {"config": label, "status": "refused", "message": str(err)}
     data_parallel = local.parallel.tp == 1 and local.parallel.pp == 1
-    row = _row(label, run, est, *(_dry_run_peak(local) if data_parallel else (None, "")))
+    row = _row(label, run, est, *(_dry_run_peak(local) if data_parallel and dry else (None, "")))
     if row["status"] != "ok":
         log = run.path / "log.txt"
         tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:] if log.is_file() else []
@@ -247,6 +292,9 @@ def _row(label: str, run, est, dry_run_peak: float | None, dry_run_message: str 
         "roofline_bound": m.get("roofline_bound"),
         "roofline_gemm_roof_frac": m.get("roofline_gemm_roof_frac"),
         "roofline_roofs": m.get("roofline_roofs"),
+        "activation_offload": m.get("activation_offload") or {},
+        "unified_memory": m.get("unified_memory") or {},
+        "estimate_host_bytes": est.memory.host_bytes,
     }
 
 
@@ -320,6 +368,27 @@ def _markdown(rows: list[dict], device_name: str, wall_s: float) -> str:
             f"{r['tokens_per_s']:,.0f} | {100 * r['mfu_frac']:.1f} % | {r.get('roofline_bound') or '-'} | "
             f"{'-' if gemm is None else f'{100 * gemm:.0f} %'} |"
         )
+    moved = [r for r in rows if r.get("activation_offload") or r.get("unified_memory")]
+    if moved:
+        lines += [
+            "",
+            "Host-link traffic (activation offload: per step, copies on a side stream; Unified Memory: managed bytes):",
+            "",
+            "| config | offloaded GiB | est. GiB | out ms | back ms | not hidden ms | GB/s out / back | host GiB "
+            "| managed peak GiB | segments | refused by cap |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in moved:
+            o, u = r.get("activation_offload") or {}, r.get("unified_memory") or {}
+            off = (
+                f"{_gib(o['bytes_offloaded'])} | {_gib(o['estimate_bytes'])} | {o['copy_out_ms']:.1f} | "
+                f"{o['copy_in_ms']:.1f} | {o['exposed_ms']:.1f} | {o['out_gb_per_s']:.1f} / {o['in_gb_per_s']:.1f} | "
+                f"{_gib(o['host_bytes'])}"
+                if o
+                else "- | - | - | - | - | - | -"
+            )
+            um = f"{_gib(u.get('peak_bytes'))} | {u.get('allocations', '-')} | {u.get('refused_allocations', '-')}"
+            lines.append(f"| {r['config']} | {off} | {um if u else '- | - | -'} |")
     missing = [r for r in rows if r.get("dry_run_message")]
     if missing:
         lines += ["", "No dry run for:"] + [f"- {r['config']}: {r['dry_run_message']}" for r in missing]

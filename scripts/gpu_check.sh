@@ -9,6 +9,15 @@ export PYTHONUNBUFFERED=1
 # Optional packages the image may lack: each one's feature degrades (and says so), nothing stops.
 "$PY" -c 'import importlib.util as u; m = [n for n in ("orjson", "nvtx", "pynvml") if u.find_spec(n) is None]; print("optional packages missing:", ", ".join(m) or "none", "(orjson: slower trace parsing; nvtx: torch.cuda.nvtx ranges instead; pynvml: no NVML samples)")'
 "$PY" -c 'import numpy, pandas' || { echo "numpy and pandas are needed (pip install -r requirements.txt)"; exit 2; }
+# torchao for the fp8 rows: a machine without internet installs the wheel carried in wheels/ (README,
+# "GPU extras"); without either, the fp8 rows say torchao is missing and the other rows run.
+if ! "$PY" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torchao") is None)'; then
+  if compgen -G "wheels/torchao-*.whl" > /dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps wheels/torchao-*.whl || echo "torchao wheel did not install: fp8 rows will say so"
+  else
+    echo "torchao is not installed and wheels/ has no torchao wheel: the fp8 rows will say so"
+  fi
+fi
 status=0
 "$PY" scripts/gpu_check.py "$@" || status=$?
 if [[ -n "${OUT:-}" ]]; then

@@ -112,6 +112,19 @@ def _profile(**changes):
     return list(app.profile_view(**values))
 
 
+def test_profile_tab_runs_offload_and_partial_recompute_and_files_refusals(store):
+    summary = _profile(recompute="full", recompute_layers=1, offload_activations=2, precision="fp32")[-1][0]
+    assert "`: ok" in summary and "Activation offload: 2 blocks" in summary and "ms not hidden" in summary
+    fp8 = _profile(precision="fp8")[-1][0]
+    assert "`: refused" in fp8 and "fp8" in fp8
+    um = _profile(unified_memory=True)[-1][0]
+    assert "`: refused" in um and "CUDA managed memory" in um
+    bad = _profile(recompute="selective", offload_activations=1)[-1][0]
+    assert bad.startswith("### ") and "offload" in bad and "recompute none, or full" in bad
+    runs, damaged = store.list_runs()
+    assert sorted(r.status for r in runs) == ["ok", "refused", "refused"] and damaged == []
+
+
 def test_profile_tab_runs_a_step_and_shows_it(store):
     updates = _profile()
     assert updates[0][0].startswith("### Starting")

@@ -9,6 +9,7 @@ README's pictures: ``scripts/screenshots.sh``).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -178,6 +179,30 @@ def test_profile_a_tiny_step_on_the_cpu(page, server):
     assert run_id not in {p.name for p in (REPO / "traces").iterdir()}
     assert (server[1] / run_id / "trace.json.gz").is_file()  # the new run landed in the store
     _shot(page, "profile")
+
+
+def test_profile_with_activation_offload_and_partial_recompute_then_a_refusal(page, server):
+    _tab(page, "Profile")
+    _set_number(page, "Steps", 1)
+    page.locator("#profile-recompute").get_by_label("full", exact=True).check()  # full, of 1 block only
+    _set_number(page, "Blocks that recompute (full; 0 = all)", 1)
+    _set_number(page, "Blocks' activations offloaded to host", 2)
+    summary = page.locator("#profile-summary")
+    page.locator("#profile-run").click()
+    expect(summary).to_contain_text("recompute full", timeout=LONG_MS)
+    expect(summary).to_contain_text("Activation offload: 2 blocks")
+    expect(summary).to_contain_text("ms not hidden")
+    run_id = summary.inner_text().split("Run ")[1].split(":")[0].strip()
+    metrics = json.loads((server[1] / run_id / "metrics.json").read_text(encoding="utf-8"))
+    assert metrics["offload_activations"] == 2 and metrics["recompute_layers"] == 1
+    assert metrics["activation_offload"]["bytes_offloaded"] > 0
+    # Unified Memory on this CPU: a run filed as refused, with the reason; the tab keeps working.
+    _set_number(page, "Blocks' activations offloaded to host", 0)
+    page.locator("#profile-unified-memory input").check()
+    page.locator("#profile-run").click()
+    expect(summary).to_contain_text(": refused", timeout=60_000)
+    expect(summary).to_contain_text("CUDA managed memory")
+    _shot(page, "profile-offload")
 
 
 @pytest.mark.skipif(not V100_TRACE.is_file(), reason="real traces live in ../shared/traces (absent here)")

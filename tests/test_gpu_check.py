@@ -27,7 +27,7 @@ def test_gpu_check_quick_mode_on_the_cpu_with_its_distributed_part(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     (result,) = tmp_path.glob("gpu_check_*_quick.json")
     all_rows = json.loads(result.read_text())
-    single, rows = all_rows[:2], all_rows[2:]
+    single, techniques, rows = all_rows[:2], all_rows[2:6], all_rows[6:]
     assert [r["config"] for r in single] == ["tiny s128 b2 fp32 none", "tiny s128 b2 fp32 full"]
     for r in single:
         assert r["status"] == "ok"
@@ -35,8 +35,24 @@ def test_gpu_check_quick_mode_on_the_cpu_with_its_distributed_part(tmp_path):
         assert r["dry_run_peak_bytes"] == pytest.approx(r["measured_peak_bytes"], rel=0.01)
         # Each run's roofline is judged against the ceilings the check measured first.
         assert r["roofline_bound"] in ("compute", "memory", "latency") and "roofs measured" in r["roofline_roofs"]
+    # The techniques' rows: offload and partial recompute run (the offloaded bytes are the estimate's
+    # count for those blocks), fp8 and Unified Memory are refused on a CPU with the reason.
+    offload, combined, fp8, um = techniques
+    assert [r["config"] for r in techniques] == [
+        "tiny s128 b2 fp32 offload 2 blocks' activations",
+        "tiny s128 b2 fp32 offload 2 + recompute the rest",
+        "tiny s128 b2 fp8 tensorwise (torchao)",
+        "tiny s128 b2 fp32 Unified Memory",
+    ]
+    for r in (offload, combined):
+        moved = r["activation_offload"]
+        assert r["status"] == "ok" and moved["bytes_offloaded"] == pytest.approx(moved["estimate_bytes"], rel=0.01)
+    assert combined["measured_peak_bytes"] < offload["measured_peak_bytes"]  # the other 2 blocks recompute
+    assert fp8["status"] == "refused" and ("no fp8 units" in fp8["message"] or "torchao" in fp8["message"])
+    assert um["status"] == "refused" and "CUDA managed memory" in um["message"]
     md = (tmp_path / result.name.replace(".json", ".md")).read_text()
-    assert md.count("| ok |") == 5 and "## Ceilings of CPU host" in md and "| matmul fp32 |" in md
+    assert "Host-link traffic" in md and "| tiny s128 b2 fp32 offload 2 blocks' activations | 0.0" in md
+    assert md.count("| ok |") == 7 and "## Ceilings of CPU host" in md and "| matmul fp32 |" in md
     # The kernel-rate table the estimator's rate model is fitted to (three small fp32 GEMMs on the CPU),
     # kept beside the results; only a GPU's goes to advisor/device_tables/.
     kernels = json.loads((tmp_path / result.name.replace(".json", "_kernels.json")).read_text())

@@ -51,7 +51,7 @@ def test_offloaded_blocks_give_the_same_loss_and_gradients_bitwise(precision, re
     assert grads.keys() == grads_off.keys() and all(torch.equal(grads[k], grads_off[k]) for k in grads)
     stats = trainer.offloader.stats()
     assert stats.bytes_restored == stats.bytes_offloaded > 0 and stats.blocks == 2
-    assert not stats.pinned and stats.exposed_ms == pytest.approx(stats.copy_out_ms + stats.copy_in_ms)
+    assert not stats.pinned and stats.exposed_ms >= stats.copy_out_ms + stats.copy_in_ms > 0  # hooks run inline
 
 
 @pytest.mark.parametrize(("precision", "tolerance"), [("fp32", 0.001), ("bf16", 0.01)])

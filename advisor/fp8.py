@@ -1,0 +1,88 @@
+"""fp8 training in the eager step: torchao's float8 linears (``--precision fp8``).
+
+``torchao.float8.convert_to_float8_training`` swaps the model's ``nn.Linear`` modules for
+``Float8Linear``: each matmul casts its input, weight and output gradient to float8 (e4m3 forward,
+e4m3/e5m2 backward per recipe) with dynamic scales and runs ``torch._scaled_mm``; the rest of the step
+stays bf16 under autocast. Recipes, as torchtitan names them (torchtitan/components/quantization/
+float8.py): "tensorwise" (one scale per tensor, the default ``Float8LinearConfig``) and "rowwise" (a
+scale per row, ``Float8LinearConfig.from_recipe_name("rowwise")``). As torchtitan's converter, the
+output head and linears whose dimensions are not multiples of 16 (``_scaled_mm``'s requirement) stay
+bf16; so does the MoE router (a few columns, and it routes on its exact logits).
+
+fp8 needs fp8 tensor cores: compute capability 8.9 or newer (L4, L40S, H100, H200, GH200, B200, GB200).
+Elsewhere the run is refused with the reason. torchao is an optional extra (requirements-gpu.txt); on
+this project's CPU build it installs cleanly too and ``torch._scaled_mm`` runs there, so the tests run
+the converted step on the CPU with ``emulate=True`` (numerics only, no speed: a CPU has no fp8 units).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from torch import nn
+
+from advisor.errors import AdvisorError
+from advisor.specs import FP8_RECIPES
+
+MIN_CAPABILITY = (8, 9)
+FP8_GPUS = "L4, L40S, H100, H200, GH200, B200, GB200"
+INSTALL = (
+    "pip install -r requirements-gpu.txt (torchao); on a machine without internet, copy the wheel "
+    "(`pip download torchao==0.18.0 --no-deps`) and `pip install` it there (README, 'GPU extras')"
+)
+
+
+class Refused(AdvisorError):
+    """An option this machine cannot run (fp8 without fp8 units, Unified Memory beyond free memory): the
+    profiled run is filed with status 'refused' and this message."""
+
+
+def torchao_available() -> bool:
+    return importlib.util.find_spec("torchao") is not None
+
+
+def fp8_refusal(device: torch.device, *, emulate: bool = False, query_gpu: bool = True) -> str | None:
+    """Why fp8 cannot run on ``device`` (None when it can). ``emulate`` runs torchao's fp8 matmuls on a
+    device without fp8 units (the CPU tests: numerics, not speed). ``query_gpu`` False skips the GPU's
+    compute capability, which starts CUDA in this process: the app's server leaves that to the child."""
+    if not torchao_available():
+        return f"precision='fp8' runs torchao's float8 training, and torchao is not installed: {INSTALL}"
+    if emulate:
+        return None
+    if device.type != "cuda":
+        return (
+            f"precision='fp8': this run is on the {device.type.upper()}, which has no fp8 units; fp8 training needs an "
+            f"NVIDIA GPU of compute capability {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer ({FP8_GPUS}); use bf16"
+        )
+    if not query_gpu:
+        return None
+    cap = torch.cuda.get_device_capability(device)
+    if cap < MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(device)
+        return (
+            f"precision='fp8': {name} is compute capability {cap[0]}.{cap[1]} and has no fp8 tensor cores; fp8 "
+            f"needs {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer ({FP8_GPUS}); use bf16"
+        )
+    return None
+
+
+def _convertible(module: nn.Module, fqn: str) -> bool:
+    if not isinstance(module, nn.Linear):
+        return False
+    leaf = fqn.rsplit(".", 1)[-1]
+    if leaf in ("head", "router"):
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def convert_to_fp8(model: nn.Module, recipe: str = "tensorwise") -> int:
+    """Swap ``model``'s eligible linears for torchao's Float8Linear under ``recipe``; returns how many."""
+    if recipe not in FP8_RECIPES:
+        raise AdvisorError(f"fp8_recipe={recipe!r}: must be one of {', '.join(FP8_RECIPES)}")
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8.float8_linear import Float8Linear
+
+    config = Float8LinearConfig() if recipe == "tensorwise" else Float8LinearConfig.from_recipe_name(recipe)
+    convert_to_float8_training(model, config=config, module_filter_fn=_convertible)
+    return sum(isinstance(m, Float8Linear) for m in model.modules())

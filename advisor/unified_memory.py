@@ -1,0 +1,256 @@
+"""Unified Memory for the profiled step (``--unified-memory``): its tensors in CUDA managed memory.
+
+``csrc/um_alloc.c`` is a malloc/free pair over ``cudaMallocManaged`` with ``cudaMemAdvise`` (preferred
+location and accessed-by: the GPU) and a prefetch to the GPU, compiled here with the C compiler against
+the CUDA runtime that torch itself loaded, and loaded through
+``torch.cuda.memory.CUDAPluggableAllocator``. The step runs inside a ``torch.cuda.MemPool`` over that
+allocator, so PyTorch's caching allocator still caches blocks and only its segments are managed memory
+(without the pool every tensor would be a cudaMallocManaged call). RAPIDS RMM's managed resource is
+not used: one allocator, the same on every machine, recorded in the run.
+
+The guard. On a GPU without a coherent host link (PCIe: H100, H200, A100) managed memory that
+oversubscribes the GPU migrates pages back and forth over PCIe and can hang the GPU for every process
+on it, so the allocator's cap is the memory the GPU has free when the run starts (less a reserve for
+CUDA's own allocations outside the pool), and a run whose estimate needs more is refused before it
+starts. On GH200 / GB200 (NVLink-C2C; the GPU reads host memory through the host's page tables, which
+``cudaDevAttrPageableMemoryAccessUsesHostPageTables`` reports) the cap is the free GPU memory plus a
+stated host budget (``--um-host-budget-gib``).
+
+What is measured: managed bytes at their peak, segment allocations, allocations refused by the cap,
+the step beside the same step without it (``verify`` and the GPU check). NVML exposes no Unified
+Memory fault counters; Nsight Systems records CPU and GPU page faults, and ``--nsys`` turns those
+traces on for a Unified Memory run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from advisor.errors import AdvisorError
+from advisor.fp8 import Refused
+
+SOURCE = Path(__file__).with_name("csrc") / "um_alloc.c"
+RESERVE_BYTES = 2 * 2**30
+"""Left out of the cap on a PCIe GPU: the CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers are
+allocated outside the pool."""
+COHERENT_GPUS = ("GH200", "GB200", "GB300")
+NSYS_UM_FLAGS = ("--cuda-um-cpu-page-faults=true", "--cuda-um-gpu-page-faults=true")
+PAGE_FAULTS_NOTE = (
+    "NVML exposes no Unified Memory fault or migration counters; profile with --nsys, which records CPU and "
+    "GPU page faults of a Unified Memory run (" + " ".join(NSYS_UM_FLAGS) + ")"
+)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ADVISOR_CACHE", Path.home() / ".cache" / "advisor"))
+
+
+def loaded_cudart() -> Path | None:
+    """The CUDA runtime library this process loaded (torch's), read from /proc/self/maps."""
+    try:
+        maps = Path("/proc/self/maps").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        m = re.search(r"(/\S*libcudart\.so[.\d]*)$", line)
+        if m:
+            return Path(m[1])
+    return None
+
+
+def cuda_include_for(cudart: Path | None) -> Path | None:
+    """cuda_runtime_api.h of the same CUDA release as ``cudart``: beside it (pip's nvidia packages),
+    else CUDA_HOME or /usr/local/cuda."""
+    candidates = []
+    if cudart is not None:
+        candidates.append(cudart.parent.parent / "include")
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root:
+            candidates.append(Path(root) / "include")
+    for inc in candidates:
+        if (inc / "cuda_runtime_api.h").is_file():
+            return inc
+    return None
+
+
+def _header_major(include: Path) -> int | None:
+    text = (include / "cuda_runtime_api.h").read_text(encoding="utf-8", errors="replace")
+    m = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", text)
+    return int(m[1]) // 1000 if m else None
+
+
+def build_allocator(*, stub: bool = False, cudart: Path | None = None, out_dir: Path | None = None) -> Path:
+    """Compile ``um_alloc.c`` into a shared library (cached by source and flags); returns its path.
+    ``stub`` builds the CPU-test version (malloc/free). AdvisorError names what is missing."""
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        raise AdvisorError("--unified-memory builds a small C allocator and needs a C compiler (cc or gcc) on the PATH")
+    flags = ["-O2", "-shared", "-fPIC", "-Wall"]
+    libs = ["-lpthread"]
+    if stub:
+        flags.append("-DUM_STUB")
+    else:
+        cudart = cudart or loaded_cudart()
+        if cudart is None:
+            raise AdvisorError("--unified-memory: torch has not loaded a CUDA runtime (libcudart) in this process")
+        include = cuda_include_for(cudart)
+        if include is None:
+            raise AdvisorError(
+                f"--unified-memory: no cuda_runtime_api.h for {cudart.name} (looked beside it, in CUDA_HOME and "
+                "/usr/local/cuda); install the CUDA runtime headers (pip install nvidia-cuda-runtime-cuXX)"
+            )
+        soname = re.search(r"libcudart\.so\.(\d+)", cudart.name)
+        if soname and _header_major(include) != int(soname[1]):
+            flags.append("-DUM_NO_HINTS")  # headers of another release: no advice calls whose ABI may differ
+        flags.append(f"-I{include}")
+        libs = [str(cudart), f"-Wl,-rpath,{cudart.parent}", *libs]
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags + libs).encode()).hexdigest()[:16]
+    out_dir = out_dir or cache_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lib = out_dir / f"um_alloc-{'stub-' if stub else ''}{key}.so"
+    if lib.is_file():
+        return lib
+    tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+    proc = subprocess.run([cc, *flags, str(SOURCE), "-o", str(tmp), *libs], capture_output=True, text=True)
+    if proc.returncode:
+        raise AdvisorError(f"--unified-memory: compiling {SOURCE.name} failed: {proc.stderr.strip()[-600:]}")
+    os.replace(tmp, lib)
+    return lib
+
+
+class ManagedAllocator:
+    """The compiled allocator's controls and counters (ctypes)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lib = ctypes.CDLL(str(path))
+        self.lib.um_configure.argtypes = [ctypes.c_size_t, ctypes.c_int]
+        self.lib.um_malloc.restype = ctypes.c_void_p
+        self.lib.um_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        self.lib.um_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        for name in ("um_in_use", "um_peak"):
+            getattr(self.lib, name).restype = ctypes.c_size_t
+        for name in ("um_allocs", "um_refused"):
+            getattr(self.lib, name).restype = ctypes.c_ulonglong
+
+    def configure(self, cap_bytes: int, hints: bool = True) -> None:
+        self.lib.um_configure(int(cap_bytes), int(hints))
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "in_use_bytes": int(self.lib.um_in_use()),
+            "peak_bytes": int(self.lib.um_peak()),
+            "allocations": int(self.lib.um_allocs()),
+            "refused_allocations": int(self.lib.um_refused()),
+        }
+
+    def coherent(self, device: int) -> int:
+        return int(self.lib.um_coherent(device))
+
+
+@dataclass(frozen=True)
+class UMBudget:
+    """How much managed memory a run may take on this GPU, and why."""
+
+    gpu: str
+    free_bytes: int
+    total_bytes: int
+    coherent: bool
+    host_budget_bytes: int
+    cap_bytes: int
+    why: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def um_budget(gpu: str, free: int, total: int, coherent: bool, host_budget_gib: float) -> UMBudget:
+    """The cap: free GPU memory less a reserve on a PCIe GPU; free memory plus ``host_budget_gib`` of
+    host memory on a coherent one (GH200, GB200)."""
+    if coherent:
+        host = int(host_budget_gib * 2**30)
+        return UMBudget(
+            gpu, free, total, True, host, free + host,
+            f"{gpu} reads host memory coherently (NVLink-C2C, ATS): up to the free GPU memory plus a host budget "
+            f"of {host_budget_gib:g} GiB",
+        )  # fmt: skip
+    cap = max(0, free - RESERVE_BYTES)
+    return UMBudget(
+        gpu, free, total, False, 0, cap,
+        f"{gpu} reaches the host over PCIe: managed memory is capped at the {free / 2**30:.1f} GiB it has free, less "
+        f"{RESERVE_BYTES / 2**30:.0f} GiB for CUDA's own buffers, since oversubscribing it over PCIe can hang the GPU",
+    )  # fmt: skip
+
+
+def is_coherent(gpu_name: str, attribute: int) -> bool:
+    """ATS / NVLink-C2C: the driver's attribute where it answered (1 or 0), else the product name."""
+    if attribute in (0, 1):
+        return bool(attribute)
+    return any(n in gpu_name.upper() for n in COHERENT_GPUS)
+
+
+def um_refusal(device: torch.device, need_bytes: float, budget: UMBudget | None) -> str | None:
+    """Why a Unified Memory run of a step that needs ``need_bytes`` (the estimate) cannot start."""
+    if device.type != "cuda":
+        return (
+            "--unified-memory puts the step's tensors in CUDA managed memory; this run is on the CPU, where host and "
+            "device memory are one already. Use a CUDA device"
+        )
+    if budget is not None and need_bytes > budget.cap_bytes:
+        where = (
+            "explicit offload (--offload optimizer, --offload-activations N) moves the same bytes without page faults"
+            if not budget.coherent
+            else f"raise --um-host-budget-gib above {budget.host_budget_bytes / 2**30:g}"
+        )
+        return (
+            f"--unified-memory: the step needs about {need_bytes / 2**30:.1f} GiB and the cap is "
+            f"{budget.cap_bytes / 2**30:.1f} GiB. {budget.why}. Use {where}"
+        )
+    return None
+
+
+def current_budget(device: torch.device, host_budget_gib: float, allocator: ManagedAllocator | None = None) -> UMBudget:
+    """This GPU's budget now (torch.cuda.mem_get_info)."""
+    free, total = torch.cuda.mem_get_info(device)
+    name = torch.cuda.get_device_name(device)
+    attribute = allocator.coherent(device.index or 0) if allocator is not None else -1
+    return um_budget(name, free, total, is_coherent(name, attribute), host_budget_gib)
+
+
+@contextmanager
+def managed_memory(device: torch.device, host_budget_gib: float, need_bytes: float) -> Iterator[dict]:
+    """Run the block's CUDA allocations from managed memory under the guard; yields a dict that holds
+    the budget and, when the block ends, the allocator's counters. Raises Refused before allocating."""
+    if device.type != "cuda":
+        raise Refused(um_refusal(device, need_bytes, None))
+    allocator = ManagedAllocator(build_allocator())
+    budget = current_budget(device, host_budget_gib, allocator)
+    if reason := um_refusal(device, need_bytes, budget):
+        raise Refused(reason)
+    allocator.configure(budget.cap_bytes)
+    plug = torch.cuda.memory.CUDAPluggableAllocator(str(allocator.path), "um_malloc", "um_free")
+    pool = torch.cuda.MemPool(plug.allocator())
+    record: dict = {
+        "allocator": "cudaMallocManaged segments (CUDAPluggableAllocator in a torch.cuda.MemPool), preferred "
+        "location and accessed-by the GPU, prefetched",
+        "library": allocator.path.name,
+        "budget": budget.as_dict(),
+        "page_faults": PAGE_FAULTS_NOTE,
+    }
+    try:
+        with torch.cuda.use_mem_pool(pool, device=device):
+            yield record
+    finally:
+        torch.cuda.synchronize(device)
+        record |= allocator.counters()

@@ -1,0 +1,102 @@
+"""fp8 in the eager step: torchao's float8 linears where there are fp8 units, a filed refusal elsewhere.
+
+torchao installs on the CPU build (requirements-dev.txt) and its float8 matmuls run on the CPU, so the
+converted step runs here with ``fp8_emulate`` (numerics only: a CPU has no fp8 units).
+"""
+
+import importlib.util
+
+import pytest
+import torch
+
+from advisor import fp8
+from advisor.fp8 import Refused, convert_to_fp8, fp8_refusal
+from advisor.model import build_model
+from advisor.profiling import RunOptions
+from advisor.runner import profile_run
+from advisor.runstore import RunStore
+from advisor.sizing import make_setup
+from advisor.step import build_trainer, make_loader
+
+CPU = torch.device("cpu")
+needs_torchao = pytest.mark.skipif(
+    importlib.util.find_spec("torchao") is None, reason="torchao is not installed (pip install -r requirements-gpu.txt)"
+)
+
+
+def _setup(precision="fp8", **kw):
+    values = {"model": "tiny", "gpu": "h100", "seq": 128, "micro_batch": 2, "optimizer_impl": "foreach"}
+    return make_setup(precision=precision, framework="pytorch", **(values | kw))
+
+
+def _losses(setup, steps=4):
+    trainer = build_trainer(setup, CPU, fp8_emulate=True)
+    batches = iter(make_loader(setup, steps, 0, False, 0))
+    for _ in range(steps):
+        trainer.step(batches)
+    return trainer
+
+
+@needs_torchao
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_fp8_converts_the_block_linears_and_trains_like_bf16(recipe):
+    from torchao.float8.float8_linear import Float8Linear
+
+    bf16 = _losses(_setup("bf16"))
+    trainer = _losses(_setup(fp8_recipe=recipe))
+    converted = [n for n, m in trainer.model.named_modules() if isinstance(m, Float8Linear)]
+    # Every block linear (q, k, v, o, gate, up, down: 7 x 4 blocks); the tied head stays bf16.
+    assert len(converted) == 28 and not any(n.startswith("head") for n in converted)
+    # Measured on tiny, 4 AdamW steps: fp8 losses within 0.05 % of bf16's (tensorwise +0.03 %, rowwise
+    # +-0.05 %); fp8's rounding shows, so the float8 path did run.
+    assert trainer.losses == pytest.approx(bf16.losses, rel=2e-3)
+    assert trainer.losses != bf16.losses
+
+
+@needs_torchao
+def test_fp8_leaves_the_router_and_odd_sized_linears_alone():
+    spec = make_setup(model="tiny-moe", gpu="h100").model
+    model = build_model(spec)
+    n = convert_to_fp8(model)
+    names = [name for name, m in model.named_modules() if type(m).__name__ == "Float8Linear"]
+    assert n == len(names) > 0 and not any(name.endswith("router") for name in names)
+    with pytest.raises(Exception, match="fp8_recipe='delayed': must be one of tensorwise, rowwise"):
+        convert_to_fp8(model, "delayed")
+
+
+def test_fp8_on_a_device_without_fp8_units_is_refused_with_the_reason(tmp_path):
+    if importlib.util.find_spec("torchao") is not None:
+        assert "has no fp8 units" in fp8_refusal(CPU) and "8.9" in fp8_refusal(CPU)
+    with pytest.raises(Refused, match="fp8"):
+        build_trainer(_setup(), CPU)
+    store = RunStore(tmp_path)
+    # A plain run first: the refused one is filed beside it and harms nothing.
+    run = profile_run(make_setup(model="tiny", gpu="cpu", seq=64), RunOptions(device="cpu", steps=1, warmup=0), store)
+    assert run.status == "ok", run.record["message"]
+    refused = profile_run(_setup(seq=64), RunOptions(device="cpu", steps=1, warmup=0), store)
+    assert refused.status == "refused" and "fp8" in refused.record["message"]
+    assert refused.metrics() is None and refused.record["files"] == ["run.json"]
+    runs, damaged = store.list_runs()
+    assert sorted(r.status for r in runs) == ["ok", "refused"] and damaged == []
+    assert not any((tmp_path / ".staging").iterdir())
+
+
+def test_fp8_without_torchao_names_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(fp8, "torchao_available", lambda: False)
+    reason = fp8_refusal(torch.device("cuda"))
+    assert "torchao is not installed" in reason and "requirements-gpu.txt" in reason and "--no-deps" in reason
+
+
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)),
+    reason="needs a GPU with fp8 tensor cores (compute capability 8.9+)",
+)
+@needs_torchao
+def test_fp8_runs_on_a_gpu_with_fp8_units():
+    device = torch.device("cuda")
+    setup = _setup(seq=512, micro_batch=4)
+    trainer = build_trainer(setup, device)
+    batches = iter(make_loader(setup, 3, 0, False, 0))
+    for _ in range(3):
+        trainer.step(batches)
+    assert all(torch.isfinite(torch.tensor(trainer.losses)))
