@@ -432,6 +432,8 @@ def run_view(run: RunInfo):
     if off := m.get("activation_offload"):
         line = offload_line(off)
         summary += f"\n\n{line[0].upper()}{line[1:]}"
+    if f8 := m.get("fp8"):
+        summary += f"\n\nfp8: {f8['backend']} ({f8['recipe']} scaling), {f8['linears']} linears in fp8"
     if um := m.get("unified_memory"):
         summary += (
             f"\n\nUnified Memory: peak {um.get('peak_bytes', 0) / 2**30:.3f} GiB managed in "

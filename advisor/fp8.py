@@ -9,6 +9,9 @@ scale per row, ``Float8LinearConfig.from_recipe_name("rowwise")``). As torchtita
 output head and linears whose dimensions are not multiples of 16 (``_scaled_mm``'s requirement) stay
 bf16; so does the MoE router (a few columns, and it routes on its exact logits).
 
+Where torchao is missing and TransformerEngine is installed (NGC images ship it), the linears become
+``te.Linear`` and the forward runs under ``te.fp8_autocast`` with delayed (per-tensor) scaling.
+
 fp8 needs fp8 tensor cores: compute capability 8.9 or newer (L4, L40S, H100, H200, GH200, B200, GB200).
 Elsewhere the run is refused with the reason. torchao is an optional extra (requirements-gpu.txt); on
 this project's CPU build it installs cleanly too and ``torch._scaled_mm`` runs there, so the tests run
@@ -42,14 +45,31 @@ def torchao_available() -> bool:
     return importlib.util.find_spec("torchao") is not None
 
 
+def transformer_engine_available() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def fp8_backend() -> str | None:
+    """'torchao' where installed, else 'transformer_engine' where installed (NGC images ship it), else
+    None."""
+    if torchao_available():
+        return "torchao"
+    if transformer_engine_available():
+        return "transformer_engine"
+    return None
+
+
 def fp8_refusal(device: torch.device, *, emulate: bool = False, query_gpu: bool = True) -> str | None:
     """Why fp8 cannot run on ``device`` (None when it can). ``emulate`` runs torchao's fp8 matmuls on a
     device without fp8 units (the CPU tests: numerics, not speed). ``query_gpu`` False skips the GPU's
     compute capability, which starts CUDA in this process: the app's server leaves that to the child."""
-    if not torchao_available():
-        return f"precision='fp8' runs torchao's float8 training, and torchao is not installed: {INSTALL}"
+    if fp8_backend() is None:
+        return (
+            f"precision='fp8' runs torchao's float8 training (or TransformerEngine's fp8 linears), and neither is "
+            f"installed: {INSTALL}"
+        )
     if emulate:
-        return None
+        return None if torchao_available() else "fp8 emulation on a device without fp8 units needs torchao"
     if device.type != "cuda":
         return (
             f"precision='fp8': this run is on the {device.type.upper()}, which has no fp8 units; fp8 training needs an "
@@ -86,3 +106,39 @@ def convert_to_fp8(model: nn.Module, recipe: str = "tensorwise") -> int:
     config = Float8LinearConfig() if recipe == "tensorwise" else Float8LinearConfig.from_recipe_name(recipe)
     convert_to_float8_training(model, config=config, module_filter_fn=_convertible)
     return sum(isinstance(m, Float8Linear) for m in model.modules())
+
+
+def convert_to_te(model: nn.Module, recipe: str = "tensorwise") -> tuple[int, object]:
+    """Swap ``model``'s eligible linears for TransformerEngine's ``te.Linear`` (same weights); returns
+    how many, and the fp8 context its forward must run in (``te.fp8_autocast`` with delayed scaling for
+    'tensorwise', TE's per-tensor recipe; 'rowwise' has no TE equivalent before Blackwell's MXFP8 and is
+    refused). GPU only: TransformerEngine does not install on a CPU build."""
+    if recipe != "tensorwise":
+        raise AdvisorError(
+            f"fp8_recipe={recipe!r}: TransformerEngine's fp8 here is per-tensor (delayed scaling); install torchao "
+            "for rowwise scaling"
+        )
+    import transformer_engine.pytorch as te
+    from transformer_engine.common.recipe import DelayedScaling, Format
+
+    count = 0
+    for name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            fqn = f"{name}.{child_name}" if name else child_name
+            if not _convertible(child, fqn):
+                continue
+            new = te.Linear(
+                child.in_features,
+                child.out_features,
+                bias=child.bias is not None,
+                params_dtype=child.weight.dtype,
+                device=child.weight.device,
+            )
+            with torch.no_grad():
+                new.weight.copy_(child.weight)
+                if child.bias is not None:
+                    new.bias.copy_(child.bias)
+            setattr(parent, child_name, new)
+            count += 1
+    recipe_obj = DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16, amax_compute_algo="max")
+    return count, lambda: te.fp8_autocast(enabled=True, fp8_recipe=recipe_obj)

@@ -87,6 +87,9 @@ class StepMetrics:
     """Peak memory of each rank, by rank (peak_memory_bytes is the largest)."""
     losses: list = field(default_factory=list)
     """Training loss after each step, where the step records it (the distributed step does)."""
+    fp8: dict = field(default_factory=dict)
+    """With precision fp8: the backend ('torchao' float8 linears or 'transformer_engine'), the scaling
+    recipe, and how many linears run in fp8. Empty otherwise."""
     recompute_layers: int | None = None
     """Blocks per stage that recompute under recompute='full' (0: all)."""
     offload_activations: int | None = None

@@ -508,7 +508,19 @@ def _rank_result(trainer, measured: _Measured, options: RunOptions, rank: int = 
         "skipped_total": trainer.skipped_steps,
         "losses": list(getattr(trainer, "losses", [])),
         "offload": _mean_offload(getattr(trainer, "offload_stats", [])[1 : 1 + options.steps]),
+        "fp8": _fp8_summary(trainer),
     }
+
+
+def _fp8_summary(trainer) -> dict[str, Any]:
+    """Which fp8 backend ran, its recipe and how many linears it converted ({} without fp8)."""
+    backend = getattr(trainer, "fp8_backend", None)
+    if not backend:
+        return {}
+    names = ("Float8Linear",) if backend == "torchao" else ("Linear",)
+    modules = trainer.model.modules()
+    converted = sum(type(m).__name__ in names and type(m).__module__.split(".")[0] != "torch" for m in modules)
+    return {"backend": backend, "recipe": trainer.setup.train.fp8_recipe, "linears": converted}
 
 
 def _mean_offload(stats: list) -> dict[str, Any]:
@@ -623,6 +635,7 @@ def _metrics(
         recompute_layers=t.recompute_layers,
         offload_activations=t.offload_activations,
         activation_offload=_offload_summary(setup, ranks[0].get("offload") or {}),
+        fp8=ranks[0].get("fp8") or {},
     )
 
 

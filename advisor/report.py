@@ -186,6 +186,13 @@ def format_run(record: dict, metrics: dict | None, path) -> str:
             out.append(f"  {m['proxy_note']}")
         if off := m.get("activation_offload"):
             out.append("  " + offload_line(off))
+        if um := m.get("unified_memory"):
+            out.append(
+                f"  Unified Memory: peak {um.get('peak_bytes', 0) / GiB:.3f} GiB managed in {um.get('allocations', 0)} "
+                f"segments, cap {um['budget']['cap_bytes'] / GiB:.1f} GiB ({um.get('refused_allocations', 0)} refused)"
+            )
+        if f8 := m.get("fp8"):
+            out.append(f"  fp8: {f8['backend']} ({f8['recipe']} scaling), {f8['linears']} linears in fp8")
         if (m.get("world_size") or 1) > 1:
             mems = ", ".join(f"{b / 2**30:.3f}" for b in m["rank_peak_memory_bytes"])
             out.append(f"  {m['world_size']} processes: {m['layout']}")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils.data import DataLoader, Dataset
 
 from advisor.errors import AdvisorError, SpecError
-from advisor.fp8 import Refused, convert_to_fp8, fp8_refusal
+from advisor.fp8 import Refused, convert_to_fp8, convert_to_te, fp8_refusal, torchao_available
 from advisor.model import Transformer, build_model
 from advisor.offload import ActivationOffloader, OffloadStats, offloaded_blocks
 from advisor.ranges import phase
@@ -125,6 +125,10 @@ class Trainer:
     phase_ms: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
     skipped_steps: int = 0
     """Optimizer steps the fp16 GradScaler skipped for inf/NaN gradients (it lowers the scale each time)."""
+    fp8_context: Callable | None = None
+    """With TransformerEngine's fp8 linears: makes the context their forward runs in (te.fp8_autocast)."""
+    fp8_backend: str | None = None
+    """'torchao' or 'transformer_engine' when precision is fp8."""
     offloader: ActivationOffloader | None = None
     """Moves the saved activations of ``train.offload_activations`` blocks to the host and back."""
     offload_stats: list[OffloadStats] = field(default_factory=list)
@@ -136,6 +140,11 @@ class Trainer:
     def autocast(self):
         if self.autocast_dtype is None:
             return nullcontext()
+        if self.fp8_context is not None:  # TransformerEngine's fp8 linears run inside te.fp8_autocast
+            stack = ExitStack()
+            stack.enter_context(torch.autocast(self.device.type, dtype=self.autocast_dtype))
+            stack.enter_context(self.fp8_context())
+            return stack
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def micro_batch_context(self, last: bool) -> AbstractContextManager:
@@ -317,8 +326,13 @@ def build_trainer(
         setup.model, t.recompute, device=device, flash=t.flash_attention, recompute_layers=t.recompute_layers
     )
     model.train()
+    fp8_context, backend = None, None
     if t.precision == "fp8":
-        convert_to_fp8(model, t.fp8_recipe)
+        backend = "torchao" if torchao_available() else "transformer_engine"
+        if backend == "torchao":
+            convert_to_fp8(model, t.fp8_recipe)
+        else:
+            _, fp8_context = convert_to_te(model, t.fp8_recipe)
     offloader = attach_offloader(model, setup, device)
     params = list(model.parameters())
     if offload_optimizer:
@@ -340,6 +354,8 @@ def build_trainer(
         autocast_dtype=None if dtype == torch.float32 else dtype,
         grad_accum=setup.grad_accum,
         offloader=offloader,
+        fp8_context=fp8_context,
+        fp8_backend=backend,
     )
 
 

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from advisor import fp8
+from advisor.errors import AdvisorError
 from advisor.fp8 import Refused, convert_to_fp8, fp8_refusal
 from advisor.model import build_model
-from advisor.profiling import RunOptions
+from advisor.profiling import RunOptions, _fp8_summary
 from advisor.runner import profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup
@@ -47,6 +48,7 @@ def test_fp8_converts_the_block_linears_and_trains_like_bf16(recipe):
     converted = [n for n, m in trainer.model.named_modules() if isinstance(m, Float8Linear)]
     # Every block linear (q, k, v, o, gate, up, down: 7 x 4 blocks); the tied head stays bf16.
     assert len(converted) == 28 and not any(n.startswith("head") for n in converted)
+    assert _fp8_summary(trainer) == {"backend": "torchao", "recipe": recipe, "linears": 28}  # what a run files
     # Measured on tiny, 4 AdamW steps: fp8 losses within 0.05 % of bf16's (tensorwise +0.03 %, rowwise
     # +-0.05 %); fp8's rounding shows, so the float8 path did run.
     assert trainer.losses == pytest.approx(bf16.losses, rel=2e-3)
@@ -83,8 +85,9 @@ def test_fp8_on_a_device_without_fp8_units_is_refused_with_the_reason(tmp_path):
 
 def test_fp8_without_torchao_names_how_to_install_it(monkeypatch):
     monkeypatch.setattr(fp8, "torchao_available", lambda: False)
+    monkeypatch.setattr(fp8, "transformer_engine_available", lambda: False)
     reason = fp8_refusal(torch.device("cuda"))
-    assert "torchao is not installed" in reason and "requirements-gpu.txt" in reason and "--no-deps" in reason
+    assert "neither is installed" in reason and "requirements-gpu.txt" in reason and "--no-deps" in reason
 
 
 @pytest.mark.skipif(
@@ -100,3 +103,27 @@ def test_fp8_runs_on_a_gpu_with_fp8_units():
     for _ in range(3):
         trainer.step(batches)
     assert all(torch.isfinite(torch.tensor(trainer.losses)))
+
+
+def test_transformer_engine_stands_in_where_torchao_is_missing(monkeypatch):
+    monkeypatch.setattr(fp8, "torchao_available", lambda: False)
+    monkeypatch.setattr(fp8, "transformer_engine_available", lambda: True)
+    assert fp8.fp8_backend() == "transformer_engine"
+    assert "no fp8 units" in fp8_refusal(CPU)  # TE or not, a CPU has no fp8 units
+    assert "needs torchao" in fp8_refusal(CPU, emulate=True)  # TE has no CPU path to emulate with
+    monkeypatch.setattr(fp8, "transformer_engine_available", lambda: False)
+    assert fp8.fp8_backend() is None and "neither is installed" in fp8_refusal(CPU)
+    with pytest.raises(AdvisorError, match="rowwise scaling"):
+        fp8.convert_to_te(build_model(make_setup(model="tiny", gpu="h100").model), "rowwise")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformer_engine") is None or not torch.cuda.is_available(),
+    reason="needs TransformerEngine and a CUDA GPU (it does not install on a CPU build)",
+)
+def test_transformer_engine_linears_keep_the_weights():
+    model = build_model(make_setup(model="tiny", gpu="h100").model, device="cuda")
+    before = model.blocks[0].attn.q_proj.weight.detach().clone()
+    count, context = fp8.convert_to_te(model)
+    assert count == 28 and torch.equal(model.blocks[0].attn.q_proj.weight.detach(), before)
+    assert context is not None
