@@ -37,8 +37,8 @@ from advisor.charts import (
 )
 from advisor.errors import AdvisorError
 from advisor.estimator import estimate
+from advisor.options import RunOptions
 from advisor.presets import HARDWARE, MODELS, fastest_precision, local_hardware
-from advisor.profiling import RunOptions
 from advisor.report import (
     describe_setup,
     fmt_duration,

@@ -32,8 +32,8 @@ import pandas as pd
 from advisor.errors import AdvisorError
 from advisor.estimator import Estimate, estimate
 from advisor.metrics import StepMetrics
+from advisor.options import RunOptions
 from advisor.presets import current_hardware, device_slug, gpt2_style, tiny, tiny_moe
-from advisor.profiling import RunOptions
 from advisor.runstore import RunInfo, RunStore, write_json_atomic
 from advisor.specs import HardwareSpec, ModelSpec, Setup, setup_from_dict, spec_to_dict
 

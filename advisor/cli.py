@@ -12,10 +12,9 @@ from pathlib import Path
 
 from advisor.errors import AdvisorError
 from advisor.estimator import Estimate, estimate
-from advisor.presets import HARDWARE, MODELS, fastest_precision, local_hardware
-from advisor.profiling import RunOptions
+from advisor.options import RunOptions
+from advisor.presets import HARDWARE, MODELS
 from advisor.report import format_estimate, format_run
-from advisor.runner import CHILD_COMMAND, child_main, local_device_type, profile_run
 from advisor.runstore import RUN_ID_RE, STATUSES, RunStore, read_metrics
 from advisor.sizing import make_setup
 from advisor.specs import (
@@ -28,6 +27,10 @@ from advisor.specs import (
     RECOMPUTE_MODES,
     Setup,
 )
+
+CHILD_COMMAND = "_child"
+"""The CLI command the profiling child runs (``advisor.runner.CHILD_COMMAND``, the same string: the
+runner, which imports torch, is imported only by the commands that run a step)."""
 
 
 def add_setup_args(parser: argparse.ArgumentParser) -> None:
@@ -224,6 +227,9 @@ def _options_from_args(args: argparse.Namespace) -> RunOptions:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
+    from advisor.presets import fastest_precision, local_hardware
+    from advisor.runner import local_device_type, profile_run
+
     if args.precision is None:
         args.precision = fastest_precision(local_hardware(local_device_type(args.device)))
     setup = setup_from_args(args)
@@ -786,6 +792,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     try:
         if child:
+            from advisor.runner import child_main
+
             return child_main(Path(args.run_dir))
         code = _cmd_profile(args) if args.command == "profile" else args.func(args)
         sys.stdout.flush()  # here, so a closed pipe is caught below rather than at the interpreter's exit

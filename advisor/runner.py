@@ -25,8 +25,9 @@ from typing import Any
 from advisor.errors import AdvisorError
 from advisor.estimator import estimate
 from advisor.fp8 import Refused, fp8_refusal
+from advisor.options import RunOptions
 from advisor.presets import local_hardware
-from advisor.profiling import RunOptions, proxy_setup
+from advisor.profiling import proxy_setup
 from advisor.runstore import RunInfo, RunStore, add_owner, new_run_id, write_json_atomic
 from advisor.specs import Setup, setup_from_dict, spec_to_dict
 from advisor.step import check_step_options, resolve_device

@@ -17,7 +17,7 @@ from typing import Any
 from advisor.advise import Recommendation, advise_run
 from advisor.errors import AdvisorError
 from advisor.gains import improvement_pct
-from advisor.profiling import RunOptions
+from advisor.options import RunOptions
 from advisor.runner import ProgressFn, local_device_type, profile_run
 from advisor.runstore import RunStore, check_run_id, write_json_atomic
 from advisor.specs import setup_from_dict

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from advisor.advise import advise_run
 from advisor.errors import AdvisorError
 from advisor.estimator import estimate
+from advisor.options import RunOptions
 from advisor.presets import get_model
-from advisor.profiling import RunOptions
 from advisor.runner import on_this_machine, profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup

@@ -39,8 +39,8 @@ from advisor.analyze import load_trace
 from advisor.collectives import collective_calls, pipeline_bubble, read_collective_sizes
 from advisor.dryrun import dry_run_distributed
 from advisor.estimator import estimate
+from advisor.options import RunOptions
 from advisor.presets import gpt2_style
-from advisor.profiling import RunOptions
 from advisor.runner import profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from advisor.profiling import RunOptions
+from advisor.options import RunOptions
 from advisor.runner import on_this_machine
 from advisor.sizing import make_setup
 from advisor.step import build_trainer, make_loader, resolve_device

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.analyze import analyze_path
 from advisor.ceilings import measure_ceilings, store_ceilings
-from advisor.profiling import RunOptions
+from advisor.options import RunOptions
 from advisor.runner import profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup

@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 from advisor.ceilings import measure_ceilings, store_ceilings  # noqa: E402
 from advisor.errors import AdvisorError  # noqa: E402
 from advisor.estimator import estimate  # noqa: E402
+from advisor.options import RunOptions  # noqa: E402
 from advisor.presets import device_slug  # noqa: E402
-from advisor.profiling import RunOptions  # noqa: E402
 from advisor.runner import local_device_type, on_this_machine, profile_run  # noqa: E402
 from advisor.runstore import RunStore  # noqa: E402
 from advisor.sizing import make_setup  # noqa: E402

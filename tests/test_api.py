@@ -19,7 +19,7 @@ app = pytest.importorskip("app")
 gradio_client = pytest.importorskip("gradio_client")
 httpx = pytest.importorskip("httpx")
 
-from advisor.profiling import RunOptions  # noqa: E402 (after the skips)
+from advisor.options import RunOptions  # noqa: E402 (after the skips)
 from advisor.runner import profile_run  # noqa: E402
 from advisor.runstore import RunStore  # noqa: E402
 from advisor.sizing import make_setup  # noqa: E402

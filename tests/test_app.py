@@ -160,7 +160,7 @@ def test_profile_tab_opens_on_the_newest_run(store):
     assert dropdown.value == newest and len(dropdown.choices) == 2
     # A newer failed run is listed, but the tabs open on the newest run that has something to show;
     # right after a profile the picker shows the run just made, failed or not.
-    from advisor.profiling import RunOptions
+    from advisor.options import RunOptions
     from advisor.runner import profile_run
     from advisor.sizing import make_setup
 

@@ -28,8 +28,8 @@ from advisor.cli import main
 from advisor.errors import AdvisorError
 from advisor.estimator import estimate
 from advisor.metrics import StepMetrics
+from advisor.options import RunOptions
 from advisor.presets import cpu_host
-from advisor.profiling import RunOptions
 from advisor.runner import on_this_machine
 from advisor.runstore import RunStore, new_run_id, write_json_atomic
 from advisor.sizing import make_setup

@@ -89,7 +89,7 @@ def test_profile_prints_the_run_id_and_directory(tmp_path, capsys):
 @pytest.mark.parametrize("flags, precision", [({"avx2"}, "fp32"), ({"avx2", "avx512f", "avx512_bf16"}, "bf16")])
 def test_profile_defaults_to_the_devices_fast_precision(monkeypatch, tmp_path, flags, precision):
     # bf16 autocast ran the tiny step 23x slower than fp32 on an AVX2-only CPU (10.7 s against 0.47 s).
-    from advisor import cli, presets
+    from advisor import presets, runner
 
     monkeypatch.setattr(presets, "cpu_flags", lambda: flags)
     seen = []
@@ -98,7 +98,7 @@ def test_profile_defaults_to_the_devices_fast_precision(monkeypatch, tmp_path, f
         seen.append(setup)
         raise _Stop
 
-    monkeypatch.setattr(cli, "profile_run", fake_run)
+    monkeypatch.setattr(runner, "profile_run", fake_run)  # the CLI imports it when a step is run
     with pytest.raises(_Stop):
         main(["profile", "--model", "tiny", "--device", "cpu", "--traces", str(tmp_path)])
     with pytest.raises(_Stop):
@@ -326,3 +326,30 @@ def test_size_and_plan_default_to_a_sequence_the_model_can_take(capsys):
     # Adafactor has no fused kernel: its default is foreach.
     assert main(["size", "--model", "llama-3.2-1b", "--optimizer", "adafactor", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["setup"]["train"]["optimizer_impl"] == "foreach"
+
+
+def test_estimating_and_analyzing_commands_import_no_torch():
+    # Users run the command: `size` answers in milliseconds, so importing torch (1.2-9.6 s) would be its
+    # whole cost (bench/results/cli_startup.md: 1.30 s before, 0.09 s after).
+    root = RUN.parent.parent
+    commands = [
+        ["size", "--model", "llama-3.1-8b", "--gpu", "h100", "--json"],
+        ["plan", "--model", "llama-3.1-8b", "--gpu", "h100", "--gpus", "8", "--global-batch", "64"],
+        ["advise", "--model", "llama-3.1-8b", "--gpu", "h100"],
+        ["analyze", str(RUN), "--json"],
+        ["rules"],
+    ]
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from advisor.cli import main\n"
+        "out = []\n"
+        f"for argv in {commands!r}:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        rc = main(argv)\n"
+        "    out.append((argv[0], rc, 'torch' in sys.modules))\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results == [[argv[0], 0, False] for argv in commands]

@@ -34,7 +34,7 @@ from advisor.collectives import (
     read_collective_sizes,
 )
 from advisor.errors import AdvisorError
-from advisor.profiling import RunOptions
+from advisor.options import RunOptions
 from advisor.runner import profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup

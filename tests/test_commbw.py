@@ -27,9 +27,9 @@ from advisor.commbw import (
 )
 from advisor.errors import AdvisorError, SpecError
 from advisor.estimator import COLLECTIVE_LATENCY_S, COMM_EFFICIENCY_FRAC, DDP_BUCKET_BYTES, estimate
+from advisor.options import RunOptions
 from advisor.planner import PlanRequest, plan
 from advisor.presets import cpu_host, get_hardware, get_model
-from advisor.profiling import RunOptions
 from advisor.runner import profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup

@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as dist
 
 from advisor.errors import AdvisorError
-from advisor.profiling import RunOptions
+from advisor.options import RunOptions
 from advisor.runner import launcher, profile_cli_args, profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup

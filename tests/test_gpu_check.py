@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from advisor.dryrun import DISTRIBUTED_MIN_TORCH, torch_release
-from advisor.profiling import RunOptions
+from advisor.options import RunOptions
 from advisor.runner import profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup

@@ -17,7 +17,7 @@ from advisor.estimator import estimate, offloaded_activation_bytes
 from advisor.memprobe import measure_step_peak_bytes
 from advisor.model import build_model
 from advisor.offload import ActivationOffloader, offloaded_blocks, parameter_derived
-from advisor.profiling import RunOptions
+from advisor.options import RunOptions
 from advisor.runner import profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup

@@ -13,7 +13,7 @@ import torch
 
 from advisor.errors import AdvisorError
 from advisor.fp8 import Refused
-from advisor.profiling import RunOptions
+from advisor.options import RunOptions
 from advisor.runner import nsys_prefix, profile_cli_args, profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup

@@ -10,7 +10,7 @@ from advisor import presets
 from advisor.advise import advise_run
 from advisor.cli import main
 from advisor.errors import AdvisorError
-from advisor.profiling import RunOptions
+from advisor.options import RunOptions
 from advisor.runner import profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup
