@@ -386,17 +386,27 @@ class ActivationOffloader:
     # -- the pinned pool ----------------------------------------------------------------------
 
     def _host_buffer(self, t: torch.Tensor) -> torch.Tensor:
-        key = (tuple(t.shape), tuple(t.stride()), t.dtype)
+        # The tensor's own layout where it is dense (as empty_like keeps it on the CPU path); an expanded
+        # or overlapping view is stored contiguous (copy_ into a stride-0 buffer would fail).
+        stride = tuple(t.stride()) if _dense(t) else tuple(torch.empty(t.shape, device="meta").stride())
+        key = (tuple(t.shape), stride, t.dtype)
         free = self._pool.get(key)
         if free:
             return free.pop()
-        buf = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu", pin_memory=True)
+        buf = torch.empty_strided(t.shape, stride, dtype=t.dtype, device="cpu", pin_memory=True)
         self._pool_bytes += buf.untyped_storage().nbytes()
         return buf
 
     def _release(self, host: torch.Tensor) -> None:
         if self.cuda and host.is_pinned():
             self._pool.setdefault((tuple(host.shape), tuple(host.stride()), host.dtype), []).append(host)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its memory without overlap or gaps (any order of dimensions)."""
+    from torch._prims_common import is_non_overlapping_and_dense_or_false
+
+    return bool(is_non_overlapping_and_dense_or_false(t))
 
 
 def offloaded_blocks(n_blocks: int, recompute: str, recompute_layers: int, offload: int) -> frozenset[int]:

@@ -5,7 +5,9 @@ location and accessed-by: the GPU) and a prefetch to the GPU, compiled here with
 the CUDA runtime that torch itself loaded, and loaded through
 ``torch.cuda.memory.CUDAPluggableAllocator``. The step runs inside a ``torch.cuda.MemPool`` over that
 allocator, so PyTorch's caching allocator still caches blocks and only its segments are managed memory
-(without the pool every tensor would be a cudaMallocManaged call). RAPIDS RMM's managed resource is
+(without the pool every tensor would be a cudaMallocManaged call). Allocations of every thread go to the
+pool (``torch._C._cuda_beginAllocateToPool``, as CUDA-graph capture routes them): backward allocates on
+the autograd engine's thread, which ``torch.cuda.use_mem_pool`` (the current thread only) would miss. RAPIDS RMM's managed resource is
 not used: one allocator, the same on every machine, recorded in the run.
 
 The guard. On a GPU without a coherent host link (PCIe: H100, H200, A100) managed memory that
@@ -31,7 +33,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -41,6 +43,7 @@ from advisor.errors import AdvisorError
 from advisor.fp8 import Refused
 
 SOURCE = Path(__file__).with_name("csrc") / "um_alloc.c"
+_POOLS: list = []
 RESERVE_BYTES = 2 * 2**30
 """Left out of the cap on a PCIe GPU: the CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers are
 allocated outside the pool."""
@@ -248,9 +251,23 @@ def managed_memory(device: torch.device, host_budget_gib: float, need_bytes: flo
         "budget": budget.as_dict(),
         "page_faults": PAGE_FAULTS_NOTE,
     }
+    _POOLS.append(pool)  # the step's tensors outlive the block: the pool must too (the child then exits)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    # Every thread's allocations: backward allocates on the autograd engine's own thread, which
+    # torch.cuda.use_mem_pool (this thread only) would leave in ordinary device memory.
+    begin = getattr(torch._C, "_cuda_beginAllocateToPool", None)
+    record["threads"] = "all" if begin is not None else "this thread only (backward's allocations not managed)"
+    if begin is not None:
+        begin(index, pool.id)
+        context = nullcontext()
+    else:
+        context = torch.cuda.use_mem_pool(pool, device=device)
     try:
-        with torch.cuda.use_mem_pool(pool, device=device):
+        with context:
             yield record
     finally:
+        if begin is not None:
+            torch._C._cuda_endAllocateToPool(index, pool.id)
+            torch._C._cuda_releasePool(index, pool.id)
         torch.cuda.synchronize(device)
         record |= allocator.counters()
