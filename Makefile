@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export GRADIO_ANALYTICS_ENABLED := False
 
-.PHONY: setup setup-dev run test lint bench clean
+.PHONY: setup setup-dev run test test-fast lint bench clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ test: setup-dev
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q
+
+# The unit tests: no child processes, browser or GPU (markers in tests/conftest.py).
+test-fast: setup-dev
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m pytest -q -m "not slow and not browser and not gpu"
 
 lint: setup-dev
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

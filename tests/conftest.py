@@ -1,4 +1,9 @@
-"""Suite-wide options. ``--as-cpu`` runs the suite with the advice seeing another CPU's flags.
+"""Suite-wide options and markers. ``--as-cpu`` runs the suite with the advice seeing another CPU's flags.
+
+Markers (pyproject.toml): ``browser`` (tests/test_browser.py), ``gpu`` (every test skipped for want of
+CUDA), ``slow`` (the modules in ``SLOW_MODULES`` and tests marked so: child processes, torchrun,
+seconds of real steps). ``make test-fast`` runs the rest: ``pytest -m "not slow and not browser and not
+gpu"``.
 
 CI runs on whichever machine it is given: an AVX2-only EPYC (bf16 at 1/30 of fp32), an AVX512-BF16
 EPYC (3.5x) or an AMX Xeon (16x). What changes between them is the peaks ``presets.cpu_host`` takes
@@ -35,3 +40,25 @@ def _as_cpu(request, monkeypatch):
 
         monkeypatch.setattr(presets, "cpu_flags", lambda: set(AS_CPU_FLAGS[name]))
     yield
+
+
+SLOW_MODULES = {
+    "test_browser.py",
+    "test_parallel.py",
+    "test_distributed_run.py",
+    "test_gpu_check.py",
+    "test_api.py",
+}
+"""Modules whose every test starts processes (torchrun, the app's server, the GPU check script)."""
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.path.name
+        if module == "test_browser.py":
+            item.add_marker(pytest.mark.browser)
+        if module in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+        reasons = " ".join(str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))
+        if "CUDA" in reasons or "GPU" in reasons:
+            item.add_marker(pytest.mark.gpu)

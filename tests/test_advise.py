@@ -16,10 +16,11 @@ from advisor.errors import AdvisorError
 from advisor.metrics import StepMetrics
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup
+from tests.shared import SHARED_TRACES, needs_shared_traces
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO.parent / "shared" / "traces"
-needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces (real GPU traces) is not here")
+TRACES = SHARED_TRACES
+needs_traces = needs_shared_traces
 SAMPLE_RUN = "20261130-165248-tiny-6bcb2f"
 
 

@@ -10,10 +10,11 @@ import pytest
 from advisor.analyze import analyze, format_report, load_trace
 from advisor.cli import main
 from advisor.errors import TraceError
+from tests.shared import SHARED_TRACES, needs_shared_traces
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "traces"
-needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="real traces live in ../shared/traces (absent here)")
+TRACES = SHARED_TRACES
+needs_traces = needs_shared_traces
 SAMPLE_RUN = ROOT / "traces" / "20261130-165248-tiny-6bcb2f"
 
 

@@ -23,8 +23,9 @@ from advisor.options import RunOptions  # noqa: E402 (after the skips)
 from advisor.runner import profile_run  # noqa: E402
 from advisor.runstore import RunStore  # noqa: E402
 from advisor.sizing import make_setup  # noqa: E402
+from tests.shared import SHARED_TRACES  # noqa: E402
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = SHARED_TRACES
 KINETO_RANK0 = TRACES / "kineto" / "trace_filter" / "sampled_rank-0.json.gz"
 TINY_CPU_RUN = {"model": "tiny", "seq": 64, "micro_batch": 1, "steps": 1, "device": "cpu"}
 PROFILE_TIMEOUT_S = 180  # a generous bound on waiting, not a speed assertion: a tiny CPU step takes seconds

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from advisor.efficiency import ERROR_BAND
+from tests.shared import SHARED_TRACES
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 app = pytest.importorskip("app")
@@ -112,6 +113,7 @@ def _profile(**changes):
     return list(app.profile_view(**values))
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_profile_tab_runs_offload_and_partial_recompute_and_files_refusals(store):
     summary = _profile(recompute="full", recompute_layers=1, offload_activations=2, precision="fp32")[-1][0]
     assert "`: ok" in summary and "Activation offload: 2 blocks" in summary and "ms not hidden" in summary
@@ -125,6 +127,7 @@ def test_profile_tab_runs_offload_and_partial_recompute_and_files_refusals(store
     assert sorted(r.status for r in runs) == ["ok", "refused", "refused"] and damaged == []
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_profile_tab_runs_a_step_and_shows_it(store):
     updates = _profile()
     assert updates[0][0].startswith("### Starting")
@@ -151,6 +154,7 @@ def test_profile_tab_reports_bad_input_and_refusals(store):
     assert app.open_run("../../etc")[0].startswith("### Cannot open run\nrun id '../../etc' is not valid")
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_profile_tab_opens_on_the_newest_run(store):
     assert app.run_choices().value is None  # empty store: nothing selected
     _profile()
@@ -228,7 +232,7 @@ def _roof_lines(figure) -> dict:
 
 # --- Analyze tab ---
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = SHARED_TRACES
 
 
 @pytest.mark.skipif(not TRACES.is_dir(), reason="real traces live in ../shared/traces (absent here)")
@@ -537,6 +541,7 @@ def test_the_app_links_tabs_and_opens_on_a_recommendation():
 # --- Calibration (History tab) ---
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_calibrate_reports_progress_then_says_why_it_cannot_fit_yet(store):
     assert list(app.calibrate_view(-1))[-1] == "### Not calibrated\nsweep_runs=-1: must be an integer from 0 to 200"
     updates = list(app.calibrate_view(2))  # two short profiled steps: too few setups to fit on

@@ -20,11 +20,12 @@ import pytest
 
 from tests.chromium import CHROMIUM, launch
 from tests.sample_cpu import pin_sample_cpu
+from tests.shared import SHARED_TRACES
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO.parent / "shared" / "traces"
+TRACES = SHARED_TRACES
 V100_TRACE = TRACES / "kineto" / "ns_resolution_trace" / "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
 A100_TRACE = TRACES / "kineto" / "trace_filter" / "sampled_rank-0.json.gz"  # recorded with shapes
 FP32_RUN = "20261130-165248-tiny-6bcb2f"  # a shipped sample run, profiled in fp32

@@ -290,6 +290,7 @@ def test_training_records_keep_only_measured_runs_of_this_machine(setups, tmp_pa
     assert len(training_records(store, "gpu-h100-sxm-80gb")) == 0
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_real_sweep_runs_feed_the_records(tmp_path):
     """REAL RUNS: three tiny profiled steps in child processes (about 15 s on 2 cores)."""
     store = RunStore(tmp_path)

@@ -72,6 +72,7 @@ def test_module_entry_point_runs():
     assert json.loads(proc.stdout)["n_params"] == 4_999_424
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_profile_prints_the_run_id_and_directory(tmp_path, capsys):
     argv = ["profile", "--model", "tiny", "--device", "cpu", "--seq", "64", "--micro-batch", "1"]
     code = main([*argv, "--steps", "1", "--warmup", "0", "--traces", str(tmp_path), "--json"])
@@ -110,6 +111,7 @@ class _Stop(Exception):
     """Raised in place of a profiled run: the test needs only the setup it was given."""
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_profile_bad_input_and_failed_runs(tmp_path, capsys):
     assert main(["profile", "--model", "tiny", "--device", "cpu", "--steps", "0", "--traces", str(tmp_path)]) == 2
     assert "steps=0: must be an integer from 1 to 100" in capsys.readouterr().err

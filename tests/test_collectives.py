@@ -39,9 +39,10 @@ from advisor.runner import profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup
 from advisor.specs import setup_from_dict
+from tests.shared import SHARED_TRACES
 
 ROOT = Path(__file__).resolve().parents[1]
-KINETO = ROOT.parent / "shared" / "traces" / "kineto"
+KINETO = SHARED_TRACES / "kineto"
 needs_traces = pytest.mark.skipif(not KINETO.is_dir(), reason="real traces live in ../shared/traces (absent here)")
 needs_gloo = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
@@ -102,6 +103,7 @@ def test_kinds_from_op_range_and_kernel_names():
     assert set(names.values()) <= set(KINDS)
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 @needs_gloo
 def test_ddp_all_reduces_each_bucket_once_and_the_last_one_is_exposed(runs):
     run_dir, table, calls, _ = runs["ddp"]

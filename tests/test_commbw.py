@@ -33,8 +33,9 @@ from advisor.presets import cpu_host, get_hardware, get_model
 from advisor.runner import profile_run
 from advisor.runstore import RunStore
 from advisor.sizing import make_setup
+from tests.shared import SHARED_TRACES
 
-NCCL_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "kineto" / "nccl_parser_config"
+NCCL_TRACE = SHARED_TRACES / "kineto" / "nccl_parser_config"
 TINY_DDP = {"model": "tiny", "gpu": "cpu", "gpus": 2, "zero": 0, "seq": 64, "micro_batch": 2, "precision": "fp32"}
 TINY_PARAMS = 4_999_424  # advisor.presets.tiny
 needs_gloo = pytest.mark.skipif(
@@ -113,6 +114,7 @@ def test_nccl_all_reduces_of_a_real_a100_trace_match_their_kernels_args():
     assert expected == pytest.approx(6.56e9, rel=0.01)  # ring LL on this A100 pair, waits for the peer included
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 @needs_gloo
 def test_measured_bandwidth_of_a_gloo_ddp_run_matches_the_raw_trace(ddp_run):
     _, run = ddp_run

@@ -60,6 +60,7 @@ def test_dry_run_peak_matches_the_measured_cpu_step(model, precision, recompute,
     assert sum(dry.at_peak_bytes.values()) == dry.peak_bytes == max(dry.peak_by_phase_bytes.values())
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_gradient_accumulation_and_cpu_offload_match_the_measured_step():
     for kw, offload in (({"global_batch": 4}, False), ({}, True)):
         setup = tiny(seq=128, micro_batch=2, precision="bf16", **kw)
@@ -85,6 +86,7 @@ def test_checkpointing_lowers_the_saved_activations_by_the_hand_counted_bytes():
     assert acts["full"] < acts["selective"] < acts["none"]
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_llama_8b_dry_run_allocates_nothing_and_counts_adamw_state_exactly():
     before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     setup = make_setup(model="llama-3.1-8b", gpu="h100", seq=1024, micro_batch=1, precision="bf16")
@@ -119,6 +121,7 @@ def test_state_bytes_agree_with_the_estimator():
     assert estimate(tiny(seq=128, micro_batch=2, precision="bf16")).memory.grads_bytes == 4 * TINY_N
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_cuda_target_adds_the_runtime_allowance_and_keeps_offloaded_state_off_the_device():
     setup = make_setup(model="tiny", gpu="h100", seq=128, micro_batch=2, precision="bf16")
     cpu, cuda = dry_run(setup), dry_run(setup, target="cuda")
@@ -194,6 +197,7 @@ def test_zero3_shards_parameters_gradients_and_adamw_state_by_the_padded_count(n
     assert dry.optimizer_bytes == 2 * hand_count + 4 * TINY_TENSORS  # exp_avg, exp_avg_sq, 4-byte step
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 @FSDP_TRACKER
 def test_zero3_peak_holds_the_root_and_one_gathered_block_and_falls_with_world_size():
     single = dry_run(tiny(seq=128, micro_batch=2, precision="fp32"))
@@ -217,6 +221,7 @@ def test_zero3_peak_holds_the_root_and_one_gathered_block_and_falls_with_world_s
     assert d8.peak_bytes - d64.peak_bytes == saved == 6_522_832
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 @FSDP_TRACKER
 def test_zero2_keeps_every_gathered_parameter_and_peaks_above_zero3():
     z3, z2, z1 = (dry_run_distributed(dp_setup(8, zero), isolate=False) for zero in (3, 2, 1))
@@ -239,6 +244,7 @@ def test_zero0_replicates_the_state_and_holds_a_second_parameter_copy():
     assert dry.peak_bytes == single.peak_bytes + 4 * TINY_N
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 @FSDP_TRACKER
 def test_distributed_state_and_peak_agree_with_the_estimator():
     for precision in ("fp32", "bf16"):
@@ -277,6 +283,7 @@ def test_distributed_state_and_peak_agree_with_the_estimator():
             assert est_tensor == pytest.approx(dry.peak_bytes, rel=0.01)
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 @FSDP_TRACKER
 @pytest.mark.skipif(
     not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
@@ -302,6 +309,7 @@ def test_distributed_dry_run_matches_the_real_two_rank_gloo_step(tmp_path):
         assert abs(dry.peak_bytes / peak - 1) <= 0.08
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 @FSDP_TRACKER
 def test_isolated_run_and_dry_run_dispatch_leave_no_process_group_and_report_errors():
     setup = dp_setup(8, 3)

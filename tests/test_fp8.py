@@ -38,6 +38,7 @@ def _losses(setup, steps=4):
     return trainer
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 @needs_torchao
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_fp8_converts_the_block_linears_and_trains_like_bf16(recipe):
@@ -66,6 +67,7 @@ def test_fp8_leaves_the_router_and_odd_sized_linears_alone():
         convert_to_fp8(model, "delayed")
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_fp8_on_a_device_without_fp8_units_is_refused_with_the_reason(tmp_path):
     if importlib.util.find_spec("torchao") is not None:
         assert "has no fp8 units" in fp8_refusal(CPU) and "8.9" in fp8_refusal(CPU)

@@ -65,6 +65,7 @@ def test_checkpointing_gives_the_same_gradients():
             torch.testing.assert_close(a, b)
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 @pytest.mark.parametrize("name", ["tiny", "gpt2-124m"])
 def test_unfused_attention_computes_what_sdpa_does(name):
     spec = get_model(name)

@@ -91,6 +91,7 @@ def test_the_gradient_accumulating_step_offloads_each_micro_batch():
     assert per_step.copy_out_ms > 0 and per_step.copy_in_ms > 0
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 @pytest.mark.parametrize(
     "kw",
     [
@@ -126,6 +127,7 @@ def test_dry_run_with_offload_matches_the_measured_step_and_leaves_the_device(kw
     assert est_without.memory.activations_bytes - est.memory.activations_bytes == pytest.approx(on_host)
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 @pytest.mark.parametrize(
     ("recompute", "layers"),
     [("full", 2), ("selective-op", 0), ("full", 1)],
@@ -183,6 +185,7 @@ def test_offload_where_the_hooks_cannot_work_is_refused_before_a_run(tmp_path, k
     assert store.list_runs() == ([], [])
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_a_profiled_run_reports_the_offload_it_measured(tmp_path):
     setup = _setup(offload_activations=2, recompute="full", recompute_layers=1)
     run = profile_run(setup, RunOptions(device="cpu", steps=2, warmup=0), RunStore(tmp_path))

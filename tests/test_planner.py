@@ -78,6 +78,7 @@ def test_70b_on_one_h100_node_must_offload():
 # --- ranking and result shape ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_405b_on_1024_h100s_returns_sorted_fitting_layouts_with_reasons():
     res = plan(request("llama-3.1-405b", "h100", 1024, 8192, 2048))
     assert len(res.top) == 10 and [e.rank for e in res.top] == list(range(1, 11))
@@ -223,6 +224,7 @@ def _listable(fits: list) -> list:
     return sorted(out, key=_rank_key)
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 @pytest.mark.parametrize(
     "req",
     [
@@ -399,6 +401,7 @@ def test_points_are_every_fitting_setting_of_a_small_search():
     assert res.dominated > 0 and len(res.points) > len(res.top)
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_points_are_capped_keeping_the_top(monkeypatch):
     import advisor.planner as planner
 

@@ -31,6 +31,7 @@ def _trace_events(run_dir):
         return json.load(f)["traceEvents"]
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_profiled_run_through_the_child_is_complete(tmp_path):
     store = RunStore(tmp_path)
     progress = []
@@ -64,6 +65,7 @@ def test_profiled_run_through_the_child_is_complete(tmp_path):
     assert [r.run_id for r in runs] == [run.run_id] and damaged == []
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_checkpointing_lowers_measured_peak_memory():
     peaks = {}
     for mode in ("none", "selective", "full"):
@@ -75,6 +77,7 @@ def test_checkpointing_lowers_measured_peak_memory():
     assert peaks["selective"] <= peaks["none"]
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_bf16_autocast_puts_bf16_matmuls_in_the_trace(tmp_path):
     dtypes = {}
     for precision in ("fp32", "bf16"):
@@ -130,6 +133,7 @@ def test_phase_times_are_read_only_after_the_steps_sync():
     assert all(len(v) == 1 and v[0] > 0 for k, v in trainer.phase_ms.items() if k != "data")
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 @pytest.mark.parametrize(
     ("inject", "status", "words"),
     [
@@ -185,6 +189,7 @@ def test_nsys_missing_is_explained(tmp_path, monkeypatch):
         profile_run(_setup(), RunOptions(device="cpu", nsys=True), RunStore(tmp_path / "runs"))
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_nsys_wraps_the_child_and_its_files_stay_in_the_run(tmp_path, monkeypatch):
     # A stand-in nsys: checks the capture-range flags, writes the report files, runs the command.
     bin_dir = tmp_path / "bin"
@@ -219,6 +224,7 @@ def test_unfused_attention_stores_the_scores():
     assert 60 * 2**20 < peaks[False] - peaks[True] < 72 * 2**20
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_memory_budget_is_the_capacity_the_run_is_judged_against(tmp_path):
     store = RunStore(tmp_path)
     run = profile_run(_setup(), RunOptions(device="cpu", steps=1, warmup=0, memory_budget_gib=0.25), store)
@@ -236,6 +242,7 @@ def test_memory_budget_is_the_capacity_the_run_is_judged_against(tmp_path):
         RunOptions(data_delay_ms=-5)
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_fp16_skipped_steps_are_counted(tmp_path):
     setup = on_this_machine(_setup(precision="fp16"), "cpu")
     m = run_profile(setup, RunOptions(device="cpu", steps=1, warmup=0), tmp_path, "20260101-000000-tiny-abcdef")

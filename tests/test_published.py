@@ -106,6 +106,7 @@ def test_the_committed_constants_are_the_fit_of_these_runs():
     assert record["fitted_on"].startswith(f"{len(published_runs())} runs of")
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_step_time_error_fitted_and_held_out(rows, held_out):
     fitted = [c.error_pct for c in rows.values()]
     held = [held_out[name].error_pct for name in rows]

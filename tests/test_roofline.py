@@ -24,6 +24,7 @@ from advisor.roofline import (
     trace_roofline,
 )
 from advisor.specs import HardwareSpec
+from tests.shared import SHARED_TRACES, needs_shared_traces
 
 RUN = Path(__file__).resolve().parent.parent / "traces" / "20261130-165248-tiny-6bcb2f"
 MATMUL_OPS = ("aten::mm", "aten::linear", "aten::matmul")
@@ -217,8 +218,8 @@ def test_stored_ceilings_of_another_device_are_refused(tmp_path):
 
 # --- GPU traces (real, from ../shared/traces) --------------------------------------------------------
 
-TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
-needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="real traces live in ../shared/traces (absent here)")
+TRACES = SHARED_TRACES
+needs_traces = needs_shared_traces
 A100_SHAPES = TRACES / "kineto" / "trace_filter" / "sampled_rank-0.json.gz"  # rank 0 of 128, record_shapes
 V100 = TRACES / "kineto" / "ns_resolution_trace" / "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
 A100_HOST_BOUND = TRACES / "kineto" / "nccl_parser_config" / "nccl_data.json.gz"

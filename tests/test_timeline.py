@@ -12,10 +12,11 @@ from advisor.analyze import load_trace
 from advisor.charts import timeline_figure
 from advisor.errors import AdvisorError
 from advisor.timeline import MAX_NAME_CHARS, WHOLE_TRACE, step_timeline
+from tests.shared import SHARED_TRACES, needs_shared_traces
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "traces"
-needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="real traces live in ../shared/traces (absent here)")
+TRACES = SHARED_TRACES
+needs_traces = needs_shared_traces
 SAMPLE_RUN = ROOT / "traces" / "20261130-165248-tiny-6bcb2f"
 GPU_BOUND = TRACES / "kineto" / "ns_resolution_trace"
 

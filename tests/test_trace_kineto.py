@@ -23,8 +23,9 @@ from advisor.analysis import (
 )
 from advisor.errors import TraceError
 from advisor.trace_kineto import ANALYSIS_FILE, load_kineto
+from tests.shared import SHARED_TRACES
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = SHARED_TRACES
 KINETO, REFERENCE = TRACES / "kineto", TRACES / "reference"
 needs_traces = pytest.mark.skipif(not KINETO.is_dir(), reason="real traces live in ../shared/traces (absent here)")
 

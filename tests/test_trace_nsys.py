@@ -8,7 +8,6 @@ import os
 import shutil
 import sqlite3
 from contextlib import closing
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,8 +15,9 @@ import pytest
 
 from advisor.errors import TraceError
 from advisor.trace_nsys import load_nsys_sqlite
+from tests.shared import SHARED_TRACES
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = SHARED_TRACES
 NSYS = TRACES / "nsys"
 if not NSYS.is_dir():
     pytest.skip(f"real traces not found at {NSYS} (the shared traces folder beside the repo)", allow_module_level=True)

@@ -91,6 +91,7 @@ def test_oversubscribing_a_pcie_gpu_is_refused_with_the_alternative():
     assert "on the CPU" in um_refusal(torch.device("cpu"), 0, None)
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_unified_memory_on_the_cpu_is_a_refused_run_beside_the_others(tmp_path):
     store = RunStore(tmp_path)
     setup = make_setup(model="tiny", gpu="cpu", seq=64)

@@ -31,6 +31,7 @@ def slow_data_run(tmp_path_factory):
     return store, run
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_slow_loading_is_advised_and_the_rerun_measures_it(slow_data_run, monkeypatch):
     store, run = slow_data_run
     # The advice is taken on a CPU without a fast bf16 path. Where bf16 is fast (AVX512-BF16, AMX) "train
@@ -76,6 +77,7 @@ def test_verify_refuses_what_it_cannot_rerun(slow_data_run):
         verify("../x", None, store)
 
 
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_cli_verify_json(slow_data_run, capsys):
     store, run = slow_data_run
     assert main(["verify", run.run_id, "--rule", "input-dataloader-stall", "--traces", str(store.root), "--json"]) == 0
