@@ -546,20 +546,8 @@ def dry_run(
     states = before_opt["optimizer"]
     phases = _phases(tracker, _CATEGORIES, states)
     host = host_other + states if offload else 0
-    notes: tuple[str, ...] = ()
-    if trainer.offload_stats:
-        acts = trainer.offload_stats[-1]
-        per_micro_batch = acts.bytes_offloaded // setup.grad_accum  # micro-batches go out and back in turn
-        if target == "cuda":
-            host += per_micro_batch
-        notes = (
-            f"activation offload: {acts.blocks} blocks, {per_micro_batch / GiB:.3f} GiB a micro-batch to the host "
-            + (
-                "and back; the copies count as instantaneous (the real step holds the block being copied too)"
-                if target == "cuda"
-                else "(another buffer of the same memory on a CPU target: nothing saved)"
-            ),
-        )
+    acts_host, notes = _offload_host_and_notes(trainer, setup, target)
+    host += acts_host
     if offload and target == "cuda":
         # The host's tensors leave the device view: master weights and their gradients ("other"), the
         # states; during the host optimizer step the GPU holds only the parameters and their gradients.
@@ -582,6 +570,22 @@ def dry_run(
     )
 
 
+def _offload_host_and_notes(trainer: Trainer, setup: Setup, target: str) -> tuple[int, tuple[str, ...]]:
+    """The host bytes activation offload holds (one micro-batch's: they go out and come back in turn)
+    on the CUDA target, and the note that says how the dry run counted them."""
+    if not trainer.offload_stats:
+        return 0, ()
+    acts = trainer.offload_stats[-1]
+    per_micro_batch = acts.bytes_offloaded // setup.grad_accum
+    how = (
+        "and back; the copies count as instantaneous (the real step holds the block being copied too)"
+        if target == "cuda"
+        else "(another buffer of the same memory on a CPU target: nothing saved)"
+    )
+    note = f"activation offload: {acts.blocks} blocks, {per_micro_batch / GiB:.3f} GiB a micro-batch to the host {how}"
+    return (per_micro_batch if target == "cuda" else 0), (note,)
+
+
 def _apply_data_parallel(model: Transformer, mesh: DeviceMesh, zero: int, precision: str) -> None:
     """The real run's data parallelism over ``mesh`` (``advisor.parallel``): each block its own unit
     (one all-gather or all-reduce per block), then the root for the embedding, final norm and head.
@@ -600,7 +604,7 @@ def _apply_data_parallel(model: Transformer, mesh: DeviceMesh, zero: int, precis
 
 
 def _distributed_trainer(
-    setup: Setup, mesh: DeviceMesh, optimizer_impl: str | None, fake_mode: FakeTensorMode
+    setup: Setup, mesh: DeviceMesh, optimizer_impl: str | None, fake_mode: FakeTensorMode, target: str = "cpu"
 ) -> Trainer:
     """The Trainer of ``advisor.step`` over a data-parallel model: autocast as on one device (over FSDP2's
     16-bit gathered weights under bf16, as in the real run), the optimizer built over the sharded (DTensor) parameters, which are fake CPU tensors of
@@ -616,6 +620,9 @@ def _distributed_trainer(
         setup.model, t.recompute, device="meta", flash=t.flash_attention, recompute_layers=t.recompute_layers
     )
     model.train()
+    # Activation offload wraps the blocks before data parallelism does, as in the real run
+    # (advisor.parallel); on the CUDA target the offloaded tensors leave the device with nothing copied.
+    offloader = attach_offloader(model, setup, torch.device("cpu"), keep_host_copy=target != "cuda")
     _apply_data_parallel(model, mesh, setup.parallel.zero, t.precision)
     with fake_mode:
         model.to_empty(device="cpu")
@@ -629,6 +636,7 @@ def _distributed_trainer(
         scaler=torch.amp.GradScaler("cpu") if t.precision == "fp16" else None,
         autocast_dtype=autocast,
         grad_accum=setup.grad_accum,
+        offloader=offloader,
     )
 
 
@@ -649,7 +657,7 @@ def _dry_run_distributed_here(setup: Setup, optimizer_impl: str | None, target: 
     try:
         mesh = init_device_mesh("cpu", (setup.parallel.dp,), mesh_dim_names=("dp",))
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-        trainer = _distributed_trainer(setup, mesh, optimizer_impl, fake_mode)
+        trainer = _distributed_trainer(setup, mesh, optimizer_impl, fake_mode, target)
         with fake_mode:
             with _DataDependentStandIns(setup.model.n_experts):
                 trainer.step(_fake_batches(setup))  # warm-up: creates the optimizer state and the RoPE cache
@@ -662,6 +670,7 @@ def _dry_run_distributed_here(setup: Setup, optimizer_impl: str | None, target: 
         dist.destroy_process_group()
     before_opt = pre_optimizer[-1]
     states = before_opt["optimizer"]
+    host, offload_notes = _offload_host_and_notes(trainer, setup, target)
     return _result(
         setup,
         target,
@@ -669,8 +678,8 @@ def _dry_run_distributed_here(setup: Setup, optimizer_impl: str | None, target: 
         before_opt,
         backward_start,
         states_bytes=states,
-        host_bytes=0,
-        notes=_distributed_notes(setup),
+        host_bytes=host,
+        notes=_distributed_notes(setup) + offload_notes,
         start=start,
         world_size=setup.parallel.dp,
         zero=setup.parallel.zero,

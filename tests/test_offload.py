@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from advisor.dryrun import dry_run
+from advisor.dryrun import DISTRIBUTED_MIN_TORCH, dry_run, torch_release
 from advisor.errors import SpecError
 from advisor.estimator import estimate, offloaded_activation_bytes
 from advisor.memprobe import measure_step_peak_bytes
@@ -213,3 +213,19 @@ def test_on_a_gpu_the_copies_are_pinned_overlapped_and_exact():
     assert stats.pinned and stats.bytes_offloaded == stats.bytes_restored > 0
     assert stats.copy_out_ms > 0 and stats.exposed_ms >= 0 and stats.host_bytes >= stats.bytes_offloaded
     assert isinstance(trainer.offloader, ActivationOffloader)
+
+
+@pytest.mark.slow  # the distributed dry run starts a child process
+@pytest.mark.skipif(
+    torch_release() < DISTRIBUTED_MIN_TORCH, reason=f"the distributed dry run needs torch >= {DISTRIBUTED_MIN_TORCH}"
+)
+def test_the_distributed_dry_run_offloads_as_the_real_run_does():
+    # FSDP2 over 8 ranks (a fake process group): the offloaded blocks leave each rank's device at the
+    # peak and sit on the host, one micro-batch's worth; on a CPU target nothing is saved.
+    kw = {"gpus": 8, "zero": 3, "seq": 256, "precision": "bf16", "global_batch": 32}
+    on, off = _setup(gpu="h100", offload_activations=2, **kw), _setup(gpu="h100", **kw)
+    dry_on, dry_off = dry_run(on, target="cuda"), dry_run(off, target="cuda")
+    assert dry_on.host_bytes > 0 and any("activation offload: 2 blocks" in n for n in dry_on.notes)
+    assert dry_off.peak_bytes - dry_on.peak_bytes == pytest.approx(dry_on.host_bytes, rel=0.02)
+    cpu_on, cpu_off = _setup(offload_activations=2, **kw), _setup(**kw)
+    assert dry_run(cpu_on).peak_bytes == pytest.approx(dry_run(cpu_off).peak_bytes, rel=0.01)
