@@ -176,6 +176,12 @@ def _degree_dropdown(choices: list[int], value: int, label: str, **kwargs) -> gr
     return gr.Dropdown([str(c) for c in choices], value=str(value), label=label, **kwargs)
 
 
+def _block_count(value: int, label: str, *, info: str | None = None, elem_id: str | None = None) -> gr.Number:
+    """A count of transformer blocks (recompute or offload N blocks a stage), as the Size and Profile
+    tabs both ask for it."""
+    return gr.Number(value=value, precision=0, minimum=0, label=label, info=info, elem_id=elem_id)
+
+
 def build_size_tab() -> tuple[dict, list]:
     """The Size tab: its input widgets by SIZE_KEYS name, and its outputs."""
     d = DEFAULTS
@@ -213,19 +219,13 @@ def build_size_tab() -> tuple[dict, list]:
                 info="selective: Megatron's (attention core); selective-op: torchtitan's (every other matmul kept)",
             )
             with gr.Row():
-                recompute_layers = gr.Number(
-                    value=d["recompute_layers"],
-                    precision=0,
-                    minimum=0,
-                    label="Blocks that recompute per stage",
+                recompute_layers = _block_count(
+                    d["recompute_layers"],
+                    "Blocks that recompute per stage",
                     info="with full: 0 = all (Megatron's recompute_num_layers)",
                 )
-                offload_activations = gr.Number(
-                    value=d["offload_activations"],
-                    precision=0,
-                    minimum=0,
-                    label="Blocks' activations offloaded",
-                    info="per stage, to host memory and back",
+                offload_activations = _block_count(
+                    d["offload_activations"], "Blocks' activations offloaded", info="per stage, to host memory and back"
                 )
             with gr.Row():
                 flash = gr.Checkbox(value=d["flash_attention"], label="Flash attention")
@@ -665,18 +665,12 @@ def build_profile_tab() -> tuple[dict, gr.Dropdown]:
                 elem_id="profile-recompute",
             )
             with gr.Row():
-                precompute_layers = gr.Number(
-                    value=d["recompute_layers"],
-                    precision=0,
-                    minimum=0,
-                    label="Blocks that recompute (full; 0 = all)",
-                    elem_id="profile-recompute-layers",
+                precompute_layers = _block_count(
+                    d["recompute_layers"], "Blocks that recompute (full; 0 = all)", elem_id="profile-recompute-layers"
                 )
-                poffload_acts = gr.Number(
-                    value=d["offload_activations"],
-                    precision=0,
-                    minimum=0,
-                    label="Blocks' activations offloaded to host",
+                poffload_acts = _block_count(
+                    d["offload_activations"],
+                    "Blocks' activations offloaded to host",
                     elem_id="profile-offload-activations",
                 )
             unified_memory = gr.Checkbox(

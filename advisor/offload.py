@@ -221,14 +221,17 @@ class ActivationOffloader:
         return run
 
     def _prefetch_hook(self, i: int) -> Callable:
-        def hook(grad: torch.Tensor) -> None:
+        def fetch(_: object) -> None:
             # Block i's backward starts now: its own copies (if not asked for yet) and block i-1's go.
-            t0 = time.perf_counter()
             for b in (i, i - 1):
                 if b in self.blocks:
                     self._fetch(b)
-            if not self.cuda:  # inline on a CPU: part of the hooks' time
-                self._hook_ms += (time.perf_counter() - t0) * 1e3
+
+        def hook(grad: torch.Tensor) -> None:
+            if self.cuda:
+                fetch(grad)
+            else:
+                self._inline(fetch, grad)
 
         return hook
 
@@ -241,20 +244,16 @@ class ActivationOffloader:
         return any(base is r for r in self.resident())
 
     def _pack(self, t: torch.Tensor):
-        if self.cuda:
-            return self._pack_tensor(t)
-        t0 = time.perf_counter()
-        try:
-            return self._pack_tensor(t)
-        finally:
-            self._hook_ms += (time.perf_counter() - t0) * 1e3
+        return self._pack_tensor(t) if self.cuda else self._inline(self._pack_tensor, t)
 
     def _unpack(self, packed):
-        if self.cuda:
-            return self._unpack_tensor(packed)
+        return self._unpack_tensor(packed) if self.cuda else self._inline(self._unpack_tensor, packed)
+
+    def _inline(self, hook: Callable, arg):
+        """Run a hook as a CPU does, inline: its whole time adds to the step (``exposed_ms``)."""
         t0 = time.perf_counter()
         try:
-            return self._unpack_tensor(packed)
+            return hook(arg)
         finally:
             self._hook_ms += (time.perf_counter() - t0) * 1e3
 
