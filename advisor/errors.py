@@ -21,6 +21,11 @@ class SpecError(AdvisorError):
         super().__init__(f"{field}={value!r}: {allowed}")
 
 
+class Refused(AdvisorError):
+    """An option this machine cannot run (fp8 without fp8 units, Unified Memory beyond free memory): the
+    profiled run is filed with status 'refused' and this message."""
+
+
 class ConfigImportError(AdvisorError):
     """A Hugging Face config.json could not be turned into a model spec."""
 

@@ -36,11 +36,6 @@ INSTALL = (
 )
 
 
-class Refused(AdvisorError):
-    """An option this machine cannot run (fp8 without fp8 units, Unified Memory beyond free memory): the
-    profiled run is filed with status 'refused' and this message."""
-
-
 def torchao_available() -> bool:
     return importlib.util.find_spec("torchao") is not None
 

@@ -35,7 +35,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -99,8 +99,7 @@ class OffloadStats:
         return self.bytes_restored / self.copy_in_ms / 1e6 if self.copy_in_ms > 0 else 0.0
 
     def as_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        return d | {"out_gb_per_s": self.out_gb_per_s, "in_gb_per_s": self.in_gb_per_s}
+        return asdict(self) | {"out_gb_per_s": self.out_gb_per_s, "in_gb_per_s": self.in_gb_per_s}
 
 
 class _Packed:

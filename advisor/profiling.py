@@ -425,14 +425,9 @@ def _rank_result(trainer, measured: _Measured, options: RunOptions, rank: int = 
 
 
 def _fp8_summary(trainer) -> dict[str, Any]:
-    """Which fp8 backend ran, its recipe and how many linears it converted ({} without fp8)."""
-    backend = getattr(trainer, "fp8_backend", None)
-    if not backend:
-        return {}
-    names = ("Float8Linear",) if backend == "torchao" else ("Linear",)
-    modules = trainer.model.modules()
-    converted = sum(type(m).__name__ in names and type(m).__module__.split(".")[0] != "torch" for m in modules)
-    return {"backend": backend, "recipe": trainer.setup.train.fp8_recipe, "linears": converted}
+    """Which fp8 backend ran, its recipe and how many linears it converted ({} without fp8), as the
+    conversion reported them."""
+    return dict(getattr(trainer, "fp8", {}))
 
 
 def _mean_offload(stats: list) -> dict[str, Any]:

@@ -22,9 +22,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, Refused
 from advisor.estimator import estimate
-from advisor.fp8 import Refused, fp8_refusal
+from advisor.fp8 import fp8_refusal
 from advisor.options import RunOptions
 from advisor.presets import local_hardware
 from advisor.profiling import proxy_setup

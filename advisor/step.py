@@ -19,8 +19,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils.data import DataLoader, Dataset
 
-from advisor.errors import AdvisorError, SpecError
-from advisor.fp8 import Refused, convert_to_fp8, convert_to_te, fp8_refusal, torchao_available
+from advisor.errors import AdvisorError, Refused, SpecError
+from advisor.fp8 import convert_to_fp8, convert_to_te, fp8_refusal, torchao_available
 from advisor.model import Transformer, build_model
 from advisor.offload import ActivationOffloader, OffloadStats, offloaded_blocks
 from advisor.ranges import phase
@@ -127,8 +127,9 @@ class Trainer:
     """Optimizer steps the fp16 GradScaler skipped for inf/NaN gradients (it lowers the scale each time)."""
     fp8_context: Callable | None = None
     """With TransformerEngine's fp8 linears: makes the context their forward runs in (te.fp8_autocast)."""
-    fp8_backend: str | None = None
-    """'torchao' or 'transformer_engine' when precision is fp8."""
+    fp8: dict = field(default_factory=dict)
+    """With precision fp8: the backend ('torchao' or 'transformer_engine'), the recipe and how many
+    linears it converted; empty otherwise."""
     offloader: ActivationOffloader | None = None
     """Moves the saved activations of ``train.offload_activations`` blocks to the host and back."""
     offload_stats: list[OffloadStats] = field(default_factory=list)
@@ -326,13 +327,13 @@ def build_trainer(
         setup.model, t.recompute, device=device, flash=t.flash_attention, recompute_layers=t.recompute_layers
     )
     model.train()
-    fp8_context, backend = None, None
+    fp8_context, fp8 = None, {}
     if t.precision == "fp8":
-        backend = "torchao" if torchao_available() else "transformer_engine"
-        if backend == "torchao":
-            convert_to_fp8(model, t.fp8_recipe)
+        if torchao_available():
+            fp8 = {"backend": "torchao", "recipe": t.fp8_recipe, "linears": convert_to_fp8(model, t.fp8_recipe)}
         else:
-            _, fp8_context = convert_to_te(model, t.fp8_recipe)
+            linears, fp8_context = convert_to_te(model, t.fp8_recipe)
+            fp8 = {"backend": "transformer_engine", "recipe": t.fp8_recipe, "linears": linears}
     offloader = attach_offloader(model, setup, device)
     params = list(model.parameters())
     if offload_optimizer:
@@ -355,7 +356,7 @@ def build_trainer(
         grad_accum=setup.grad_accum,
         offloader=offloader,
         fp8_context=fp8_context,
-        fp8_backend=backend,
+        fp8=fp8,
     )
 
 

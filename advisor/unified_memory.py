@@ -39,8 +39,7 @@ from pathlib import Path
 
 import torch
 
-from advisor.errors import AdvisorError
-from advisor.fp8 import Refused
+from advisor.errors import AdvisorError, Refused
 
 SOURCE = Path(__file__).with_name("csrc") / "um_alloc.c"
 _POOLS: list = []

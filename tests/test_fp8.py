@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from advisor import fp8
-from advisor.errors import AdvisorError
-from advisor.fp8 import Refused, convert_to_fp8, fp8_refusal
+from advisor.errors import AdvisorError, Refused
+from advisor.fp8 import convert_to_fp8, fp8_refusal
 from advisor.model import build_model
 from advisor.profiling import RunOptions, _fp8_summary
 from advisor.runner import profile_run

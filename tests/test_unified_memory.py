@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from advisor.errors import AdvisorError
-from advisor.fp8 import Refused
+from advisor.errors import AdvisorError, Refused
 from advisor.options import RunOptions
 from advisor.runner import nsys_prefix, profile_cli_args, profile_run
 from advisor.runstore import RunStore
