@@ -22,8 +22,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr
 import pandas as pd
 
-from advisor.analyze import analyze, format_report, load_trace
-from advisor.charts import (
+from advisor.analysis.roofline import trace_roofline
+from advisor.analysis.summary import analyze, format_report, load_trace
+from advisor.errors import AdvisorError
+from advisor.estimate.estimator import estimate
+from advisor.present.charts import (
     category_figure,
     measured_memory_figure,
     memory_figure,
@@ -35,11 +38,7 @@ from advisor.charts import (
     time_figure,
     timeline_figure,
 )
-from advisor.errors import AdvisorError
-from advisor.estimator import estimate
-from advisor.options import RunOptions
-from advisor.presets import HARDWARE, MODELS, fastest_precision, local_hardware
-from advisor.report import (
+from advisor.present.report import (
     describe_setup,
     fmt_duration,
     memory_rows,
@@ -50,11 +49,11 @@ from advisor.report import (
     time_rows,
     verdict,
 )
-from advisor.roofline import trace_roofline
-from advisor.runner import local_device_type, profile_run
-from advisor.runstore import RunInfo, RunStore
-from advisor.sizing import make_setup
-from advisor.specs import (
+from advisor.run.launcher import local_device_type, profile_run
+from advisor.spec.options import RunOptions
+from advisor.spec.presets import HARDWARE, MODELS, fastest_precision, local_hardware
+from advisor.spec.setup import make_setup
+from advisor.spec.specs import (
     FP8_RECIPES,
     FRAMEWORKS,
     OFFLOAD_MODES,
@@ -63,6 +62,7 @@ from advisor.specs import (
     PRECISIONS,
     RECOMPUTE_MODES,
 )
+from advisor.store.runstore import RunInfo, RunStore
 
 log = logging.getLogger("advisor.app")
 
@@ -360,7 +360,7 @@ def _no_run_outputs():
 def _timeline(table):
     """The step-timeline figure of an event table's last step on rank 0; None where it has none
     (a trace with no events) or it fails (logged: the rest of the view still shows)."""
-    from advisor.timeline import step_timeline
+    from advisor.analysis.timeline import step_timeline
 
     try:
         return timeline_figure(step_timeline(table))
@@ -374,7 +374,7 @@ def _timeline(table):
 def _roofline(path: str, table):
     """(Roofline, "") of the trace at ``path`` whose event table is ``table``, or (None, why) where it
     cannot be made; the rest of a view still shows. Our own runs are judged against the measured
-    ceilings stored for their device where there are any (as ``advisor.analyze.analyze_path`` does),
+    ceilings stored for their device where there are any (as ``advisor.analysis.summary.analyze_path`` does),
     uploads against the datasheet."""
     try:
         return trace_roofline(path, table, ceilings="auto" if table.attrs.get("own_run") else None), ""
@@ -752,7 +752,7 @@ _TABLE_COLUMNS = ["name", "category", "time ms", "count", "share %"]
 
 
 _COLLECTIVE_COLUMNS = ["rank", "kind", "calls", "time_ms", "exposed_ms"]
-# The roofline table as shown: (column of advisor.roofline.ROOFLINE_COLUMNS, header, scale, decimals).
+# The roofline table as shown: (column of advisor.analysis.roofline.ROOFLINE_COLUMNS, header, scale, decimals).
 # The verdict and its numbers come right after the name, in view beside it; what identifies the row
 # further (op, shapes) and how it was judged follow.
 _ROOFLINE_SHOWN = [
@@ -1011,7 +1011,7 @@ def _no_advice():
 
 
 def _advice_rows(advice) -> pd.DataFrame:
-    from advisor.advise import TARGET_LABELS, fmt_value
+    from advisor.advice.advise import TARGET_LABELS, fmt_value
 
     rows = []
     for i, r in enumerate(advice.recommendations, 1):
@@ -1038,7 +1038,7 @@ def advice_view(source: str, run_id: str | None, upload: str | None, *size_input
     """Advice tab: (summary, ranked table, full report markdown, report files, Advice) for a stored
     run, an uploaded trace, or the setup on the Size tab. The Advice goes to a session State (which
     the API does not return), for Apply."""
-    from advisor.advise import advice_markdown, advise, advise_run, advise_trace, gain_phrase
+    from advisor.advice.advise import advice_markdown, advise, advise_run, advise_trace, gain_phrase
 
     try:
         if source == "stored run":
@@ -1091,7 +1091,7 @@ def apply_choices(advice) -> gr.Dropdown:
 def apply_recommendation(advice, choice: str | None, source: str):
     """(message, Size tab values, Profile tab values, rule id) that load a recommendation's change into
     the shared spec. Values are keyed like DEFAULTS / PROFILE_DEFAULTS; empty dicts change nothing."""
-    from advisor.advise import fmt_value, gain_phrase
+    from advisor.advice.advise import fmt_value, gain_phrase
 
     if advice is None:
         return "Press **Advise** first.", {}, {}, None
@@ -1122,8 +1122,8 @@ def apply_recommendation(advice, choice: str | None, source: str):
 
 def verify_view(run_id: str | None, rule_id: str | None, progress=gr.Progress()):  # noqa: B008 (Gradio injects it)
     """Re-run a stored run with a recommendation applied: (message, predicted vs measured table)."""
-    from advisor.advise import TARGET_LABELS, fmt_value, gain_phrase
-    from advisor.verify import verify
+    from advisor.advice.advise import TARGET_LABELS, fmt_value, gain_phrase
+    from advisor.advice.verify import verify
 
     empty = pd.DataFrame(columns=_VERIFY_COLUMNS)
     if not run_id:
@@ -1283,10 +1283,10 @@ _PLAN_COLUMNS = ["rank", "layout", "tokens/s", "step ms", "MFU %", "memory GiB",
 
 @functools.lru_cache(maxsize=16)
 def _measured_link(store_root: str, hardware_name: str, newest_run: str):
-    """The newest distributed run's measured collective bandwidth on this device (advisor.commbw), read
+    """The newest distributed run's measured collective bandwidth on this device (advisor.analysis.commbw), read
     once per store state (``newest_run`` changes when a run is added)."""
-    from advisor.commbw import link_for
-    from advisor.presets import get_hardware
+    from advisor.analysis.commbw import link_for
+    from advisor.spec.presets import get_hardware
 
     return link_for(RunStore(store_root), get_hardware(hardware_name))
 
@@ -1304,11 +1304,11 @@ def plan_view(
     """Plan tab: (summary, ranked layouts, explanation, memory vs tokens/s figure of every layout that
     fits) for a model on N devices; with ``measured_comm``, collectives run at the bandwidth measured by
     this device's newest distributed run, where the store has one."""
-    from advisor.planner import PlanRequest, layout_label, plan
+    from advisor.estimate.planner import PlanRequest, layout_label, plan
 
     empty = pd.DataFrame(columns=_PLAN_COLUMNS)
     try:
-        from advisor.presets import get_hardware, get_model
+        from advisor.spec.presets import get_hardware, get_model
 
         link = None
         if measured_comm:
@@ -1404,8 +1404,8 @@ _ANY = "any"
 def history_view(model: str | None, status: str | None, device: str | None, text: str | None):
     """History tab: (count line, runs table, predicted-vs-measured figure) for the filters ("any" or
     empty: no filter)."""
-    from advisor.charts import predicted_measured_figure
-    from advisor.history import predicted_vs_measured, run_table
+    from advisor.present.charts import predicted_measured_figure
+    from advisor.store.history import predicted_vs_measured, run_table
 
     def pick(v):
         return None if v in (None, "", _ANY) else v
@@ -1426,7 +1426,7 @@ def history_view(model: str | None, status: str | None, device: str | None, text
 
 def history_filters():
     """The filter dropdowns' choices from the store (models, statuses, device types)."""
-    from advisor.history import filter_choices, run_table
+    from advisor.store.history import filter_choices, run_table
 
     try:
         c = filter_choices(run_table(_store()))
@@ -1438,8 +1438,8 @@ def history_filters():
 
 def compare_view(run_a: str | None, run_b: str | None):
     """History tab: (summary, spec differences, metrics side by side, phase figure) of two runs."""
-    from advisor.charts import compare_phase_figure
-    from advisor.history import compare_runs
+    from advisor.present.charts import compare_phase_figure
+    from advisor.store.history import compare_runs
 
     empty = pd.DataFrame(columns=["field", "a", "b"]), pd.DataFrame(columns=["metric", "a", "b", "change_pct"]), None
     if not run_a or not run_b:
@@ -1459,7 +1459,7 @@ def compare_view(run_a: str | None, run_b: str | None):
 def calibrate_view(sweep_runs: float, request: gr.Request | None = None):
     """History tab: calibrate this machine (a sweep of short profiled steps, then the fit), yielding
     progress, then the fitted calibration's report."""
-    from advisor.calibrate import calibrate_machine, format_calibration
+    from advisor.advice.calibrate import calibrate_machine, format_calibration
 
     n = _as_int(sweep_runs)
     yield "### Starting the calibration…"

@@ -11,13 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from advisor.errors import AdvisorError
-from advisor.estimator import Estimate, estimate
-from advisor.options import RunOptions
-from advisor.presets import HARDWARE, MODELS
-from advisor.report import format_estimate, format_run
-from advisor.runstore import RUN_ID_RE, STATUSES, RunStore, read_metrics
-from advisor.sizing import make_setup
-from advisor.specs import (
+from advisor.estimate.estimator import Estimate, estimate
+from advisor.present.report import format_estimate, format_run
+from advisor.spec.options import RunOptions
+from advisor.spec.presets import HARDWARE, MODELS
+from advisor.spec.setup import make_setup
+from advisor.spec.specs import (
     FP8_RECIPES,
     FRAMEWORKS,
     OFFLOAD_MODES,
@@ -27,9 +26,10 @@ from advisor.specs import (
     RECOMPUTE_MODES,
     Setup,
 )
+from advisor.store.runstore import RUN_ID_RE, STATUSES, RunStore, read_metrics
 
 CHILD_COMMAND = "_child"
-"""The CLI command the profiling child runs (``advisor.runner.CHILD_COMMAND``, the same string: the
+"""The CLI command the profiling child runs (``advisor.run.launcher.CHILD_COMMAND``, the same string: the
 runner, which imports torch, is imported only by the commands that run a step)."""
 
 
@@ -227,8 +227,8 @@ def _options_from_args(args: argparse.Namespace) -> RunOptions:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from advisor.presets import fastest_precision, local_hardware
-    from advisor.runner import local_device_type, profile_run
+    from advisor.run.launcher import local_device_type, profile_run
+    from advisor.spec.presets import fastest_precision, local_hardware
 
     if args.precision is None:
         args.precision = fastest_precision(local_hardware(local_device_type(args.device)))
@@ -247,7 +247,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_dryrun(args: argparse.Namespace) -> int:
-    from advisor.dryrun import dry_run, dry_run_distributed, format_dry_run
+    from advisor.run.dryrun import dry_run, dry_run_distributed, format_dry_run
 
     setup = setup_from_args(args)
     target = "cpu" if setup.hardware.kind == "cpu" else "cuda"
@@ -272,10 +272,10 @@ def _cmd_dryrun(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from advisor.analyze import analyze_path, format_report
-    from advisor.ceilings import load_ceilings
-    from advisor.presets import get_hardware
-    from advisor.trace_kineto import ANALYSIS_FILE, METRICS_SUFFIX, is_own_output
+    from advisor.analysis.summary import analyze_path, format_report
+    from advisor.spec.ceilings import load_ceilings
+    from advisor.spec.presets import get_hardware
+    from advisor.trace.kineto import ANALYSIS_FILE, METRICS_SUFFIX, is_own_output
 
     path = Path(args.path)
     _check_trace_path(path, "analyze")
@@ -315,9 +315,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 def _cmd_ceilings(args: argparse.Namespace) -> int:
     import torch
 
-    from advisor.ceilings import measure_ceilings, store_ceilings, stored_ceilings
-    from advisor.presets import local_hardware
-    from advisor.runstore import default_root
+    from advisor.run.ceilings import measure_ceilings
+    from advisor.spec.presets import local_hardware
+    from advisor.store.ceilings import store_ceilings, stored_ceilings
+    from advisor.store.runstore import default_root
 
     device = args.device
     if device == "auto":
@@ -362,7 +363,7 @@ def _cmd_ceilings(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
-    from advisor.history import DAMAGED, run_table
+    from advisor.store.history import DAMAGED, run_table
 
     table = run_table(_existing_store(args.traces), model=args.model, status=args.status, device=args.device)
     filtered = any((args.model, args.status, args.device))
@@ -393,7 +394,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from advisor.history import compare_runs
+    from advisor.store.history import compare_runs
 
     c = compare_runs(_existing_store(args.traces), args.run_a, args.run_b)
     if args.json:
@@ -434,17 +435,17 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from advisor.hf_config import load_hf_config
-    from advisor.planner import PlanRequest, format_plan, plan
-    from advisor.presets import get_hardware, get_model
-    from advisor.sizing import default_seq
+    from advisor.estimate.planner import PlanRequest, format_plan, plan
+    from advisor.spec.hf_config import load_hf_config
+    from advisor.spec.presets import get_hardware, get_model
+    from advisor.spec.setup import default_seq
 
     model = load_hf_config(args.hf_config) if args.hf_config else get_model(args.model)
     precisions = tuple(p.strip() for item in args.precision or ["bf16"] for p in item.split(",") if p.strip())
     hardware = get_hardware(args.gpu)
     link = None
     if args.measured_comm == "auto":
-        from advisor.commbw import link_for
+        from advisor.analysis.commbw import link_for
 
         # The store only refines the plan: a missing one is said, not an error.
         store = _existing_store(args.traces, required=False)
@@ -529,7 +530,7 @@ def _setup_flags_given(args: argparse.Namespace) -> list[str]:
 
 
 def _cmd_advise(args: argparse.Namespace) -> int:
-    from advisor.advise import advice_markdown, advise, advise_run, advise_trace
+    from advisor.advice.advise import advice_markdown, advise, advise_run, advise_trace
 
     store = _existing_store(args.traces, required=bool(args.target and RUN_ID_RE.match(args.target)))
     if args.target is not None and (given := _setup_flags_given(args)):
@@ -561,7 +562,7 @@ def _cmd_advise(args: argparse.Namespace) -> int:
 
 
 def _cmd_rules(args: argparse.Namespace) -> int:
-    from advisor.rules import FIELDS, load_rules
+    from advisor.advice.rules import FIELDS, load_rules
 
     if args.fields:
         for name, doc in FIELDS.items():
@@ -582,8 +583,8 @@ def _cmd_rules(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from advisor.advise import gain_phrase
-    from advisor.verify import verify
+    from advisor.advice.advise import gain_phrase
+    from advisor.advice.verify import verify
 
     v = verify(
         args.run_id,
@@ -610,7 +611,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from advisor.calibrate import calibrate_machine, format_calibration
+    from advisor.advice.calibrate import calibrate_machine, format_calibration
 
     cal, path, sweep = calibrate_machine(
         RunStore(args.traces),
@@ -783,7 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (2 on bad input, with the reason on stderr)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    child = argv[:1] == [CHILD_COMMAND]  # the profiling child (advisor.runner), kept out of the help
+    child = argv[:1] == [CHILD_COMMAND]  # the profiling child (advisor.run.launcher), kept out of the help
     if child:
         parser = argparse.ArgumentParser(prog=f"python -m advisor {CHILD_COMMAND}")
         parser.add_argument("--run-dir", required=True)
@@ -792,7 +793,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     try:
         if child:
-            from advisor.runner import child_main
+            from advisor.run.launcher import child_main
 
             return child_main(Path(args.run_dir))
         code = _cmd_profile(args) if args.command == "profile" else args.func(args)

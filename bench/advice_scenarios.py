@@ -2,7 +2,7 @@
 it predicts?
 
 For each scenario: profile the setup (a real step in a child process), advise on the run, take the top
-recommendation that can be re-run on this machine, re-run with its action applied (advisor.verify),
+recommendation that can be re-run on this machine, re-run with its action applied (advisor.advice.verify),
 and set predicted beside measured on the rule's target figure (step time, peak memory or tokens/s).
 
     .venv/bin/python bench/advice_scenarios.py [--store DIR] [--calibration FILE] [--only NAME ...]
@@ -26,15 +26,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from advisor.advise import advise_run
+from advisor.advice.advise import advise_run
+from advisor.advice.verify import verifiable, verify
 from advisor.errors import AdvisorError
-from advisor.estimator import estimate
-from advisor.options import RunOptions
-from advisor.presets import get_model
-from advisor.runner import on_this_machine, profile_run
-from advisor.runstore import RunStore
-from advisor.sizing import make_setup
-from advisor.verify import verifiable, verify
+from advisor.estimate.estimator import estimate
+from advisor.run.launcher import on_this_machine, profile_run
+from advisor.spec.options import RunOptions
+from advisor.spec.presets import get_model
+from advisor.spec.setup import make_setup
+from advisor.store.runstore import RunStore
 
 GiB = 2**30
 # A model big enough for matmuls to dominate on 2 cores, small enough for a step in about a second.

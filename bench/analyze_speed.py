@@ -57,7 +57,7 @@ STEP_GAP_US = 1000  # idle gap between replicated copies of the source trace
 OURS_CHILD = """
 import json, sys, time
 sys.path.insert(0, sys.argv[2])
-from advisor.analyze import analyze, load_trace
+from advisor.analysis.summary import analyze, load_trace
 t0 = time.perf_counter()
 df = load_trace(sys.argv[1])
 t1 = time.perf_counter()
@@ -79,7 +79,7 @@ a.get_idle_time_breakdown(visualize=False)
 t2 = time.perf_counter()
 print(json.dumps({"load_s": t1 - t0, "analysis_s": t2 - t1, "events": int(sum(len(d) for d in a.t.traces.values()))}))
 """
-OURS_BASELINE = "import sys; sys.path.insert(0, sys.argv[2]); import advisor.analyze"
+OURS_BASELINE = "import sys; sys.path.insert(0, sys.argv[2]); import advisor.analysis.summary"
 HTA_BASELINE = "import hta.trace_analysis"
 
 

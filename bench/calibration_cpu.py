@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from advisor.calibrate import (
+from advisor.advice.calibrate import (
     CV_FOLDS,
     CV_REPEATS,
     FEATURES,
@@ -45,8 +45,8 @@ from advisor.calibrate import (
     sweep_setups,
     training_records,
 )
-from advisor.presets import local_hardware
-from advisor.runstore import RunStore
+from advisor.spec.presets import local_hardware
+from advisor.store.runstore import RunStore
 
 RESULTS = Path(__file__).resolve().parent / "results" / "calibration_cpu.md"
 MARKER = "<!-- analysis -->"

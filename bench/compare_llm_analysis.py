@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from advisor.estimator import Estimate, estimate  # noqa: E402 - needs ROOT on sys.path when run as a script
-from advisor.presets import get_hardware, get_model  # noqa: E402 - needs ROOT on sys.path when run as a script
-from advisor.specs import ModelSpec, ParallelSpec, Setup, TrainSpec  # noqa: E402 - needs ROOT on sys.path when run as a script
+from advisor.estimate.estimator import Estimate, estimate  # noqa: E402 - needs ROOT on sys.path when run as a script
+from advisor.spec.presets import get_hardware, get_model  # noqa: E402 - needs ROOT on sys.path when run as a script
+from advisor.spec.specs import ModelSpec, ParallelSpec, Setup, TrainSpec  # noqa: E402 - needs ROOT on sys.path when run as a script
 
 DEFAULT_LLMA_PYTHON = "/tmp/llma/bin/python"
 RUNNER = Path(__file__).resolve().parent / "llm_analysis_runner.py"

@@ -35,16 +35,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd
 import torch
 
-from advisor.analyze import load_trace
-from advisor.collectives import collective_calls, pipeline_bubble, read_collective_sizes
-from advisor.dryrun import dry_run_distributed
-from advisor.estimator import estimate
-from advisor.options import RunOptions
-from advisor.presets import gpt2_style
-from advisor.runner import profile_run
-from advisor.runstore import RunStore
-from advisor.sizing import make_setup
-from advisor.specs import ModelSpec, Setup, setup_from_dict
+from advisor.analysis.collectives import collective_calls, pipeline_bubble, read_collective_sizes
+from advisor.analysis.summary import load_trace
+from advisor.estimate.estimator import estimate
+from advisor.run.dryrun import dry_run_distributed
+from advisor.run.launcher import profile_run
+from advisor.spec.options import RunOptions
+from advisor.spec.presets import gpt2_style
+from advisor.spec.setup import make_setup
+from advisor.spec.specs import ModelSpec, Setup, setup_from_dict
+from advisor.store.runstore import RunStore
 
 DRY_RUN_TARGET_PCT = 8.0
 COMM_TARGET_PCT = 5.0
@@ -111,7 +111,7 @@ def analytic_comm(setup: Setup) -> dict:
     et al. 2022): the embedding reduce-scatters into sequence shards, except with learned positions,
     where it all-reduces and the first block's input is cut (its gradient all-gathered in backward);
     the head all-gathers the final norm's output and reduce-scatters its gradient. SP also all-reduces
-    the norms' weight (and bias) gradients, once per step (advisor.parallel.apply_tp).
+    the norms' weight (and bias) gradients, once per step (advisor.run.parallel.apply_tp).
 
     PP: per micro-batch the activation (b x s x h) sent forward and its gradient sent back over each
     of the pp - 1 stage boundaries: 2 (pp - 1) m sends and as many receives, 2 (pp - 1) m / pp of each
@@ -165,7 +165,7 @@ def run_layout(model: str | ModelSpec, layout: str, store: RunStore) -> Result:
 
 
 def memory_rows(setup: Setup, metrics: dict) -> list[dict]:
-    """Per rank: measured peak (DDP's bucket buffers included: advisor.memprobe.ddp_bucket_bytes),
+    """Per rank: measured peak (DDP's bucket buffers included: advisor.run.memprobe.ddp_bucket_bytes),
     estimate (None for a middle pipeline rank that is not the fullest: the estimate reports the first,
     the last and the fullest rank), and dry run (None for tp/pp)."""
     est = estimate(setup)

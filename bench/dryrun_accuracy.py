@@ -19,12 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from advisor.dryrun import DryRunResult, dry_run
-from advisor.estimator import MemoryBreakdown, estimate
-from advisor.memprobe import measure_step_peak_bytes
-from advisor.sizing import make_setup
-from advisor.specs import ModelSpec, Setup
-from advisor.step import build_trainer, make_loader
+from advisor.estimate.estimator import MemoryBreakdown, estimate
+from advisor.run.dryrun import DryRunResult, dry_run
+from advisor.run.memprobe import measure_step_peak_bytes
+from advisor.run.step import build_trainer, make_loader
+from advisor.spec.setup import make_setup
+from advisor.spec.specs import ModelSpec, Setup
 
 DRY_RUN_TARGET_PCT = 1.0
 ESTIMATE_TARGET_PCT = 10.0
@@ -206,7 +206,7 @@ def main() -> None:
         f"Command: `{COMMAND}` (torch {torch.__version__}, {len(rows)} configurations, "
         f"{time.perf_counter() - start:.0f} s). AdamW (foreach), one steady-state step after a warm-up step;",
         "measured = `memprobe.measure_step_peak_bytes` (live state plus the profiler's running sum of allocations);",
-        "dry run = `advisor.dryrun.dry_run` (FakeTensorMode + MemTracker); estimate = `estimate(setup).memory.total_bytes`",
+        "dry run = `advisor.run.dryrun.dry_run` (FakeTensorMode + MemTracker); estimate = `estimate(setup).memory.total_bytes`",
         "(no runtime allowance on the CPU). Error = (predicted - measured) / measured.",
         "",
         *accuracy_table(rows),

@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from advisor.estimator import estimate
-from advisor.presets import get_hardware, get_model
-from advisor.specs import ParallelSpec, Setup, TrainSpec
+from advisor.estimate.estimator import estimate
+from advisor.spec.presets import get_hardware, get_model
+from advisor.spec.specs import ParallelSpec, Setup, TrainSpec
 
 TARGET_PER_S = 20_000
 
@@ -39,15 +39,22 @@ BASELINE_REV = "85e1556"
 
 
 def baseline_estimate(rev: str):
-    """The ``estimate`` of ``advisor/estimator.py`` at git revision ``rev``, as a separate module."""
+    """The ``estimate`` of the estimator at git revision ``rev``, as a separate module (before the stage
+    sub-packages it was ``advisor/estimator.py`` and imported ``advisor.specs``: both are looked for)."""
     root = Path(__file__).resolve().parents[1]
-    src = subprocess.run(
-        ["git", "show", f"{rev}:advisor/estimator.py"], cwd=root, capture_output=True, text=True, check=True
-    ).stdout
+    for where in ("advisor/estimate/estimator.py", "advisor/estimator.py"):
+        shown = subprocess.run(["git", "show", f"{rev}:{where}"], cwd=root, capture_output=True, text=True)
+        if shown.returncode == 0:
+            break
+    else:
+        raise SystemExit(f"no estimator at revision {rev}")
+    import advisor.spec.specs
+
+    sys.modules.setdefault("advisor.specs", advisor.spec.specs)  # the flat package's name for the specs
     name = f"estimator_{rev}"
     mod = types.ModuleType(name)
     sys.modules[name] = mod  # dataclasses look their module up
-    exec(compile(src, f"{rev}:advisor/estimator.py", "exec"), mod.__dict__)
+    exec(compile(shown.stdout, f"{rev}:{where}", "exec"), mod.__dict__)
     return mod.estimate
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from advisor.estimator import estimate
-from advisor.planner import (
+from advisor.estimate.estimator import estimate
+from advisor.estimate.planner import (
     PlanRequest,
     _layouts,
     _micro_batches,
@@ -30,8 +30,8 @@ from advisor.planner import (
     layout_train,
     plan,
 )
-from advisor.presets import get_hardware, get_model
-from advisor.specs import RECOMPUTE_MODES, Setup
+from advisor.spec.presets import get_hardware, get_model
+from advisor.spec.specs import RECOMPUTE_MODES, Setup
 
 TARGET_S = 1.0
 CASES = [

@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from advisor.options import RunOptions
-from advisor.runner import on_this_machine
-from advisor.sizing import make_setup
-from advisor.step import build_trainer, make_loader, resolve_device
+from advisor.run.launcher import on_this_machine
+from advisor.run.step import build_trainer, make_loader, resolve_device
+from advisor.spec.options import RunOptions
+from advisor.spec.setup import make_setup
 
 TARGET = 1.10
 

@@ -2,10 +2,10 @@
 
 Run: ``.venv/bin/python bench/published_runs.py`` (analytic, a few seconds: the leave-one-source-out
 refits run here too). Prints a markdown report and writes it to ``bench/results/published_runs.md``
-(``--out -`` to skip). ``--fit`` first refits the constants of ``advisor.efficiency`` on every run
+(``--out -`` to skip). ``--fit`` first refits the constants of ``advisor.estimate.efficiency`` on every run
 and writes them, with the leave-one-source-out error the app and the CLI quote as the estimate's error
-band, to ``advisor/efficiency_fit.json``. The runs, their sources and what each leaves out are in
-``advisor/published_runs.json`` and ``advisor/published.py``.
+band, to ``advisor/estimate/efficiency_fit.json``. The runs, their sources and what each leaves out are in
+``advisor/estimate/published_runs.json`` and ``advisor/estimate/published.py``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from advisor.efficiency import FIT_PATH, FITTED, EfficiencyParams, load_fitted  # noqa: E402 - needs ROOT on sys.path
-from advisor.published import (  # noqa: E402
+from advisor.estimate.efficiency import FIT_PATH, FITTED, EfficiencyParams, load_fitted  # noqa: E402 - needs ROOT on sys.path
+from advisor.estimate.published import (  # noqa: E402
     PublishedComparison,
     all_published_runs,
     fit_params,
@@ -73,7 +73,7 @@ def run_fit() -> dict:
     memory = [c.memory_error_pct for c in (r.compare(params) for r in runs) if c.memory_error_pct is not None]
     return {
         "params": params.as_dict(),
-        "fitted_on": f"{len(runs)} runs of {len({r.source for r in runs})} sources (advisor/published_runs.json)",
+        "fitted_on": f"{len(runs)} runs of {len({r.source for r in runs})} sources (advisor/estimate/published_runs.json)",
         "date": datetime.date.today().isoformat(),
         "step_time_error_pct": {
             "fitted_mean_abs": statistics.mean(abs(e) for e in fitted),
@@ -104,7 +104,7 @@ def report(params: EfficiencyParams | None = None) -> str:
         "- Command: `.venv/bin/python bench/published_runs.py` (analytic; `--fit` refits the constants).",
         f"- {len(runs)} runs from {len(sources)} sources ({', '.join(sources)}); each row's citation, the",
         "  row as published and what the source leaves out (and what was taken) are in",
-        "  `advisor/published_runs.json`. Throughput is turned into a step time: tokens per step over",
+        "  `advisor/estimate/published_runs.json`. Throughput is turned into a step time: tokens per step over",
         "  tokens/s per GPU x GPUs.",
         "- Error: estimated / measured step time - 1 (negative: the estimate is too fast). 'fitted': with",
         "  the constants fitted on every run; 'held out': with constants fitted on every other source",
@@ -202,7 +202,7 @@ def report(params: EfficiencyParams | None = None) -> str:
 
 
 def _plan_line(est) -> str:
-    from advisor.planner import layout_label
+    from advisor.estimate.planner import layout_label
 
     return (
         f"{layout_label(est.setup)}: {est.step_time_ms / 1e3:.2f} s a step, "
@@ -213,10 +213,10 @@ def _plan_line(est) -> str:
 
 def planner_section() -> list[str]:
     """The planner's top layout for two jobs beside the estimate of the layout published for them."""
-    from advisor.estimator import estimate
-    from advisor.planner import PlanRequest, plan
-    from advisor.presets import get_hardware, get_model
-    from advisor.published import published_runs
+    from advisor.estimate.estimator import estimate
+    from advisor.estimate.planner import PlanRequest, plan
+    from advisor.estimate.published import published_runs
+    from advisor.spec.presets import get_hardware, get_model
 
     runs = {r.name: r for r in published_runs()}
     lines = ["", "## The planner against published layouts", ""]
@@ -256,7 +256,7 @@ def planner_section() -> list[str]:
         lines.append("")
     # The two plans issue 17 found too optimistic: 405B on 1,024 H100s (the estimator before the rate
     # model: TP 2 PP 32 CP 8 at 70.9 % MFU) and 70B on 256 H200s (ZeRO-3 at 78.8 %).
-    from advisor.sizing import make_setup
+    from advisor.spec.setup import make_setup
 
     for title, req in (
         (

@@ -1,7 +1,7 @@
 """Roofline on our own CPU run: do the matmuls of a large model reach the measured matmul ceiling?
 
 Run: ``.venv/bin/python bench/roofline_cpu.py [--model llama-3.2-1b] [--layers 1] [--seq 256]``.
-Measures this machine's ceilings (``advisor.ceilings``, stored in a temporary run store), then
+Measures this machine's ceilings (``advisor.run.ceilings``, stored in a temporary run store), then
 profiles a step of the model (proxy mode: ``--layers`` of its blocks, its full-width embedding and
 head) in a child process under the same store, so the run's roofline is judged against the measured
 roofs. Prints, per matmul shape with over a GFLOP a call, the achieved FLOP/s as a share of the
@@ -19,12 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from advisor.analyze import analyze_path
-from advisor.ceilings import measure_ceilings, store_ceilings
-from advisor.options import RunOptions
-from advisor.runner import profile_run
-from advisor.runstore import RunStore
-from advisor.sizing import make_setup
+from advisor.analysis.summary import analyze_path
+from advisor.run.ceilings import measure_ceilings
+from advisor.run.launcher import profile_run
+from advisor.spec.options import RunOptions
+from advisor.spec.setup import make_setup
+from advisor.store.ceilings import store_ceilings
+from advisor.store.runstore import RunStore
 
 
 def main() -> int:

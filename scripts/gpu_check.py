@@ -6,14 +6,14 @@ process. Writes ``bench/results/gpu_check_<gpu>.md`` and ``.json``: measured pea
 estimator's and the dry run's predictions, step time, tokens/s and MFU. ``--device cpu --quick``
 runs two tiny configurations on the CPU (the test suite does, so the script cannot rot).
 
-First it measures the device's ceilings (``advisor.ceilings``: matmul FLOP/s per precision and copy
+First it measures the device's ceilings (``advisor.run.ceilings``: matmul FLOP/s per precision and copy
 bandwidth), stores them in the check's run store, so every profiled run's roofline is judged against
 them, and writes them to ``bench/results/gpu_check_<gpu>_ceilings.json``; each row carries its run's
 roofline verdict and how close its GEMMs come to the measured matmul roof. Then it times the
 estimator's GEMM shapes (bf16 and fp8) and flash attention forward and backward (FlashAttention-2 and
 cuDNN, by sequence and head dim), ~30 s on an H200, and keeps the table as
-``advisor/device_tables/<gpu>.json``: the estimator fits its rate model to it for this device
-(``advisor.efficiency.fit_device_table``); the report says how well the fitted model reproduces it.
+``advisor/estimate/device_tables/<gpu>.json``: the estimator fits its rate model to it for this device
+(``advisor.estimate.efficiency.fit_device_table``); the report says how well the fitted model reproduces it.
 
 A short tiny run goes first (a fault that would fail every row fails once, and the grid is not
 run); each child has ``--timeout`` seconds (240); the results are rewritten after every row, in
@@ -42,14 +42,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from advisor.ceilings import measure_ceilings, store_ceilings  # noqa: E402
 from advisor.errors import AdvisorError  # noqa: E402
-from advisor.estimator import estimate  # noqa: E402
-from advisor.options import RunOptions  # noqa: E402
-from advisor.presets import device_slug  # noqa: E402
-from advisor.runner import local_device_type, on_this_machine, profile_run  # noqa: E402
-from advisor.runstore import RunStore  # noqa: E402
-from advisor.sizing import make_setup  # noqa: E402
+from advisor.estimate.estimator import estimate  # noqa: E402
+from advisor.run.ceilings import measure_ceilings  # noqa: E402
+from advisor.run.launcher import local_device_type, on_this_machine, profile_run  # noqa: E402
+from advisor.spec.options import RunOptions  # noqa: E402
+from advisor.spec.presets import device_slug  # noqa: E402
+from advisor.spec.setup import make_setup  # noqa: E402
+from advisor.store.ceilings import store_ceilings  # noqa: E402
+from advisor.store.runstore import RunStore  # noqa: E402
 
 GiB = 2**30
 FULL = [
@@ -62,7 +63,7 @@ QUICK = [("tiny", 128, 2)]
 def _dry_run_peak(setup) -> tuple[float | None, str]:
     """The dry run's peak of ``setup``, or None and why there is none."""
     try:
-        from advisor.dryrun import dry_run
+        from advisor.run.dryrun import dry_run
     except ImportError as err:
         return None, f"the dry run cannot be imported: {err}"
     try:
@@ -165,13 +166,13 @@ class _Report:
 
 
 def _kernel_rates(device: str, quick: bool, out: Path, t_start: float) -> str:
-    """Time the estimator's GEMM shapes and flash attention on this device (advisor.ceilings.
-    measure_kernel_rates), save the table (bench/results/, $OUT, and on a GPU advisor/device_tables/,
+    """Time the estimator's GEMM shapes and flash attention on this device (advisor.run.ceilings.
+    measure_kernel_rates), save the table (bench/results/, $OUT, and on a GPU advisor/estimate/device_tables/,
     which the estimator then fits its rate model to for this device) and return its markdown section:
     the fitted constants and how well the model reproduces the measured shapes."""
-    from advisor.ceilings import measure_kernel_rates
-    from advisor.efficiency import device_table_path, fit_device
-    from advisor.presets import local_hardware
+    from advisor.estimate.efficiency import device_table_path, fit_device
+    from advisor.run.ceilings import measure_kernel_rates
+    from advisor.spec.presets import local_hardware
 
     table = measure_kernel_rates(device, quick=quick)
     hw = local_hardware(device)
@@ -397,7 +398,7 @@ def _markdown(rows: list[dict], device_name: str, wall_s: float) -> str:
 
 def _ceilings_markdown(c, device: str) -> str:
     """The measured ceilings beside the datasheet's."""
-    from advisor.presets import local_hardware
+    from advisor.spec.presets import local_hardware
 
     hw = local_hardware(device)
     lines = [

@@ -36,7 +36,7 @@ def pytest_addoption(parser):
 def _as_cpu(request, monkeypatch):
     name = request.config.getoption("--as-cpu")
     if name is not None:
-        from advisor import presets
+        from advisor.spec import presets
 
         monkeypatch.setattr(presets, "cpu_flags", lambda: set(AS_CPU_FLAGS[name]))
     yield

@@ -19,10 +19,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
-from advisor.memprobe import peak_from_memory_events
-from advisor.parallel import build_parallel_trainer, init_parallel, rank_loader
-from advisor.sizing import make_setup
-from advisor.step import Trainer
+from advisor.run.memprobe import peak_from_memory_events
+from advisor.run.parallel import build_parallel_trainer, init_parallel, rank_loader
+from advisor.run.step import Trainer
+from advisor.spec.setup import make_setup
 
 BASE = {"model": "tiny", "gpu": "cpu", "seq": 128, "micro_batch": 2, "gpus": 2}
 LAYOUTS: dict[str, dict] = {

@@ -18,9 +18,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
-from advisor.parallel import build_parallel_trainer, init_parallel, rank_loader, stage_bounds
-from advisor.presets import gpt2_style
-from advisor.sizing import make_setup
+from advisor.run.parallel import build_parallel_trainer, init_parallel, rank_loader, stage_bounds
+from advisor.spec.presets import gpt2_style
+from advisor.spec.setup import make_setup
 
 STEPS = 3
 SEED = 0

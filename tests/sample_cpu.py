@@ -16,7 +16,7 @@ SAMPLE_CPU_CORES = 2
 def pin_sample_cpu(monkeypatch, cores: bool = True) -> None:
     """Make ``presets.cpu_host`` see the samples' CPU for the rest of the test: its flags, and its core
     count unless ``cores`` is False (tests of this machine's own runs keep its name)."""
-    from advisor import presets
+    from advisor.spec import presets
 
     monkeypatch.setattr(presets, "cpu_flags", lambda: set(SAMPLE_CPU_FLAGS))
     if cores:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from advisor import rules as R
-from advisor.advise import advice_markdown, advise, advise_run, advise_trace, apply_action
+from advisor.advice import rules as R
+from advisor.advice.advise import advice_markdown, advise, advise_run, advise_trace, apply_action
 from advisor.cli import main
 from advisor.errors import AdvisorError
-from advisor.metrics import StepMetrics
-from advisor.runstore import RunStore
-from advisor.sizing import make_setup
+from advisor.spec.metrics import StepMetrics
+from advisor.spec.setup import make_setup
+from advisor.store.runstore import RunStore
 from tests.shared import SHARED_TRACES, needs_shared_traces
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,7 +157,7 @@ def test_our_sample_run_advice_and_report():
     ],
 )
 def test_precision_advice_on_a_cpu_follows_its_16_bit_path(monkeypatch, flags, fp32_top, bf16_top):
-    from advisor import presets
+    from advisor.spec import presets
 
     monkeypatch.setattr(presets, "cpu_flags", lambda: flags)
     monkeypatch.setattr(presets, "cpu_cores", lambda: 2)  # the samples' name: "CPU host (2 cores)"
@@ -269,7 +269,7 @@ def test_one_recommendation_per_setting():
 
 
 def test_a_faulty_gain_does_not_take_the_advice_down(monkeypatch):
-    from advisor import gains
+    from advisor.advice import gains
 
     def broken(target, g):
         raise ZeroDivisionError("boom")
@@ -318,7 +318,7 @@ def test_an_action_already_in_place_is_rejected_not_advised():
 
 
 def test_a_gain_reads_in_the_direction_it_goes():
-    from advisor.advise import gain_phrase
+    from advisor.advice.advise import gain_phrase
 
     # gains.improvement_pct: positive is better, fewer ms or bytes, more tokens/s.
     assert gain_phrase("step_time_ms", 15.6) == "15.6 % less step time"
@@ -332,9 +332,9 @@ def test_a_gain_reads_in_the_direction_it_goes():
 def test_a_setup_that_does_not_fit_points_to_the_planner(capsys):
     import shlex
 
-    from advisor.advise import advice_markdown, advise
+    from advisor.advice.advise import advice_markdown, advise
     from advisor.cli import main
-    from advisor.sizing import make_setup
+    from advisor.spec.setup import make_setup
 
     # 70B on 8 H100s at ZeRO-0: 1,333 GiB a GPU; the one recommendation (ZeRO-1) still leaves 609 GiB.
     md = advice_markdown(advise(setup=make_setup(model="llama-3.1-70b", gpu="h100", gpus=8)))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from advisor.analyze import analyze, format_report, load_trace
+from advisor.analysis.summary import analyze, format_report, load_trace
 from advisor.cli import main
 from advisor.errors import TraceError
 from tests.shared import SHARED_TRACES, needs_shared_traces
@@ -133,7 +133,7 @@ def test_files_a_folder_skipped_are_named_in_the_report_and_the_cli(tmp_path, ca
     "file", ["nsysai_mfu_2gpu_before.sqlite", "nsysai_mfu_2gpu_after.sqlite", "pipit_cloverleaf_cuda.sqlite"]
 )
 def test_nsys_kernel_busy_time_through_our_analysis_matches_the_reference(file):
-    from advisor.analysis import union_ns
+    from advisor.analysis.breakdown import union_ns
 
     ref = next(r for r in json.loads((TRACES / "nsys" / "reference.json").read_text()) if r["file"] == file)
     df = load_trace(TRACES / "nsys" / file)
@@ -174,7 +174,7 @@ def test_gemm_math_modes_on_real_traces():
 
 
 def test_gemm_math_of_kernel_names():
-    from advisor.analysis import gemm_math
+    from advisor.analysis.breakdown import gemm_math
 
     assert gemm_math("volta_sgemm_128x64_nn") == "fp32"
     assert gemm_math("void cutlass::Kernel<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>") == "fp32"

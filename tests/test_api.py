@@ -19,10 +19,10 @@ app = pytest.importorskip("app")
 gradio_client = pytest.importorskip("gradio_client")
 httpx = pytest.importorskip("httpx")
 
-from advisor.options import RunOptions  # noqa: E402 (after the skips)
-from advisor.runner import profile_run  # noqa: E402
-from advisor.runstore import RunStore  # noqa: E402
-from advisor.sizing import make_setup  # noqa: E402
+from advisor.run.launcher import profile_run  # noqa: E402
+from advisor.spec.options import RunOptions  # noqa: E402 (after the skips)
+from advisor.spec.setup import make_setup  # noqa: E402
+from advisor.store.runstore import RunStore  # noqa: E402
 from tests.shared import SHARED_TRACES  # noqa: E402
 
 TRACES = SHARED_TRACES

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from advisor.efficiency import ERROR_BAND
+from advisor.estimate.efficiency import ERROR_BAND
 from tests.shared import SHARED_TRACES
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -101,7 +101,7 @@ def test_app_builds_with_a_size_endpoint():
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-    from advisor.runstore import RunStore
+    from advisor.store.runstore import RunStore
 
     s = RunStore(tmp_path)
     monkeypatch.setattr(app, "_store", lambda: s)
@@ -164,9 +164,9 @@ def test_profile_tab_opens_on_the_newest_run(store):
     assert dropdown.value == newest and len(dropdown.choices) == 2
     # A newer failed run is listed, but the tabs open on the newest run that has something to show;
     # right after a profile the picker shows the run just made, failed or not.
-    from advisor.options import RunOptions
-    from advisor.runner import profile_run
-    from advisor.sizing import make_setup
+    from advisor.run.launcher import profile_run
+    from advisor.spec.options import RunOptions
+    from advisor.spec.setup import make_setup
 
     failed = profile_run(
         make_setup(model="tiny", gpu="cpu", seq=64), RunOptions(device="cpu", steps=1, inject="oom"), store
@@ -189,7 +189,7 @@ SAMPLE_RUNS = ("20261130-165248-tiny-6bcb2f", "20261130-165253-tiny-617152")  # 
 
 @pytest.mark.parametrize("run_id", SAMPLE_RUNS)
 def test_shipped_sample_runs_are_readable(run_id):
-    from advisor.runstore import RunStore
+    from advisor.store.runstore import RunStore
 
     summary, phases, memory, _, timeline, top, trace, roofline = app.run_view(RunStore().load(run_id))
     assert f"`{run_id}`: ok" in summary and phases is not None and memory is not None and timeline is not None
@@ -209,7 +209,7 @@ def fresh_run_figures():
 
 def test_a_run_whose_roofline_fails_still_shows_the_rest(monkeypatch, fresh_run_figures):
     from advisor.errors import TraceError
-    from advisor.runstore import RunStore
+    from advisor.store.runstore import RunStore
 
     def no_roofline(*_args, **_kwargs):
         raise TraceError("trace.json.gz holds no cpu_op events to judge")
@@ -274,9 +274,9 @@ def test_analyze_tab_on_a_stored_cpu_run_and_on_bad_input(tmp_path):
 
 
 def test_analyze_tab_draws_the_roofline_of_a_stored_cpu_run():
-    from advisor.analyze import load_trace
-    from advisor.roofline import trace_roofline
-    from advisor.runstore import RunStore
+    from advisor.analysis.roofline import trace_roofline
+    from advisor.analysis.summary import load_trace
+    from advisor.store.runstore import RunStore
 
     updates = list(app.analyze_job(None, SAMPLE_RUNS[0]))
     assert {len(u) for u in updates} == {9}  # stages as progress, then the view: every output each time
@@ -386,7 +386,7 @@ def test_advice_tab_on_the_size_setup_gives_a_ranked_table_and_files():
 
 
 def test_advice_tab_on_a_stored_run_and_bad_input(tmp_path, monkeypatch):
-    from advisor.runstore import RunStore
+    from advisor.store.runstore import RunStore
 
     monkeypatch.setattr(app, "_store", lambda: RunStore(Path(__file__).resolve().parents[1] / "traces"))
     _, table, *_ = app.advice_view("stored run", "20261130-165248-tiny-6bcb2f", None, *_size_values())
@@ -456,7 +456,7 @@ def test_login_comes_from_the_environment(monkeypatch):
 
 
 def test_size_values_describe_the_setup_they_came_from():
-    from advisor.sizing import make_setup
+    from advisor.spec.setup import make_setup
 
     setup = make_setup(
         model="llama-3.1-70b", gpu="gh200", gpus=64, seq=4096, global_batch=256, tp=4, pp=2, vpp=2,
@@ -483,7 +483,7 @@ def test_a_shared_value_follows_only_where_the_other_tab_allows_it():
 
 
 def test_apply_loads_the_recommended_change_everywhere(monkeypatch):
-    from advisor.runstore import RunStore
+    from advisor.store.runstore import RunStore
     from tests.sample_cpu import pin_sample_cpu
 
     pin_sample_cpu(monkeypatch)  # bf16 is the samples' CPU's fast path, not an AVX2-only one's
@@ -555,7 +555,7 @@ def test_calibrate_reports_progress_then_says_why_it_cannot_fit_yet(store):
 def test_a_cancelled_sweep_starts_no_further_run(store):
     import threading
 
-    from advisor.calibrate import run_sweep, sweep_setups
+    from advisor.advice.calibrate import run_sweep, sweep_setups
 
     cancel = threading.Event()
     cancel.set()
@@ -622,7 +622,7 @@ def test_command_line_flags_and_help_start_no_server(monkeypatch, capsys):
 
 
 def test_step_times_read_in_a_unit_that_fits_them():
-    from advisor.report import fmt_duration
+    from advisor.present.report import fmt_duration
 
     assert fmt_duration(669.9) == "670 ms" and fmt_duration(9_999) == "9,999 ms"
     assert fmt_duration(80_271) == "80.3 s"
@@ -635,14 +635,14 @@ def test_step_times_read_in_a_unit_that_fits_them():
 
 
 def test_the_estimated_mfu_says_it_is_an_ideal_and_how_it_counts():
-    from advisor.estimator import estimate
-    from advisor.report import mfu_note
-    from advisor.sizing import make_setup
+    from advisor.estimate.estimator import estimate
+    from advisor.present.report import mfu_note
+    from advisor.spec.setup import make_setup
 
     summary, *_ = _view()  # Llama-3.1-8B on 8 H200s, flash attention, no recompute
     est = estimate(app._setup_from_size_inputs(*_size_values()))
     # What the MFU rests on: this layout's GEMMs and attention at the rates the model gives their shapes,
-    # and the band measured on published runs held out of the fit (advisor/efficiency_fit.json).
+    # and the band measured on published runs held out of the fit (advisor/estimate/efficiency_fit.json).
     band = ERROR_BAND.step_pct
     assert (
         f"MFU {100 * est.mfu_frac:.1f} % (±{band:.0f} %): this layout's GEMMs at {100 * est.gemm_frac:.0f} %" in summary

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from advisor.calibrate import (
+from advisor.advice.calibrate import (
     FEATURES,
     MIN_RUNS,
     Calibration,
@@ -26,14 +26,14 @@ from advisor.calibrate import (
 )
 from advisor.cli import main
 from advisor.errors import AdvisorError
-from advisor.estimator import estimate
-from advisor.metrics import StepMetrics
-from advisor.options import RunOptions
-from advisor.presets import cpu_host
-from advisor.runner import on_this_machine
-from advisor.runstore import RunStore, new_run_id, write_json_atomic
-from advisor.sizing import make_setup
-from advisor.specs import spec_to_dict
+from advisor.estimate.estimator import estimate
+from advisor.run.launcher import on_this_machine
+from advisor.spec.metrics import StepMetrics
+from advisor.spec.options import RunOptions
+from advisor.spec.presets import cpu_host
+from advisor.spec.setup import make_setup
+from advisor.spec.specs import spec_to_dict
+from advisor.store.runstore import RunStore, new_run_id, write_json_atomic
 from tests.sample_cpu import pin_sample_cpu
 
 # The synthetic truth: this "machine" runs bf16 at 0.4x and fp32 at 0.8x the estimated time, full
@@ -364,7 +364,7 @@ def test_a_calibration_goes_stale_when_the_estimator_changes(setups, tmp_path, m
     # Stored runs are estimated with today's device peaks: the runs recorded the same CPU.
     assert json.loads(cal.checks[0]["setup_json"])["hardware"] == spec_to_dict(cpu_host())
     # A changed estimator (here: a 10 % slower step for everything) makes the stored fit stale.
-    import advisor.calibrate as C
+    import advisor.advice.calibrate as C
 
     real = C.estimate
 
@@ -379,8 +379,8 @@ def test_a_calibration_goes_stale_when_the_estimator_changes(setups, tmp_path, m
 
 
 def test_a_sweep_measures_only_the_precisions_the_device_runs_fast(monkeypatch):
-    from advisor import presets
-    from advisor.calibrate import sweep_precisions
+    from advisor.advice.calibrate import sweep_precisions
+    from advisor.spec import presets
 
     # bf16 autocast ran the tiny step 23x slower than fp32 on an AVX2-only CPU: the sweep leaves it out.
     monkeypatch.setattr(presets, "cpu_flags", lambda: {"avx2"})

@@ -6,8 +6,8 @@ import math
 import pandas as pd
 import pytest
 
-from advisor.charts import BOUND_COLOURS, roofline_figure
-from advisor.roofline import BOUNDS, ROOFLINE_COLUMNS
+from advisor.analysis.roofline import BOUNDS, ROOFLINE_COLUMNS
+from advisor.present.charts import BOUND_COLOURS, roofline_figure
 
 LONG_KERNEL = "void cutlass::Kernel<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_256x128_32x3_nn_align8<" + "x" * 300
 

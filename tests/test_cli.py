@@ -90,7 +90,8 @@ def test_profile_prints_the_run_id_and_directory(tmp_path, capsys):
 @pytest.mark.parametrize("flags, precision", [({"avx2"}, "fp32"), ({"avx2", "avx512f", "avx512_bf16"}, "bf16")])
 def test_profile_defaults_to_the_devices_fast_precision(monkeypatch, tmp_path, flags, precision):
     # bf16 autocast ran the tiny step 23x slower than fp32 on an AVX2-only CPU (10.7 s against 0.47 s).
-    from advisor import presets, runner
+    from advisor.run import launcher as runner
+    from advisor.spec import presets
 
     monkeypatch.setattr(presets, "cpu_flags", lambda: flags)
     seen = []

@@ -23,9 +23,8 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 
-from advisor.analysis import comm_comp_overlap
-from advisor.analyze import load_trace
-from advisor.collectives import (
+from advisor.analysis.breakdown import comm_comp_overlap
+from advisor.analysis.collectives import (
     KINDS,
     collective_calls,
     collective_kind,
@@ -33,12 +32,13 @@ from advisor.collectives import (
     pipeline_bubble,
     read_collective_sizes,
 )
+from advisor.analysis.summary import load_trace
 from advisor.errors import AdvisorError
-from advisor.options import RunOptions
-from advisor.runner import profile_run
-from advisor.runstore import RunStore
-from advisor.sizing import make_setup
-from advisor.specs import setup_from_dict
+from advisor.run.launcher import profile_run
+from advisor.spec.options import RunOptions
+from advisor.spec.setup import make_setup
+from advisor.spec.specs import setup_from_dict
+from advisor.store.runstore import RunStore
 from tests.shared import SHARED_TRACES
 
 ROOT = Path(__file__).resolve().parents[1]

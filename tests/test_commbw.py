@@ -12,32 +12,31 @@ import pandas as pd
 import pytest
 import torch.distributed as dist
 
-from advisor.analyze import load_trace
-from advisor.calibrate import device_key_for
-from advisor.cli import main
-from advisor.collectives import collective_calls, read_collective_sizes
-from advisor.commbw import (
+from advisor.analysis.collectives import collective_calls, read_collective_sizes
+from advisor.analysis.commbw import (
     MIN_CALL_BYTES,
     MeasuredLink,
     bus_factor,
     link_for,
     matched_calls,
     measured_bus_bandwidth,
-    with_measured_link,
 )
+from advisor.analysis.summary import load_trace
+from advisor.cli import main
 from advisor.errors import AdvisorError, SpecError
-from advisor.estimator import COLLECTIVE_LATENCY_S, COMM_EFFICIENCY_FRAC, DDP_BUCKET_BYTES, estimate
-from advisor.options import RunOptions
-from advisor.planner import PlanRequest, plan
-from advisor.presets import cpu_host, get_hardware, get_model
-from advisor.runner import profile_run
-from advisor.runstore import RunStore
-from advisor.sizing import make_setup
+from advisor.estimate.estimator import COLLECTIVE_LATENCY_S, COMM_EFFICIENCY_FRAC, DDP_BUCKET_BYTES, estimate
+from advisor.estimate.links import with_measured_link
+from advisor.estimate.planner import PlanRequest, plan
+from advisor.run.launcher import profile_run
+from advisor.spec.options import RunOptions
+from advisor.spec.presets import cpu_host, device_key_for, get_hardware, get_model
+from advisor.spec.setup import make_setup
+from advisor.store.runstore import RunStore
 from tests.shared import SHARED_TRACES
 
 NCCL_TRACE = SHARED_TRACES / "kineto" / "nccl_parser_config"
 TINY_DDP = {"model": "tiny", "gpu": "cpu", "gpus": 2, "zero": 0, "seq": 64, "micro_batch": 2, "precision": "fp32"}
-TINY_PARAMS = 4_999_424  # advisor.presets.tiny
+TINY_PARAMS = 4_999_424  # advisor.spec.presets.tiny
 needs_gloo = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
 )

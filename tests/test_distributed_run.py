@@ -9,10 +9,10 @@ import pytest
 import torch.distributed as dist
 
 from advisor.errors import AdvisorError
-from advisor.options import RunOptions
-from advisor.runner import launcher, profile_cli_args, profile_run
-from advisor.runstore import RunStore
-from advisor.sizing import make_setup
+from advisor.run.launcher import launcher, profile_cli_args, profile_run
+from advisor.spec.options import RunOptions
+from advisor.spec.setup import make_setup
+from advisor.store.runstore import RunStore
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed with gloo"
@@ -46,7 +46,7 @@ def test_two_processes_file_one_run_with_every_ranks_trace(fsdp_run):
 
 
 def test_the_run_folder_loads_as_every_rank(fsdp_run):
-    from advisor.analyze import load_trace
+    from advisor.analysis.summary import load_trace
 
     _, run = fsdp_run
     table = load_trace(run.path)

@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from advisor.cli import main
-from advisor.dryrun import DISTRIBUTED_MIN_TORCH, dry_run, dry_run_distributed, format_dry_run, torch_release
 from advisor.errors import AdvisorError
-from advisor.estimator import estimate
-from advisor.memprobe import measure_step_peak_bytes
-from advisor.model import build_model
-from advisor.presets import get_hardware, get_model
-from advisor.sizing import make_setup
-from advisor.step import build_trainer, make_loader
+from advisor.estimate.estimator import estimate
+from advisor.run.dryrun import DISTRIBUTED_MIN_TORCH, dry_run, dry_run_distributed, format_dry_run, torch_release
+from advisor.run.memprobe import measure_step_peak_bytes
+from advisor.run.model import build_model
+from advisor.run.step import build_trainer, make_loader
+from advisor.spec.presets import get_hardware, get_model
+from advisor.spec.setup import make_setup
 from tests import dryrun_worker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,7 +161,7 @@ def test_bad_input_raises_advisor_error(gpu, precision, target, message):
 
 
 def test_non_setup_raises_advisor_error():
-    with pytest.raises(AdvisorError, match=r"expected an advisor\.specs\.Setup"):
+    with pytest.raises(AdvisorError, match=r"expected an advisor\.spec\.specs\.Setup"):
         dry_run("llama-3.1-8b")  # type: ignore[arg-type]
 
 

@@ -1,4 +1,4 @@
-"""The rate model's device constants fitted to a measured kernel table (advisor.efficiency), and the
+"""The rate model's device constants fitted to a measured kernel table (advisor.estimate.efficiency), and the
 estimator using them for that device only."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-from advisor import efficiency
-from advisor.efficiency import attention_frac, device_table_path, fit_device_table, gemm_efficiency
-from advisor.estimator import estimate
-from advisor.presets import get_hardware
-from advisor.sizing import make_setup
+from advisor.estimate import efficiency
+from advisor.estimate.efficiency import attention_frac, device_table_path, fit_device_table, gemm_efficiency
+from advisor.estimate.estimator import estimate
+from advisor.spec.presets import get_hardware
+from advisor.spec.setup import make_setup
 
 H100 = get_hardware("h100")
 PEAKS = {"bf16": H100.peak_bf16_flops, "fp8": H100.peak_fp8_flops}
@@ -57,7 +57,7 @@ def test_a_measured_table_replaces_the_datasheet_rates_for_its_device_only(tmp_p
     monkeypatch.setattr(efficiency, "DEVICE_TABLES_DIR", tmp_path)
     device_table_path(H100.name, tmp_path).write_text(json.dumps(table))
     efficiency.device_fit.cache_clear()
-    from advisor import estimator
+    from advisor.estimate import estimator
 
     estimator._rates.cache_clear()
     try:

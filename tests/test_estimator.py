@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from advisor.efficiency import EfficiencyParams, attention_frac, attention_impl, gemm_efficiency
-from advisor.estimator import (
+from advisor.estimate.efficiency import EfficiencyParams, attention_frac, attention_impl, gemm_efficiency
+from advisor.estimate.estimator import (
     COLLECTIVE_LATENCY_S,
     COMM_EFFICIENCY_FRAC,
     DDP_BUCKET_BYTES,
@@ -23,9 +23,9 @@ from advisor.estimator import (
     stage_layers,
     zero_model_state_bytes,
 )
-from advisor.presets import get_hardware, get_model
-from advisor.sizing import make_setup
-from advisor.specs import ModelSpec, ParallelSpec, Setup, SpecError, TrainSpec
+from advisor.spec.presets import get_hardware, get_model
+from advisor.spec.setup import make_setup
+from advisor.spec.specs import ModelSpec, ParallelSpec, Setup, SpecError, TrainSpec
 
 GB = 1e9
 # The rate model's prior constants: tests that check its arithmetic by hand do not follow the fit.
@@ -365,13 +365,13 @@ def test_moe_blocks_per_pipeline_rank_follow_where_the_stages_start():
 
 @pytest.mark.parametrize("pp,vpp", [(4, 1), (3, 1), (2, 2)])
 def test_moe_parameters_per_pipeline_rank_equal_the_model_split(pp, vpp):
-    # The eager step's own split (advisor.parallel.split_pipeline) of a model with MoE every other
+    # The eager step's own split (advisor.run.parallel.split_pipeline) of a model with MoE every other
     # block: each rank's routed-expert and other parameters, counted on the real modules, are the
     # estimator's.
     import torch
 
-    from advisor.model import Transformer
-    from advisor.parallel import stage_bounds
+    from advisor.run.model import Transformer
+    from advisor.run.parallel import stage_bounds
 
     spec = replace(get_model("tiny-moe"), n_layers=8, moe_layer_step=2)
     setup = Setup(
@@ -582,7 +582,7 @@ def test_zero3_gathers_and_streamed_weights_share_one_window():
     assert work > 0
 
 
-# --- the eager step's data parallelism: torch DDP (ZeRO-0) and FSDP2 (ZeRO-1/2/3), as advisor.parallel ---
+# --- the eager step's data parallelism: torch DDP (ZeRO-0) and FSDP2 (ZeRO-1/2/3), as advisor.run.parallel ---
 
 TINY_N = 4_999_424
 LLAMA_8B_ROOT = 2 * 128256 * 4096 + 4096  # embedding, untied head, final norm: the root FSDP unit
@@ -786,7 +786,7 @@ def test_the_eager_gpipe_schedule_keeps_every_micro_batch_on_every_rank():
 
 
 def test_the_memory_chart_shows_the_fullest_middle_stage():
-    from advisor.charts import memory_figure
+    from advisor.present.charts import memory_figure
 
     # Llama 3 405B's layout (above): rank 1 of 16 is the fullest, and the chart shows it between the ends.
     setup = _llama_3_405b_published()
@@ -840,7 +840,7 @@ def test_middle_ranks_are_weighed_by_their_blocks_and_in_flight_micro_batches():
 
 
 def test_the_expert_data_parallel_group_counts_its_own_members_per_node():
-    from advisor.estimator import _expert_dp_bw
+    from advisor.estimate.estimator import _expert_dp_bw
 
     # EP groups are consecutive in DP x CP: Mixtral at DP 256 EP 2 keeps every other GPU of a node in
     # one expert-DP group (4 NICs, 200 GB/s on H100); Maverick at DP 512 CP 2 EP 32 only its CP pair.

@@ -9,15 +9,15 @@ import importlib.util
 import pytest
 import torch
 
-from advisor import fp8
 from advisor.errors import AdvisorError, Refused
-from advisor.fp8 import convert_to_fp8, fp8_refusal
-from advisor.model import build_model
-from advisor.profiling import RunOptions, _fp8_summary
-from advisor.runner import profile_run
-from advisor.runstore import RunStore
-from advisor.sizing import make_setup
-from advisor.step import build_trainer, make_loader
+from advisor.run import fp8
+from advisor.run.child import RunOptions, _fp8_summary
+from advisor.run.fp8 import convert_to_fp8, fp8_refusal
+from advisor.run.launcher import profile_run
+from advisor.run.model import build_model
+from advisor.run.step import build_trainer, make_loader
+from advisor.spec.setup import make_setup
+from advisor.store.runstore import RunStore
 
 CPU = torch.device("cpu")
 needs_torchao = pytest.mark.skipif(

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from advisor.dryrun import DISTRIBUTED_MIN_TORCH, torch_release
-from advisor.options import RunOptions
-from advisor.runner import profile_run
-from advisor.runstore import RunStore
-from advisor.sizing import make_setup
+from advisor.run.dryrun import DISTRIBUTED_MIN_TORCH, torch_release
+from advisor.run.launcher import profile_run
+from advisor.spec.options import RunOptions
+from advisor.spec.setup import make_setup
+from advisor.store.runstore import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,7 +54,7 @@ def test_gpu_check_quick_mode_on_the_cpu_with_its_distributed_part(tmp_path):
     assert "Host-link traffic" in md and "| tiny s128 b2 fp32 offload 2 blocks' activations | 0.0" in md
     assert md.count("| ok |") == 7 and "## Ceilings of CPU host" in md and "| matmul fp32 |" in md
     # The kernel-rate table the estimator's rate model is fitted to (three small fp32 GEMMs on the CPU),
-    # kept beside the results; only a GPU's goes to advisor/device_tables/.
+    # kept beside the results; only a GPU's goes to advisor/estimate/device_tables/.
     kernels = json.loads((tmp_path / result.name.replace(".json", "_kernels.json")).read_text())
     assert [(r["m"], r["n"], r["k"]) for r in kernels["gemm"]] == [
         (256, 256, 256),
@@ -125,7 +125,7 @@ def test_a_failed_row_carries_its_log_and_every_row_is_written_at_once(tmp_path,
     sys.path.insert(0, str(ROOT / "scripts"))
     import gpu_check
 
-    from advisor.ceilings import Ceilings
+    from advisor.spec.ceilings import Ceilings
 
     out, extra = tmp_path / "results", tmp_path / "device-out"
     out.mkdir()

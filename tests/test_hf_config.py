@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from advisor.errors import ConfigImportError
-from advisor.hf_config import load_hf_config, model_from_hf_config
-from advisor.presets import get_model
+from advisor.spec.hf_config import load_hf_config, model_from_hf_config
+from advisor.spec.presets import get_model
 
 DATA = Path(__file__).parent / "data" / "hf"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from advisor.charts import compare_phase_figure, predicted_measured_figure
 from advisor.cli import main
 from advisor.errors import AdvisorError
-from advisor.history import (
+from advisor.present.charts import compare_phase_figure, predicted_measured_figure
+from advisor.store.history import (
     RUN_COLUMNS,
     VERIFICATIONS_DIR,
     compare_runs,
@@ -22,7 +22,7 @@ from advisor.history import (
     predicted_vs_measured,
     run_table,
 )
-from advisor.runstore import RunStore
+from advisor.store.runstore import RunStore
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 RUN_A = "20261130-165248-tiny-6bcb2f"  # fp32, no recompute
@@ -181,7 +181,7 @@ def _write_pairs(store: RunStore) -> None:
 
 
 def test_predicted_vs_measured(store):
-    from advisor.verify import VERIFY_DIR
+    from advisor.advice.verify import VERIFY_DIR
 
     assert VERIFICATIONS_DIR == VERIFY_DIR
     df = predicted_vs_measured(store)

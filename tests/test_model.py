@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from advisor.hf_config import load_hf_config
-from advisor.model import INIT_STD, MoE, build_model, count_parameters
-from advisor.presets import MODELS, get_model
+from advisor.run.model import INIT_STD, MoE, build_model, count_parameters
+from advisor.spec.hf_config import load_hf_config
+from advisor.spec.presets import MODELS, get_model
 
 DATA = Path(__file__).parent / "data" / "hf"
 

@@ -2,8 +2,8 @@
 
 from types import SimpleNamespace
 
-import advisor.nvml as nvml_mod
-from advisor.nvml import NvmlSampler, decode_throttle
+import advisor.run.nvml as nvml_mod
+from advisor.run.nvml import NvmlSampler, decode_throttle
 
 
 class FakeNvml:

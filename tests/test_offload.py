@@ -11,17 +11,17 @@ import json
 import pytest
 import torch
 
-from advisor.dryrun import DISTRIBUTED_MIN_TORCH, dry_run, torch_release
 from advisor.errors import SpecError
-from advisor.estimator import estimate, offloaded_activation_bytes
-from advisor.memprobe import measure_step_peak_bytes
-from advisor.model import build_model
-from advisor.offload import ActivationOffloader, offloaded_blocks, parameter_derived
-from advisor.options import RunOptions
-from advisor.runner import profile_run
-from advisor.runstore import RunStore
-from advisor.sizing import make_setup
-from advisor.step import build_trainer, make_loader
+from advisor.estimate.estimator import estimate, offloaded_activation_bytes
+from advisor.run.dryrun import DISTRIBUTED_MIN_TORCH, dry_run, torch_release
+from advisor.run.launcher import profile_run
+from advisor.run.memprobe import measure_step_peak_bytes
+from advisor.run.model import build_model
+from advisor.run.offload import ActivationOffloader, offloaded_blocks, parameter_derived
+from advisor.run.step import build_trainer, make_loader
+from advisor.spec.options import RunOptions
+from advisor.spec.setup import make_setup
+from advisor.store.runstore import RunStore
 
 CPU = torch.device("cpu")
 MiB = 2**20

@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 
 from advisor.errors import AdvisorError, SpecError
-from advisor.parallel import check_supported, stage_bounds
-from advisor.sizing import make_setup
-from advisor.specs import Setup
-from advisor.step import build_trainer, make_loader
+from advisor.run.parallel import check_supported, stage_bounds
+from advisor.run.step import build_trainer, make_loader
+from advisor.spec.setup import make_setup
+from advisor.spec.specs import Setup
 from tests import parallel_worker as worker
 
 pytestmark = pytest.mark.skipif(
@@ -189,7 +189,7 @@ def test_pipeline_reports_its_wait_phase(runs):
     ],
 )
 def test_unsupported_layouts_are_refused_before_any_process_group(overrides, field):
-    from advisor.parallel import check_supported
+    from advisor.run.parallel import check_supported
 
     setup = make_setup(**(worker.BASE | {"gpu": "h100"} | overrides))
     with pytest.raises(AdvisorError, match=field):
@@ -197,8 +197,8 @@ def test_unsupported_layouts_are_refused_before_any_process_group(overrides, fie
 
 
 def test_heads_must_split_evenly_over_tp():
-    from advisor.parallel import check_supported
-    from advisor.presets import get_model
+    from advisor.run.parallel import check_supported
+    from advisor.spec.presets import get_model
 
     spec = get_model("tiny")  # 8 query heads, 4 key/value heads
     setup = make_setup(**(worker.BASE | {"model": spec, "gpus": 8, "tp": 8, "zero": 3}))
@@ -207,7 +207,7 @@ def test_heads_must_split_evenly_over_tp():
 
 
 def test_init_parallel_outside_torchrun_says_how_to_launch(monkeypatch):
-    from advisor.parallel import init_parallel
+    from advisor.run.parallel import init_parallel
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
@@ -216,7 +216,7 @@ def test_init_parallel_outside_torchrun_says_how_to_launch(monkeypatch):
 
 
 def test_init_parallel_checks_the_world_size(monkeypatch):
-    from advisor.parallel import init_parallel
+    from advisor.run.parallel import init_parallel
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")
@@ -226,7 +226,7 @@ def test_init_parallel_checks_the_world_size(monkeypatch):
 
 
 def test_rank_loaders_partition_the_single_process_batches():
-    from advisor.parallel import rank_loader
+    from advisor.run.parallel import rank_loader
 
     setup = worker.layout_setup("ddp")  # dp 2, micro_batch 2, grad_accum 2
     ref = worker.reference_setup("ddp")
@@ -238,7 +238,7 @@ def test_rank_loaders_partition_the_single_process_batches():
 
 
 def test_middle_pipeline_stages_read_no_data():
-    from advisor.parallel import rank_loader
+    from advisor.run.parallel import rank_loader
 
     setup = make_setup(**(worker.BASE | {"gpus": 4, "pp": 4, "global_batch": 8}))
     loaders = [rank_loader(setup, _info(pp=4, pp_rank=r), 1, 0, False, seed=0) for r in range(4)]
@@ -247,7 +247,7 @@ def test_middle_pipeline_stages_read_no_data():
 
 def _info(*, pp=1, dp=1, tp=1, pp_rank=0, dp_rank=0, tp_rank=0):
     """A ParallelInfo for the data helpers, which read only its coordinates (no process group)."""
-    from advisor.parallel import ParallelInfo
+    from advisor.run.parallel import ParallelInfo
 
     world = pp * dp * tp
     rank = (pp_rank * dp + dp_rank) * tp + tp_rank
@@ -271,8 +271,8 @@ def test_a_vocabulary_too_small_for_tp_is_refused():
     # 5 rows over 4 TP ranks split as torch.chunk does: 2, 2, 1, 0; the last rank would hold none.
     from dataclasses import replace
 
-    from advisor.parallel import check_supported
-    from advisor.presets import get_model
+    from advisor.run.parallel import check_supported
+    from advisor.spec.presets import get_model
 
     setup = make_setup(**(worker.BASE | {"model": replace(get_model("tiny"), vocab=5), "gpus": 4, "tp": 4, "zero": 3}))
     with pytest.raises(AdvisorError, match=r"model.vocab=5 leaves the last TP rank no vocabulary rows .* use tp <= 3"):

@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from advisor.charts import plan_scatter_figure
 from advisor.cli import main
 from advisor.errors import AdvisorError, SpecError
-from advisor.estimator import estimate, stage_layers
-from advisor.planner import (
+from advisor.estimate.estimator import estimate, stage_layers
+from advisor.estimate.planner import (
     MAX_POINTS,
     PlanRequest,
     _rank_key,
@@ -22,8 +21,9 @@ from advisor.planner import (
     technique_of,
     techniques_for,
 )
-from advisor.presets import get_hardware, get_model
-from advisor.specs import OFFLOAD_MODES, RECOMPUTE_MODES, ParallelSpec, Setup, TrainSpec
+from advisor.present.charts import plan_scatter_figure
+from advisor.spec.presets import get_hardware, get_model
+from advisor.spec.specs import OFFLOAD_MODES, RECOMPUTE_MODES, ParallelSpec, Setup, TrainSpec
 
 DATA = Path(__file__).parent / "data" / "hf"
 
@@ -156,7 +156,7 @@ def _brute_force(req: PlanRequest) -> tuple[list, int]:
             dp = g // (tp * cp * pp)
             if pp * vpp > m.n_layers or (vpp > 1 and pp == 1):
                 continue
-            # The memory techniques of a layout follow its smallest stage (advisor.planner.techniques_for).
+            # The memory techniques of a layout follow its smallest stage (advisor.estimate.planner.techniques_for).
             probe = Setup(m, TrainSpec(req.seq_len, 1, pp, prec), ParallelSpec(1, 1, pp, vpp), hw)
             techniques = techniques_for(req, min(stage_layers(probe)))
             for ep, zero, offload, technique, sp, b in itertools.product(
@@ -403,7 +403,7 @@ def test_points_are_every_fitting_setting_of_a_small_search():
 
 @pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_points_are_capped_keeping_the_top(monkeypatch):
-    import advisor.planner as planner
+    import advisor.estimate.planner as planner
 
     # Mixtral on 256 H100s leaves 1,237 fitting settings after the cuts; a cap of 1,000 must keep the
     # top and the fastest of the rest (the cap itself, 3,000, is what a browser draws at once).
@@ -426,7 +426,7 @@ def test_plan_scatter_figure_marks_the_top_and_the_capacity():
 
 
 def test_step_times_keep_three_digits_below_100_ms():
-    from advisor.planner import _ms
+    from advisor.estimate.planner import _ms
 
     # Whole milliseconds hid a tiny model's 0.81 ms step ("1") and told 14.6 from 15.2 ms as "15".
     assert [_ms(x) for x in (0.8123, 14.63, 15.24, 99.94, 100.4, 62_067.2)] == [
@@ -442,7 +442,7 @@ def test_step_times_keep_three_digits_below_100_ms():
 def test_tp_stays_inside_a_72_gpu_rack():
     # GB200 NVL72: on two racks TP 16, 32 or 64 would split some TP groups over both (72 is no multiple
     # of 16), so TP goes up to 8; inside one rack (64 GPUs) every power of two up to 64 is tried.
-    from advisor.planner import _layouts
+    from advisor.estimate.planner import _layouts
 
     two_racks = {lay.tp for lay in _layouts(request("llama-3.1-70b", "gb200", 144, 4096, 144))}
     assert two_racks == {1, 2, 4, 8}

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from advisor.errors import AdvisorError
-from advisor.memprobe import measure_step_peak_bytes
-from advisor.profiling import RunOptions, median_step_phases, run_profile
-from advisor.runner import on_this_machine, profile_run
-from advisor.runstore import RunStore
-from advisor.sizing import make_setup
-from advisor.step import _Clock, build_trainer, make_loader
+from advisor.run.child import RunOptions, median_step_phases, run_profile
+from advisor.run.launcher import on_this_machine, profile_run
+from advisor.run.memprobe import measure_step_peak_bytes
+from advisor.run.step import _Clock, build_trainer, make_loader
+from advisor.spec.setup import make_setup
+from advisor.store.runstore import RunStore
 
 CPU = torch.device("cpu")
 CPU_TRACE_DIR = Path(__file__).resolve().parents[1] / "traces" / "20261130-165248-tiny-6bcb2f"
@@ -262,8 +262,8 @@ def test_fp16_skipped_steps_are_counted(tmp_path):
 def test_a_failing_trace_analysis_keeps_the_measured_metrics(monkeypatch, capsys):
     # The GPU box may lack an optional package, or the analysis meet a trace it has not seen: the
     # measured step is kept, and the run's log says why the analysis is missing.
-    from advisor import profiling
-    from advisor.metrics import StepMetrics
+    from advisor.run import child as profiling
+    from advisor.spec.metrics import StepMetrics
 
     def broken(*args):
         raise ModuleNotFoundError("No module named 'orjson'")
@@ -288,7 +288,7 @@ def test_the_phases_are_those_of_the_median_step_they_are_shown_beside():
 
 
 def test_progress_says_what_each_step_is_for():
-    from advisor.profiling import _step_role, _total_steps
+    from advisor.run.child import _step_role, _total_steps
 
     options = RunOptions(device="cpu", steps=2)  # 1 warm-up, 2 timed, the profiler's warm-up, 2 profiled
     total = _total_steps(options)

@@ -1,4 +1,4 @@
-"""The estimator against published training runs (advisor/published.py, advisor/published_runs.json): the
+"""The estimator against published training runs (advisor/estimate/published.py, advisor/estimate/published_runs.json): the
 setups are the sources', the FLOPs give their MFU, the fitted constants are the committed ones, and the
 step-time error, fitted and held out one source at a time, meets issue 17's targets."""
 
@@ -9,9 +9,9 @@ import statistics
 
 import pytest
 
-from advisor.efficiency import FIT_PATH, FITTED, PARAM_BOUNDS
-from advisor.estimator import narayanan_flops_per_iteration
-from advisor.published import (
+from advisor.estimate.efficiency import FIT_PATH, FITTED, PARAM_BOUNDS
+from advisor.estimate.estimator import narayanan_flops_per_iteration
+from advisor.estimate.published import (
     KORTHIKANTI,
     RUNS_PATH,
     all_published_runs,
@@ -95,7 +95,7 @@ def test_our_flops_give_the_papers_mfu(rows):
 
 
 def test_the_committed_constants_are_the_fit_of_these_runs():
-    # bench/published_runs.py --fit wrote advisor/efficiency_fit.json from these runs: refitting gives
+    # bench/published_runs.py --fit wrote advisor/estimate/efficiency_fit.json from these runs: refitting gives
     # the same constants, none of them pinned at a bound.
     refit = fit_params(published_runs())
     for name, value in refit.as_dict().items():

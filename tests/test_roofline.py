@@ -8,12 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from advisor.advise import advise_trace
-from advisor.analyze import analyze_path, load_trace
-from advisor.ceilings import Ceilings, ceilings_path, load_ceilings, measure_ceilings, store_ceilings, stored_ceilings
-from advisor.errors import AdvisorError, TraceError
-from advisor.presets import get_hardware, hardware_for_trace, tiny
-from advisor.roofline import (
+from advisor.advice.advise import advise_trace
+from advisor.analysis.roofline import (
     kernel_roofline,
     op_roofline,
     op_work,
@@ -23,7 +19,13 @@ from advisor.roofline import (
     total_flops,
     trace_roofline,
 )
-from advisor.specs import HardwareSpec
+from advisor.analysis.summary import analyze_path, load_trace
+from advisor.errors import AdvisorError, TraceError
+from advisor.run.ceilings import measure_ceilings
+from advisor.spec.ceilings import Ceilings, load_ceilings
+from advisor.spec.presets import get_hardware, hardware_for_trace, tiny
+from advisor.spec.specs import HardwareSpec
+from advisor.store.ceilings import ceilings_path, store_ceilings, stored_ceilings
 from tests.shared import SHARED_TRACES, needs_shared_traces
 
 RUN = Path(__file__).resolve().parent.parent / "traces" / "20261130-165248-tiny-6bcb2f"
@@ -47,7 +49,7 @@ def roofline(ops, hardware):
 
 
 def tiny_cpu() -> HardwareSpec:
-    from advisor.presets import cpu_host
+    from advisor.spec.presets import cpu_host
 
     return cpu_host()
 
@@ -308,7 +310,7 @@ def test_roofline_rules_fire_on_the_real_traces():
 
 
 def test_a_trace_too_large_for_the_roofline_is_still_analyzed(monkeypatch, capsys):
-    import advisor.roofline as roofline
+    import advisor.analysis.roofline as roofline
 
     monkeypatch.setattr(roofline, "ROOFLINE_MAX_BYTES", 1000)
     report = analyze_path(RUN)
@@ -499,7 +501,7 @@ def test_op_work_by_hand(name, dims, types, concrete, expected):
 
 @needs_traces
 def test_the_cli_summary_lists_copies_by_their_bandwidth():
-    from advisor.analyze import format_report
+    from advisor.analysis.summary import format_report
 
     text = format_report(analyze_path(V100), "v100")
     assert "Roofline verdict: compute-bound (compute 62.4 %, memory 34.9 %, latency 1.3 % of the GPU span)" in text

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from advisor import rules as R
+from advisor.advice import rules as R
 
 RULES = R.load_rules()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from advisor.errors import AdvisorError
-from advisor.runstore import OWNER_FILE, STAGING, RunStore, add_owner, check_run_id, new_run_id, write_json_atomic
+from advisor.store.runstore import OWNER_FILE, STAGING, RunStore, add_owner, check_run_id, new_run_id, write_json_atomic
 
 
 def _commit(store, status="ok", metrics=True):
@@ -107,7 +107,7 @@ def test_staging_dirs_of_dead_processes_are_removed_and_no_others(tmp_path):
     staging = tmp_path / STAGING
     # A process that staged a run and was killed before its commit (os._exit: no cleanup runs).
     code = (
-        "import os, sys; from advisor.runstore import RunStore, new_run_id; "
+        "import os, sys; from advisor.store.runstore import RunStore, new_run_id; "
         "print(RunStore(sys.argv[1]).staging_dir(new_run_id('tiny')).name, flush=True); os._exit(9)"
     )
     repo = Path(__file__).resolve().parents[1]

@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 
 from advisor.errors import SpecError
-from advisor.presets import HARDWARE, MODELS, get_hardware, get_model
-from advisor.sizing import build_parallel, make_setup
-from advisor.specs import ParallelSpec, Setup, TrainSpec
+from advisor.spec.presets import HARDWARE, MODELS, get_hardware, get_model
+from advisor.spec.setup import build_parallel, make_setup
+from advisor.spec.specs import ParallelSpec, Setup, TrainSpec
 
 # Published counts (model cards / sum of safetensors shapes); Llama-4 counts are the language model
 # alone, summed from config.json shapes by hand (see presets.py docstrings).
@@ -227,7 +227,7 @@ def test_setup_derives_batch_and_accumulation():
     ],
 )
 def test_cpu_host_peaks_follow_the_cpu_flags(monkeypatch, flags, bf16, fp16):
-    from advisor import presets
+    from advisor.spec import presets
 
     monkeypatch.setattr(presets, "cpu_flags", lambda: flags)
     cpu = presets.cpu_host()
@@ -237,7 +237,7 @@ def test_cpu_host_peaks_follow_the_cpu_flags(monkeypatch, flags, bf16, fp16):
 
 
 def test_gpu_names_from_traces_find_their_presets():
-    from advisor.presets import hardware_for_gpu_name, hardware_for_trace
+    from advisor.spec.presets import hardware_for_gpu_name, hardware_for_trace
 
     # Meta's A100-PG509-200 reports 40 GB: the HBM2 part at 1.555 TB/s, not the 80 GB one.
     assert hardware_for_gpu_name("NVIDIA A100-PG509-200", 42297524224).mem_bw_bytes_per_s == 1.555e12
@@ -267,7 +267,7 @@ def test_gpu_names_from_traces_find_their_presets():
 
 
 def test_bf16_on_a_gpu_without_it_is_refused():
-    from advisor.sizing import make_setup
+    from advisor.spec.setup import make_setup
 
     with pytest.raises(SpecError, match="bf16"):
         make_setup(model="gpt2-124m", gpu="v100", seq=1024, precision="bf16")
@@ -275,7 +275,7 @@ def test_bf16_on_a_gpu_without_it_is_refused():
 
 
 def test_the_fastest_precision_of_each_device(monkeypatch):
-    from advisor import presets
+    from advisor.spec import presets
 
     # bf16 on Ampere and newer (ties with fp16 go to bf16: no GradScaler), fp16 on a V100 (no bf16 math:
     # 125 against 15.7 TFLOP/s fp32), on a CPU what its flags give.

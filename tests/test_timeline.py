@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from advisor.analyze import load_trace
-from advisor.charts import timeline_figure
+from advisor.analysis.summary import load_trace
+from advisor.analysis.timeline import MAX_NAME_CHARS, WHOLE_TRACE, step_timeline
 from advisor.errors import AdvisorError
-from advisor.timeline import MAX_NAME_CHARS, WHOLE_TRACE, step_timeline
+from advisor.present.charts import timeline_figure
 from tests.shared import SHARED_TRACES, needs_shared_traces
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,7 +193,7 @@ def test_timeline_figure_has_one_trace_per_name_and_lanes_in_order():
 
 
 def test_lanes_read_step_phase_then_streams_by_number():
-    from advisor.charts import _lane_key
+    from advisor.present.charts import _lane_key
 
     lanes = ["GPU stream 23", "GPU stream 7", "step", "phase", "GPU stream -1", "CPU ops"]
     assert sorted(lanes, key=_lane_key) == [

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from advisor.analysis import (
+from advisor.analysis.breakdown import (
     comm_comp_overlap,
     drop_last_profiler_step,
     idle_split,
@@ -22,7 +22,7 @@ from advisor.analysis import (
     temporal_breakdown,
 )
 from advisor.errors import TraceError
-from advisor.trace_kineto import ANALYSIS_FILE, load_kineto
+from advisor.trace.kineto import ANALYSIS_FILE, load_kineto
 from tests.shared import SHARED_TRACES
 
 TRACES = SHARED_TRACES
@@ -239,7 +239,8 @@ def test_non_utf8_file_names_load(tmp_path):
 def test_the_standard_library_parser_reads_the_same_table(tmp_path, monkeypatch):
     # orjson is an optional speed-up (a GPU box's image may lack it): without it the standard
     # library's json reads the same events, and bad input still fails clearly.
-    from advisor import collectives, trace_kineto
+    from advisor.analysis import collectives
+    from advisor.trace import kineto as trace_kineto
 
     sample = Path(__file__).resolve().parents[1] / "traces" / "20261130-165248-tiny-6bcb2f" / "trace.json.gz"
     # Collective sizes: a real 2-rank NCCL trace where ../shared is here (our sample run has none).

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from advisor.errors import TraceError
-from advisor.trace_nsys import load_nsys_sqlite
+from advisor.trace.nsys import load_nsys_sqlite
 from tests.shared import SHARED_TRACES
 
 TRACES = SHARED_TRACES

@@ -12,11 +12,8 @@ import pytest
 import torch
 
 from advisor.errors import AdvisorError, Refused
-from advisor.options import RunOptions
-from advisor.runner import nsys_prefix, profile_cli_args, profile_run
-from advisor.runstore import RunStore
-from advisor.sizing import make_setup
-from advisor.unified_memory import (
+from advisor.run.launcher import nsys_prefix, profile_cli_args, profile_run
+from advisor.run.unified_memory import (
     RESERVE_BYTES,
     ManagedAllocator,
     build_allocator,
@@ -26,6 +23,9 @@ from advisor.unified_memory import (
     um_budget,
     um_refusal,
 )
+from advisor.spec.options import RunOptions
+from advisor.spec.setup import make_setup
+from advisor.store.runstore import RunStore
 
 GiB = 2**30
 CUDART = next(iter(sorted(Path("/usr/local/cuda/lib64").glob("libcudart.so.*"))), None)
@@ -117,7 +117,7 @@ def test_the_options_and_commands_carry_unified_memory():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: managed memory within its free memory")
 def test_a_step_in_managed_memory_stays_under_the_cap():
-    from advisor.step import build_trainer, make_loader
+    from advisor.run.step import build_trainer, make_loader
 
     setup = make_setup(model="tiny", gpu="h100", seq=256, micro_batch=2, framework="pytorch")
     device = torch.device("cuda")

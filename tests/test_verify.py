@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from advisor import presets
-from advisor.advise import advise_run
+from advisor.advice.advise import advise_run
+from advisor.advice.verify import VERIFY_DIR, verify
 from advisor.cli import main
 from advisor.errors import AdvisorError
-from advisor.options import RunOptions
-from advisor.runner import profile_run
-from advisor.runstore import RunStore
-from advisor.sizing import make_setup
-from advisor.verify import VERIFY_DIR, verify
+from advisor.run.launcher import profile_run
+from advisor.spec import presets
+from advisor.spec.options import RunOptions
+from advisor.spec.setup import make_setup
+from advisor.store.runstore import RunStore
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,558 @@
+"""Collective communication per rank (calls, time, bytes, exposed time) and the pipeline bubble.
+
+What the traces hold (our gloo runs under torch 2.13; the NCCL traces in ../shared/traces/kineto):
+
+- CPU, gloo: each collective the backend runs is a ``gloo:<kind>`` range on one of the process
+  group's worker threads (``gloo:send`` / ``gloo:recv`` on the calling thread). It spans the work from
+  its start to its completion, so it includes waiting for the peers to join. The call that issued it
+  is a ``c10d::*`` op on the training thread (``c10d::allreduce_``, ``c10d::_allgather_base_``,
+  ``c10d::_reduce_scatter_base_``, ``c10d::send``, ``c10d::recv_``; under DTensor inside a
+  ``_c10d_functional::*`` op). Gloo runs a reduce-scatter as an all-reduce of the whole input: its
+  range is named ``gloo:all_reduce`` (FSDP2's and sequence parallelism's reduce-scatters), so the kind
+  of a call comes from the op that issued it, not from the range's name.
+- GPU, NCCL: each collective is an ``ncclKernel_*`` / ``ncclDevKernel_*`` kernel. Its kind comes from
+  the ``c10d::*`` op around the runtime call that launched it (older NCCL names every kernel
+  ``SendRecv``: in trace_filter they are all-reduces, all-gathers and all-to-alls), else from the
+  kernel's name.
+- Sizes: the event table keeps no tensor shapes or NCCL message sizes (the Kineto loader keeps no
+  ``args`` beyond bytes, device, stream and correlation), so ``bytes`` is NaN unless the sizes are read
+  from the trace files with :func:`read_collective_sizes`, an edge that reads the raw JSON.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import re
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from advisor.errors import AdvisorError, TraceError
+from advisor.spec.specs import Setup
+
+# The Kineto loader's own rank and time conversions, so that sizes join the event table exactly.
+from advisor.trace.kineto import DEFAULT_MAX_BYTES, _rank, _to_ns, json_loads, trace_files
+from advisor.trace.table import kind_mask
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send", "recv", "broadcast", "all_to_all", "barrier", "other")
+# Name fragments (lower case, underscores removed) in the order they are tried: reduce-scatter before
+# all-reduce, SendRecv (NCCL's kernel for send, recv and all-to-all alike) before send and recv.
+_KIND_FRAGMENTS = (
+    ("reducescatter", "reduce_scatter"),
+    ("allreduce", "all_reduce"),
+    ("allgather", "all_gather"),
+    ("alltoall", "all_to_all"),
+    ("broadcast", "broadcast"),
+    ("barrier", "barrier"),
+    ("sendrecv", "other"),
+    ("send", "send"),
+    ("recv", "recv"),
+)
+_COMM_KERNEL = re.compile(r"^nccl|ncclkernel|nccldevkernel")  # analysis.COMM_RE, on lower-cased names
+_ISSUE_PREFIXES = ("c10d::", "_c10d_functional::")
+_NOT_ISSUE = ("wait_tensor", "_wrap_tensor_autograd")  # functional-collective helpers that send nothing
+_COMM_OP_PREFIXES = (*_ISSUE_PREFIXES, "record_param_comms")
+_STEP_RE = re.compile(r"^ProfilerStep#\d+$")
+# Element sizes of the dtype names traces use: record_shapes' "Input type" (C++ names) and NCCL
+# kernels' "dtype" (c10 ScalarType names).
+_ELEMENT_BYTES = {
+    "float": 4,
+    "double": 8,
+    "c10::half": 2,
+    "half": 2,
+    "c10::bfloat16": 2,
+    "bfloat16": 2,
+    "long int": 8,
+    "long": 8,
+    "int": 4,
+    "short int": 2,
+    "short": 2,
+    "signed char": 1,
+    "char": 1,
+    "unsigned char": 1,
+    "byte": 1,
+    "bool": 1,
+    "c10::float8_e4m3fn": 1,
+    "float8_e4m3fn": 1,
+    "c10::float8_e5m2": 1,
+    "float8_e5m2": 1,
+}
+_NOT_TENSOR = ("", "Scalar", "ScalarList", "GenericList", "None", "TensorList")
+
+
+def collective_kind(name: str) -> str:
+    """The kind (one of ``KINDS``) a c10d op, backend range or NCCL kernel name stands for."""
+    key = name.split("(", 1)[0].lower().replace("_", "")
+    return next((kind for fragment, kind in _KIND_FRAGMENTS if fragment in key), "other")
+
+
+def collective_calls(table: pd.DataFrame, sizes: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per collective call, rank by rank, each rank's in start order.
+
+    Columns: ``rank``; ``kind`` (one of ``KINDS``); ``op``, the c10d op that issued it ('' where none
+    is found); ``name`` of the collective's own event (NCCL kernel or gloo range); ``start_ns`` and
+    ``dur_ns`` of that event; ``exposed_ns``, the part of it during which the rank computed nothing
+    (see :func:`collective_table`); ``bytes`` (float, NaN without ``sizes``): the collective's full
+    buffer, i.e. the all-reduced tensor, an all-gather's gathered output, a reduce-scatter's unreduced
+    input, the tensor sent, received or broadcast, an all-to-all's larger side: the largest tensor or
+    NCCL message the trace records for the call or the op that issued it, times its element size.
+
+    ``sizes``: :func:`read_collective_sizes` of the same trace.
+    """
+    return _calls_and_busy(table, sizes)[0]
+
+
+def collective_table(table: pd.DataFrame, sizes: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per rank and kind of collective (kinds that occur): ``calls``, ``time_ms``, ``bytes``, ``exposed_ms``.
+
+    - ``time_ms``: summed duration of the collectives' own events: NCCL kernels on a GPU, ``gloo:*``
+      ranges on the CPU (which run from the work's start to its completion, waiting for peers included).
+    - ``bytes``: summed full buffers of the calls (see :func:`collective_calls`); NaN unless ``sizes``
+      (:func:`read_collective_sizes`) is given, as the event table keeps no shapes.
+    - ``exposed_ms``: the length of the union of the kind's calls during which the rank's compute was
+      not running. GPU: compute = the rank's kernels that are not NCCL kernels (HTA's definition; copies
+      and sets are not compute), on any stream. CPU: compute = the training thread (the thread of the
+      ``ProfilerStep#`` ranges) inside an ``aten::`` op, minus the time it is inside a communication op
+      (``c10d::*``, ``_c10d_functional::*`` such as ``wait_tensor``, ``record_param_comms``). The
+      training thread's blocking waits leave no op of their own (DDP's wait for the last bucket at
+      the end of backward, FSDP's wait for an all-gather or for the last reduce-scatter, a pipeline
+      stage's wait for a recv): they are gaps between ops, or time inside a communication op, and so
+      count as exposed. Kinds that run at the same time (a send and a recv posted together) each count
+      the stretch they share.
+    """
+    calls, busy = _calls_and_busy(table, sizes)
+    if calls.empty:
+        return pd.DataFrame(columns=["rank", "kind", "calls", "time_ms", "bytes", "exposed_ms"])
+    rows = []
+    for (rank, kind), group in calls.groupby(["rank", "kind"], sort=True):
+        starts = group["start_ns"].to_numpy()
+        ends = starts + group["dur_ns"].to_numpy()
+        us, ue = _merged(starts, ends)
+        bs, be = busy[rank]
+        exposed = int((ue - us).sum() - _covered(us, ue, bs, be).sum())
+        nbytes = group["bytes"].sum() if group["bytes"].notna().all() else math.nan
+        rows.append((rank, kind, len(group), group["dur_ns"].sum() / 1e6, nbytes, exposed / 1e6))
+    out = pd.DataFrame(rows, columns=["rank", "kind", "calls", "time_ms", "bytes", "exposed_ms"])
+    out["kind"] = pd.Categorical(out["kind"], categories=KINDS)
+    return out.sort_values(["rank", "kind"]).reset_index(drop=True).astype({"kind": "str"})
+
+
+def read_collective_sizes(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> pd.DataFrame:
+    """Sizes of the communication events of a Kineto trace (a file, a folder of rank files, or one of
+    our run directories), read from the raw JSON: one row per NCCL kernel, ``gloo:*`` / ``nccl:*``
+    range and ``c10d::*`` / ``_c10d_functional::*`` op, with ``rank``, ``name``, ``start_ns`` (as in
+    the event table), ``numel`` (the largest tensor or NCCL message of the event, in elements; NaN
+    where the trace records none, e.g. without record_shapes) and ``elem_bytes`` (NaN where unknown).
+
+    An edge that reads files: it belongs beside the Kineto loader, which could keep these sizes in the
+    event table. Each file is read whole (decompressed size capped at ``max_bytes``). Raises TraceError.
+    """
+    p = Path(path)
+    if p.is_dir() and (p / "run.json").is_file():
+        p = p / "ranks" if (p / "ranks").is_dir() else p / "trace.json.gz"
+    ranks, names, ts, numel, elem = [], [], [], [], []
+    for i, f in enumerate(trace_files(p)):
+        data = _read_json(f, max_bytes)
+        rank = _rank(data, f, i)
+        for e in data.get("traceEvents") or []:
+            if not isinstance(e, dict) or e.get("ph") != "X":
+                continue
+            name = str(e.get("name", ""))
+            if not _is_sized(name, str(e.get("cat", ""))):
+                continue
+            n, b = _size_of(e.get("args") or {})
+            ranks.append(rank)
+            names.append(name)
+            ts.append(e.get("ts", 0))
+            numel.append(n)
+            elem.append(b)
+    return pd.DataFrame(
+        {
+            "rank": np.asarray(ranks, dtype=np.int32),
+            "name": pd.Series(names, dtype="str"),
+            "start_ns": _to_ns(ts) if ts else np.zeros(0, dtype=np.int64),
+            "numel": np.asarray(numel, dtype=np.float64),
+            "elem_bytes": np.asarray(elem, dtype=np.float64),
+        }
+    )
+
+
+def pipeline_bubble(table: pd.DataFrame, setup: Setup) -> pd.DataFrame:
+    """Per rank of a pipeline-parallel run (our trace: ``forward`` / ``backward`` ranges around each
+    chunk the schedule runs, inside ``step`` ranges): the measured bubble next to the analytic one.
+
+    For each step, a pipeline's makespan runs from the first chunk's start to the last chunk's end over
+    the pipeline's stage ranks (one clock: ranks of one host, or clocks kept in sync). Per rank, means
+    per step: ``compute_ms`` (union of its chunks), ``makespan_ms``, ``bubble_ms`` = makespan - compute
+    (waits for the neighbour stages, and the transfers), ``step_ms`` (its ``step`` range). Fractions:
+    ``bubble_frac`` = bubble / compute, Narayanan et al. 2021's bubble fraction (bubble over ideal
+    compute time), which the schedule's ``analytic_bubble_frac`` (p-1)/m, interleaved (p-1)/(v*m),
+    predicts for equal stages; ``bubble_of_step_frac`` = bubble / step; ``modelled_bubble_frac``: the
+    bubble predicted from the measured stage times t_s per micro-batch (compute / m) for unequal stages,
+    makespan = sum(t_s) + (m-1) * max(t_s) (the slowest stage sets the pace; NaN when interleaved).
+
+    Raises AdvisorError for a setup without pipeline parallelism or a table without the ranges.
+    """
+    p = setup.parallel
+    if p.pp < 2:
+        raise AdvisorError(f"parallel.pp={p.pp}: the pipeline bubble needs a pipeline-parallel run (pp >= 2)")
+    m, per_stage = setup.grad_accum, p.dp * p.tp
+    cols = _Columns(table)
+    spans: dict[int, list[tuple[int, int, int, int]]] = {}  # rank -> per step (first, last, compute, step)
+    for rank in np.unique(cols.rank).tolist():
+        steps = cols.host_ranges(rank, lambda n: n == "step") or cols.host_ranges(rank, _STEP_RE.match)
+        chunks = cols.host_ranges(rank, lambda n: n in ("forward", "backward"))
+        per_step = []
+        for s0, s1 in steps:
+            inside = [(a, b) for a, b in chunks if a >= s0 and b <= s1]
+            if inside:
+                cs, ce = (np.array(x, dtype=np.int64) for x in zip(*inside, strict=True))
+                us, ue = _merged(cs, ce)
+                per_step.append((int(cs.min()), int(ce.max()), int((ue - us).sum()), s1 - s0))
+        if per_step:
+            spans[int(rank)] = per_step
+    if not spans:
+        raise AdvisorError("the trace has no forward/backward ranges inside step ranges: not one of our PP runs")
+    rows = []
+    for rank, per_step in sorted(spans.items()):
+        peers = [r for r in spans if r % per_stage == rank % per_stage]
+        n_steps = min(len(spans[r]) for r in peers)
+        makespan = [max(spans[r][k][1] for r in peers) - min(spans[r][k][0] for r in peers) for k in range(n_steps)]
+        compute = [per_step[k][2] for k in range(n_steps)]
+        step = [per_step[k][3] for k in range(n_steps)]
+        rows.append((rank, rank // per_stage, n_steps, np.mean(compute), np.mean(makespan), np.mean(step)))
+    out = pd.DataFrame(rows, columns=["rank", "stage", "steps", "compute_ns", "makespan_ns", "step_ns"])
+    out["bubble_ns"] = out["makespan_ns"] - out["compute_ns"]
+    for col in ("compute", "makespan", "bubble", "step"):
+        out[f"{col}_ms"] = out.pop(f"{col}_ns") / 1e6
+    out["bubble_frac"] = out["bubble_ms"] / out["compute_ms"]
+    out["bubble_of_step_frac"] = out["bubble_ms"] / out["step_ms"]
+    out["analytic_bubble_frac"] = (p.pp - 1) / (p.vpp * m)
+    out["modelled_bubble_frac"] = math.nan
+    if p.vpp == 1:
+        pipeline = out["rank"] % per_stage
+        for _, group in out.groupby(pipeline):
+            t = group["compute_ms"] / m  # per micro-batch
+            makespan = t.sum() + (m - 1) * t.max()
+            out.loc[group.index, "modelled_bubble_frac"] = (makespan - m * t) / (m * t)
+    cols_order = ["rank", "stage", "steps", "compute_ms", "makespan_ms", "bubble_ms", "step_ms"]
+    return out[[*cols_order, "bubble_frac", "bubble_of_step_frac", "analytic_bubble_frac", "modelled_bubble_frac"]]
+
+
+# -- internals ---------------------------------------------------------------------------------------
+
+
+def _calls_and_busy(
+    table: pd.DataFrame, sizes: pd.DataFrame | None
+) -> tuple[pd.DataFrame, dict[int, tuple[np.ndarray, np.ndarray]]]:
+    """(collective_calls' table, each rank's compute intervals)."""
+    cols = _Columns(table)
+    lookup = _size_lookup(sizes)
+    busy = cols.busy_by_rank()
+    frames = [_rank_calls(cols, rank, lookup, busy[rank]) for rank in busy]
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame(
+            {
+                "rank": pd.Series(dtype="int32"),
+                "kind": pd.Series(dtype="str"),
+                "op": pd.Series(dtype="str"),
+                "name": pd.Series(dtype="str"),
+                "start_ns": pd.Series(dtype="int64"),
+                "dur_ns": pd.Series(dtype="int64"),
+                "exposed_ns": pd.Series(dtype="int64"),
+                "bytes": pd.Series(dtype="float64"),
+            }
+        ), busy
+    return pd.concat(frames, ignore_index=True), busy
+
+
+class _Columns:
+    """The event table's columns as arrays, with per-name flags computed once per distinct name."""
+
+    def __init__(self, table: pd.DataFrame) -> None:
+        self.rank = table["rank"].to_numpy()
+        self.start = table["start_ns"].to_numpy()
+        self.end = self.start + table["dur_ns"].to_numpy()
+        self.tid = table["tid"].to_numpy()
+        self.device = table["device"].to_numpy()
+        self.corr = table["correlation"].to_numpy()
+        names = table["name"]
+        if not isinstance(names.dtype, pd.CategoricalDtype):
+            names = names.astype("category")
+        self.labels = [str(c) for c in names.cat.categories]
+        self.codes = names.cat.codes.to_numpy()
+        self.kernel = kind_mask(table, "kernel")
+        self.runtime = kind_mask(table, "runtime")
+        self.cpu_op = kind_mask(table, "cpu_op")
+        self.host_annotation = kind_mask(table, "annotation") & (self.device == -1)
+
+    def flag(self, test) -> np.ndarray:
+        """Per row: whether ``test(name)`` holds (evaluated once per distinct name)."""
+        per_name = np.array([bool(test(n)) for n in self.labels] + [False], dtype=bool)  # code -1: last
+        return per_name[self.codes]
+
+    def name(self, row: int) -> str:
+        code = self.codes[row]
+        return self.labels[code] if code >= 0 else ""
+
+    def host_ranges(self, rank: int, test) -> list[tuple[int, int]]:
+        """(start, end) of the rank's host annotations whose name passes ``test``, by start."""
+        rows = np.flatnonzero(self.host_annotation & (self.rank == rank) & self.flag(test))
+        rows = rows[np.argsort(self.start[rows], kind="stable")]
+        return list(zip(self.start[rows].tolist(), self.end[rows].tolist(), strict=True))
+
+    def main_tid(self, rank: int) -> int:
+        """The rank's training thread: that of its ProfilerStep#/step ranges, else its busiest thread."""
+        on_rank = self.rank == rank
+        for test in (_STEP_RE.match, lambda n: n == "step"):
+            rows = np.flatnonzero(self.host_annotation & on_rank & self.flag(test))
+            if rows.size:
+                return int(self.tid[rows[0]])
+        tids, counts = np.unique(self.tid[self.cpu_op & on_rank], return_counts=True)
+        return int(tids[np.argmax(counts)]) if tids.size else -1
+
+    def busy_by_rank(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Per rank: the disjoint intervals in which it computes (see collective_table)."""
+        comm_kernel = self.kernel & self.flag(lambda n: _COMM_KERNEL.search(n.lower()))
+        aten = self.cpu_op & self.flag(lambda n: n.startswith("aten::"))
+        comm_op = self.cpu_op & self.flag(lambda n: n.startswith(_COMM_OP_PREFIXES))
+        out = {}
+        for rank in np.unique(self.rank).tolist():
+            on_rank = self.rank == rank
+            if (comm_kernel & on_rank).any():
+                rows = np.flatnonzero(self.kernel & ~comm_kernel & on_rank)
+                out[rank] = _merged(self.start[rows], self.end[rows])
+            else:
+                main = on_rank & (self.tid == self.main_tid(rank))
+                a, c = np.flatnonzero(aten & main), np.flatnonzero(comm_op & main)
+                out[rank] = _minus(self.start[a], self.end[a], self.start[c], self.end[c])
+        return out
+
+
+def _rank_calls(cols: _Columns, rank: int, lookup: dict, busy: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
+    on_rank = cols.rank == rank
+    kernels = np.flatnonzero(cols.kernel & on_rank & cols.flag(lambda n: _COMM_KERNEL.search(n.lower())))
+    issue = np.flatnonzero(cols.cpu_op & on_rank & cols.flag(_is_issue_op))
+    if kernels.size:
+        calls = kernels[np.argsort(cols.start[kernels], kind="stable")]
+        # The nccl:* range around the launch records the tensor where the c10d op may not (trace_filter).
+        ranges = np.flatnonzero(cols.host_annotation & on_rank & cols.flag(lambda n: n.startswith("nccl:")))
+        ops, extra = _launching_ops(cols, rank, calls, issue, ranges)
+    else:
+        gloo = np.flatnonzero(cols.host_annotation & on_rank & cols.flag(lambda n: n.startswith("gloo:")))
+        calls = gloo[np.argsort(cols.start[gloo], kind="stable")]
+        ops = _issuing_ops_fifo(cols, calls, _innermost(cols, issue))
+        extra = np.full(calls.size, -1, dtype=np.int64)
+    if not calls.size:
+        return pd.DataFrame()
+    names = [cols.name(i) for i in calls.tolist()]
+    op_names = [cols.name(o) if o >= 0 else "" for o in ops.tolist()]
+    kinds = [collective_kind(o or n) for o, n in zip(op_names, names, strict=True)]
+    starts, ends = cols.start[calls], cols.end[calls]
+    exposed = (ends - starts) - _covered(starts, ends, *busy)
+    nbytes = [
+        _call_bytes(lookup, [(cols.name(r), int(cols.start[r])) for r in rows if r >= 0], rank)
+        for rows in zip(calls.tolist(), ops.tolist(), extra.tolist(), strict=True)
+    ]
+    return pd.DataFrame(
+        {
+            "rank": np.full(calls.size, rank, dtype=np.int32),
+            "kind": kinds,
+            "op": op_names,
+            "name": names,
+            "start_ns": starts.astype(np.int64),
+            "dur_ns": (ends - starts).astype(np.int64),
+            "exposed_ns": exposed.astype(np.int64),
+            "bytes": np.asarray(nbytes, dtype=np.float64),
+        }
+    )
+
+
+def _is_issue_op(name: str) -> bool:
+    return name.startswith(_ISSUE_PREFIXES) and not name.endswith(_NOT_ISSUE)
+
+
+def _innermost(cols: _Columns, ops: np.ndarray) -> np.ndarray:
+    """The ops (rows) that contain no other op of ``ops`` on their thread (a ``_c10d_functional`` op
+    runs its ``c10d::`` op inside: only the inner one issues the work)."""
+    if ops.size < 2:
+        return ops
+    ops = ops[np.lexsort((-cols.end[ops], cols.start[ops], cols.tid[ops]))]
+    tid, start, end = cols.tid[ops], cols.start[ops], cols.end[ops]
+    parent = np.zeros(ops.size, dtype=bool)
+    parent[:-1] = (tid[1:] == tid[:-1]) & (start[1:] < end[:-1])
+    return ops[~parent]
+
+
+def _issuing_ops_fifo(cols: _Columns, calls: np.ndarray, ops: np.ndarray) -> np.ndarray:
+    """For each gloo range (by start) the c10d op that issued it, or -1: the oldest op issued before
+    the range started that is still unmatched and whose kind the range can run (gloo's work queue is
+    first in, first out; a reduce-scatter runs as gloo:all_reduce)."""
+    ops = ops[np.argsort(cols.start[ops], kind="stable")]
+    op_kinds = [collective_kind(cols.name(o)) for o in ops.tolist()]
+    out = np.full(calls.size, -1, dtype=np.int64)
+    pending: list[int] = []  # positions in ops
+    nxt = 0
+    for i, call in enumerate(calls.tolist()):
+        while nxt < ops.size and cols.start[ops[nxt]] <= cols.start[call]:
+            pending.append(nxt)
+            nxt += 1
+        kind = collective_kind(cols.name(call))
+        runs = {kind, "reduce_scatter"} if kind == "all_reduce" else {kind}
+        hit = next((j for j, pos in enumerate(pending) if op_kinds[pos] in runs), None)
+        if hit is not None:
+            out[i] = ops[pending.pop(hit)]
+    return out
+
+
+def _launching_ops(
+    cols: _Columns, rank: int, kernels: np.ndarray, ops: np.ndarray, ranges: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each NCCL kernel, the innermost c10d op and the innermost of ``ranges`` (nccl:* ranges)
+    around the runtime call with the kernel's correlation id, on its thread; -1 where there is none."""
+    ops_out = np.full(kernels.size, -1, dtype=np.int64)
+    ranges_out = np.full(kernels.size, -1, dtype=np.int64)
+    runtime = np.flatnonzero(cols.runtime & (cols.rank == rank) & (cols.corr >= 0))
+    if not runtime.size:
+        return ops_out, ranges_out
+    corr, first = np.unique(cols.corr[runtime], return_index=True)
+    launch = runtime[first]
+    pos = np.minimum(np.searchsorted(corr, cols.corr[kernels]), corr.size - 1)
+    found = np.flatnonzero(corr[pos] == cols.corr[kernels])
+    tid, t = cols.tid[launch[pos[found]]], cols.start[launch[pos[found]]]
+    ops_out[found] = _around(cols, ops, tid, t)
+    ranges_out[found] = _around(cols, ranges, tid, t)
+    return ops_out, ranges_out
+
+
+def _around(cols: _Columns, rows: np.ndarray, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """For each (tid, t): the latest-starting row of ``rows`` on thread tid whose interval holds t (the
+    innermost when they nest); -1 where none does."""
+    out = np.full(t.size, -1, dtype=np.int64)
+    for thread in np.unique(tid).tolist():
+        mine = rows[cols.tid[rows] == thread]
+        mine = mine[np.argsort(cols.start[mine], kind="stable")]
+        for i in np.flatnonzero(tid == thread).tolist():
+            j = int(np.searchsorted(cols.start[mine], t[i], side="right")) - 1
+            while j >= 0 and cols.end[mine[j]] <= t[i]:
+                j -= 1
+            if j >= 0:
+                out[i] = mine[j]
+    return out
+
+
+def _size_lookup(sizes: pd.DataFrame | None) -> dict[tuple[int, str, int], tuple[float, float]]:
+    if sizes is None or sizes.empty:
+        return {}
+    keys = zip(sizes["rank"].tolist(), sizes["name"].tolist(), sizes["start_ns"].tolist(), strict=True)
+    values = zip(sizes["numel"].tolist(), sizes["elem_bytes"].tolist(), strict=True)
+    return dict(zip(keys, values, strict=True))
+
+
+def _call_bytes(lookup: dict, events: list[tuple[str, int]], rank: int) -> float:
+    """A call's full buffer in bytes: the largest tensor the events of the call (its own event, the op
+    that issued it, the range around the launch) record, times the first element size found."""
+    if not lookup:
+        return math.nan
+    found = [lookup[(rank, name, start)] for name, start in events if (rank, name, start) in lookup]
+    numel = [n for n, _ in found if not math.isnan(n)]
+    elem = [b for _, b in found if not math.isnan(b)]
+    return max(numel) * elem[0] if numel and elem else math.nan
+
+
+def _is_sized(name: str, cat: str) -> bool:
+    if cat == "kernel":
+        return _COMM_KERNEL.search(name.lower()) is not None
+    return name.startswith(("gloo:", "nccl:")) or _is_issue_op(name)
+
+
+def _size_of(args: dict) -> tuple[float, float]:
+    """(elements of the event's largest tensor or message, element bytes), NaN where unknown."""
+    if "In msg nelems" in args or "Out msg nelems" in args:
+        n = max(float(args.get("In msg nelems") or 0), float(args.get("Out msg nelems") or 0))
+        return n, float(_ELEMENT_BYTES.get(str(args.get("dtype", "")).lower(), math.nan))
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return math.nan, math.nan
+    numel, elem = math.nan, math.nan
+    for d, t in zip(dims, types, strict=False):
+        t = str(t)
+        if t == "TensorList" and isinstance(d, list) and all(_is_shape(s) for s in d):
+            n = float(sum(math.prod(s) for s in d)) if d else math.nan
+        elif t not in _NOT_TENSOR and _is_shape(d):
+            n = float(math.prod(d))
+            if math.isnan(elem):
+                elem = float(_ELEMENT_BYTES.get(t.lower(), math.nan))
+        else:
+            continue
+        if not math.isnan(n):
+            numel = n if math.isnan(numel) else max(numel, n)
+    return numel, elem
+
+
+def _is_shape(d: object) -> bool:
+    return isinstance(d, list) and all(isinstance(x, int) for x in d)
+
+
+def _read_json(path: Path, max_bytes: int) -> dict:
+    try:
+        with gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb") as f:
+            raw = f.read(max_bytes + 1)
+    except (EOFError, OSError, zlib.error) as err:
+        raise TraceError(f"{path.name} is damaged or not gzip ({type(err).__name__}: {err})") from None
+    if len(raw) > max_bytes:
+        raise TraceError(f"{path.name} decompresses to over {max_bytes / 2**20:.0f} MiB; refusing it (limit max_bytes)")
+    try:
+        data = json_loads(raw)
+    except ValueError as err:
+        raise TraceError(f"{path.name} is not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise TraceError(f"{path.name}: the top level is not a JSON object; not a Kineto trace")
+    return data
+
+
+def _merged(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of intervals [start, end) as disjoint intervals sorted by start."""
+    if starts.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order].astype(np.int64), ends[order].astype(np.int64)
+    reach = np.maximum.accumulate(e)
+    new = np.ones(s.size, dtype=bool)
+    new[1:] = s[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    return s[first], np.maximum.reduceat(e, first)
+
+
+def _minus(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint sorted intervals covering the union of A and none of B."""
+    t = np.concatenate([a_s, a_e, b_s, b_e]).astype(np.int64)
+    na, nb = a_s.size, b_s.size
+    da = np.concatenate([np.ones(na), -np.ones(na), np.zeros(2 * nb)]).astype(np.int64)
+    db = np.concatenate([np.zeros(2 * na), np.ones(nb), -np.ones(nb)]).astype(np.int64)
+    if t.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    on = (np.cumsum(da[order]) > 0) & (np.cumsum(db[order]) == 0)  # the state after each point
+    seg_s, seg_e = t[:-1][on[:-1]], t[1:][on[:-1]]
+    keep = seg_e > seg_s
+    return _merged(seg_s[keep], seg_e[keep])
+
+
+def _covered(starts: np.ndarray, ends: np.ndarray, bs: np.ndarray, be: np.ndarray) -> np.ndarray:
+    """Per interval [start, end): how much of it the disjoint sorted intervals (bs, be) cover."""
+    if bs.size == 0:
+        return np.zeros(starts.size, dtype=np.int64)
+    prefix = np.concatenate([[0], np.cumsum(be - bs)])
+
+    def below(t: np.ndarray) -> np.ndarray:  # covered length of (-inf, t)
+        i = np.searchsorted(bs, t, side="left")  # intervals that start before t
+        last = np.maximum(i - 1, 0)
+        return prefix[last] + np.where(i > 0, np.minimum(t, be[last]) - bs[last], 0)
+
+    return below(np.asarray(ends, dtype=np.int64)) - below(np.asarray(starts, dtype=np.int64))

@@ -1,0 +1,369 @@
+"""Analyze a trace end to end: load any supported file, run every analysis, summarise as StepMetrics.
+
+Supported inputs: a Kineto JSON file (``.json`` or ``.json.gz``), a folder of per-rank Kineto files,
+a ``.zip`` of them, an Nsight Systems SQLite export, or one of our run directories. The format is
+recognised from the file's first bytes, not trusted from its name.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pandas as pd
+
+from advisor.analysis import breakdown as A
+from advisor.analysis.collectives import collective_table
+from advisor.analysis.roofline import VERDICTS, Roofline, step_roofline_summary, trace_roofline
+from advisor.errors import AdvisorError, TraceError
+from advisor.spec.ceilings import Ceilings
+from advisor.spec.metrics import StepMetrics
+from advisor.spec.specs import HardwareSpec
+from advisor.store.runstore import run_trace
+from advisor.trace.kineto import DEFAULT_MAX_BYTES, copy_zip_member, load_kineto
+from advisor.trace.nsys import load_nsys_sqlite
+from advisor.trace.table import GPU_KINDS, kind_mask
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+GZIP_MAGIC = b"\x1f\x8b"
+MAX_ZIP_MEMBERS = 1024
+FORMATS = "Kineto JSON (.json, .json.gz, a folder or .zip of rank files) or an Nsight Systems SQLite export"
+
+
+def load_trace(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> pd.DataFrame:
+    """The event table of any supported trace at ``path`` (see the module docstring)."""
+    p = Path(path)
+    if p.is_dir():
+        if (p / "run.json").is_file():  # one of our run directories: one trace, or one per rank
+            inner = run_trace(p)
+            if not inner.exists():
+                raise TraceError(f"run {p.name} has no trace (its status says why)")
+            df = load_kineto(inner, max_bytes=max_bytes)
+            df.attrs["own_run"] = True
+            return df
+        return load_kineto(p, max_bytes=max_bytes)
+    if not p.is_file():
+        raise TraceError(f"no file or folder {p.name}")
+    with open(p, "rb") as f:
+        head = f.read(16)
+    if head.startswith(SQLITE_MAGIC):
+        return load_nsys_sqlite(p, max_bytes=max_bytes)
+    if zipfile.is_zipfile(p):
+        return _load_zip(p, max_bytes)
+    if head.startswith(GZIP_MAGIC) or head.lstrip()[:1] in (b"{", b"["):
+        return load_kineto(p, max_bytes=max_bytes)
+    raise TraceError(f"{p.name} is not a trace this tool reads; expected {FORMATS}")
+
+
+def _load_zip(path: Path, max_bytes: int) -> pd.DataFrame:
+    """Rank files from a zip: only .json/.json.gz members, no paths kept, total size capped."""
+    with zipfile.ZipFile(path) as z:
+        members = [m for m in z.infolist() if not m.is_dir() and m.filename.endswith((".json", ".json.gz"))]
+        if not members:
+            raise TraceError(f"{path.name} holds no .json or .json.gz files")
+        if len(members) > MAX_ZIP_MEMBERS:
+            raise TraceError(f"{path.name} holds {len(members)} trace files; at most {MAX_ZIP_MEMBERS}")
+        total = sum(m.file_size for m in members)
+        if total > max_bytes:
+            raise TraceError(
+                f"{path.name} unpacks to {total / 2**20:.0f} MiB, over the {max_bytes / 2**20:.0f} MiB limit"
+            )
+        with tempfile.TemporaryDirectory(prefix="advisor-zip-") as tmp:
+            names: set[str] = set()
+            for m in members:
+                name = Path(m.filename).name  # never a path from the archive
+                if name in names:
+                    raise TraceError(f"{path.name} holds two files named {name}")
+                names.add(name)
+                copy_zip_member(z, m, Path(tmp) / name, path.name)
+            df = load_kineto(tmp, max_bytes=max_bytes)
+    df.attrs["files"] = [path.name]
+    return df
+
+
+@dataclass(frozen=True)
+class TraceReport:
+    """Every analysis table of one trace, and the StepMetrics summary of them."""
+
+    metrics: StepMetrics
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    skipped_files: tuple[str, ...] = ()
+    """Files of a folder or zip that were not traces, each with the reason (``load_kineto``)."""
+
+
+def analyze(
+    df: pd.DataFrame, run_id: str = "trace", *, trim_last_step: bool = True, roofline: Roofline | None = None
+) -> TraceReport:
+    """All analyses of an event table. Kineto traces are cut to their complete profiler steps (the
+    last ``ProfilerStep`` is dropped, as HTA does, unless ``trim_last_step`` is off: our own runs stop
+    the profiler after their last step, so nothing is cut); nsys captures are used whole. With a
+    ``roofline`` (``advisor.analysis.roofline.trace_roofline`` of the same trace) its table joins the tables
+    and its step summary the metrics."""
+    skipped = tuple(df.attrs.get("skipped_files") or ())
+    if trim_last_step and df.attrs.get("source") == "kineto" and not df.attrs.get("own_run"):
+        df = A.drop_last_profiler_step(df)
+    categories, top = A.kernel_breakdown(df)
+    sweeps, launches = A.type_sweeps(df), A.launch_calls(df)
+    host_ops = A.host_op_times(df)
+    temporal, phases = A.temporal_breakdown(df, sweeps), A.phase_breakdown(df)
+    idle = A.idle_time_breakdown(df, launches=launches)
+    tables = {
+        "temporal_breakdown": temporal,
+        "kernel_type_breakdown": A.kernel_type_breakdown(df, sweeps),
+        "comm_comp_overlap": A.comm_comp_overlap(df, sweeps),
+        "idle_time_breakdown": idle,
+        "idle_split": A.idle_split_of(idle) if not idle.empty else pd.DataFrame(),
+        "kernel_categories": categories,
+        "top_kernels": top,
+        "launch_stats": A.launch_stats(df, launches=launches),
+        "memcpy": A.memcpy_summary(df),
+        "sync_calls": A.sync_calls(df),
+        "phases": phases,
+        "memory_peak": A.memory_timeline(df)[1],
+        "rank_skew": A.rank_skew(df, phases=phases, temporal=temporal),
+        "top_ops": host_ops.head(10),
+        "gemm_precision": A.gemm_precision(df),
+        "collectives": collective_table(df),
+    }
+    metrics = _summary(df, tables, run_id, host_self_ns=int(host_ops["time_ns"].sum()))
+    if roofline is not None:
+        tables["roofline"] = roofline.table
+        metrics = replace(metrics, **_roofline_fields(roofline, metrics))
+    return TraceReport(metrics, tables, skipped)
+
+
+def _roofline_fields(roofline: Roofline, m: StepMetrics) -> dict:
+    idle = m.gpu_idle_pct / 100 if m.gpu_idle_pct is not None else None
+    host = m.idle_host_wait_pct / 100 if m.idle_host_wait_pct is not None else None
+    s = step_roofline_summary(roofline.table, gpu_idle_frac=idle, host_wait_frac=host, step_ms=m.step_time_ms)
+    per_step = s["headroom_per_step_ms"]
+    return {
+        "roofline_bound": s["verdict"],
+        "roofline_compute_frac": s["compute_frac"],
+        "roofline_memory_frac": s["memory_frac"],
+        "roofline_latency_frac": s["latency_frac"],
+        "roofline_communication_frac": s["communication_frac"],
+        "roofline_headroom_ms": None if math.isnan(per_step) else per_step,
+        "roofline_modelled_frac": None if math.isnan(s["modelled_frac"]) else s["modelled_frac"],
+        "roofline_gemm_frac": s["gemm_frac"],
+        "roofline_gemm_roof_frac": None if math.isnan(s["gemm_roof_frac"]) else s["gemm_roof_frac"],
+        "roofline_fusable_frac": s["fusable_frac"],
+        "roofline_roofs": roofline.roofs_note,
+    }
+
+
+def analyze_path(
+    path: str | Path,
+    run_id: str | None = None,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    hardware: HardwareSpec | None = None,
+    ceilings: Ceilings | str | None = None,
+    trim_last_step: bool = True,
+) -> TraceReport:
+    """``analyze`` of the trace at ``path`` with its roofline (see ``trace_roofline`` for
+    ``hardware`` and ``ceilings``; a run directory of ours uses its device's stored ceilings unless
+    told otherwise). A trace whose roofline cannot be made is still analyzed: the reason is printed and
+    the roofline left out."""
+    path = Path(path)
+    df = load_trace(path, max_bytes=max_bytes)
+    own = bool(df.attrs.get("own_run"))
+    try:
+        roofline = trace_roofline(
+            path, df, hardware=hardware, ceilings=ceilings if ceilings is not None or not own else "auto"
+        )
+    except AdvisorError as err:
+        print(f"roofline skipped: {err}", file=sys.stderr, flush=True)  # stdout may be --json
+        roofline = None
+    return analyze(df, run_id or path.name, trim_last_step=trim_last_step, roofline=roofline)
+
+
+def _mean(frame: pd.DataFrame, col: str) -> float | None:
+    if frame.empty or col not in frame:
+        return None
+    value = float(frame[col].mean())
+    return None if math.isnan(value) else value
+
+
+LAUNCH_BOUND_IDLE_PCT = 30.0
+LAUNCH_BOUND_HOST_WAIT_PCT = 50.0
+
+
+def _launch_bound(t: dict[str, pd.DataFrame]) -> bool | None:
+    """Idle GPU that mostly waits for the host (None without GPU events)."""
+    idle, host = _mean(t["temporal_breakdown"], "idle_pct"), _mean(t["idle_split"], "host_wait_pct")
+    if idle is None or host is None:
+        return None
+    return idle >= LAUNCH_BOUND_IDLE_PCT and host >= LAUNCH_BOUND_HOST_WAIT_PCT
+
+
+def _gemm_pct(table: pd.DataFrame, math: str) -> float:
+    return round(float(table.loc[table["math"] == math, "time_pct"].sum()), 3)
+
+
+def _comm_pcts(df: pd.DataFrame, t: dict[str, pd.DataFrame]) -> tuple[float | None, float | None]:
+    """(collective time, exposed collective time) as % of each rank's step time (its profiler steps'
+    total, else its span), mean over ranks; None without collectives. Kinds that overlap each count
+    their shared stretch, so the exposed share is capped at 100."""
+    coll = t["collectives"]
+    if coll.empty:
+        return None, None
+    phases = t["phases"]
+    steps = phases[phases["phase"] == "step"].set_index("rank")["total_ns"] if not phases.empty else pd.Series()
+    time_pct, exposed_pct = [], []
+    for rank, group in coll.groupby("rank"):
+        if rank in steps.index:
+            base_ms = float(steps[rank]) / 1e6
+        else:
+            mine = df[df["rank"] == rank]
+            base_ms = float((mine["start_ns"] + mine["dur_ns"]).max() - mine["start_ns"].min()) / 1e6
+        if base_ms > 0:
+            time_pct.append(min(100.0, 100 * group["time_ms"].sum() / base_ms))
+            exposed_pct.append(min(100.0, 100 * group["exposed_ms"].sum() / base_ms))
+    if not time_pct:
+        return None, None
+    return sum(time_pct) / len(time_pct), sum(exposed_pct) / len(exposed_pct)
+
+
+def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_self_ns: int) -> StepMetrics:
+    ranks = sorted(int(r) for r in df["rank"].unique())
+    gpu = bool(kind_mask(df, *GPU_KINDS).any())
+    phases = t["phases"].groupby("phase")["mean_ns"].mean() / 1e6 if not t["phases"].empty else pd.Series(dtype=float)
+    memcpy = t["memcpy"]
+    pageable = memcpy[memcpy["pageable"]] if not memcpy.empty else memcpy
+    skew = t["rank_skew"]
+    top = t["top_kernels"] if gpu else t["top_ops"]
+    # Shares of all GPU-event time, or of all host-op self time.
+    base = float(t["kernel_categories"]["time_ns"].sum() if gpu else host_self_ns) or 1.0
+    devices = df.attrs.get("gpu_names") or []  # a list (Kineto) or {device id: name} (nsys)
+    names = list(devices.values()) if isinstance(devices, dict) else list(devices)
+    device_name = names[0] if names else None
+    comm_time_pct, comm_exposed_pct = _comm_pcts(df, t)
+    return StepMetrics(
+        run_id=run_id,
+        source="trace",
+        device_type="cuda" if gpu else "cpu",
+        device_name=device_name,
+        step_time_ms=float(phases["step"]) if "step" in phases else None,
+        data_ms=float(phases["data"]) if "data" in phases else None,
+        forward_ms=float(phases["forward"]) if "forward" in phases else None,
+        backward_ms=float(phases["backward"]) if "backward" in phases else None,
+        optimizer_ms=float(phases["optimizer"]) if "optimizer" in phases else None,
+        n_ranks=len(ranks),
+        gpu_idle_pct=_mean(t["temporal_breakdown"], "idle_pct"),
+        gpu_compute_pct=_mean(t["temporal_breakdown"], "compute_pct"),
+        gpu_non_compute_pct=_mean(t["temporal_breakdown"], "non_compute_pct"),
+        comm_overlap_pct=_mean(t["comm_comp_overlap"], "overlap_pct"),
+        comm_time_pct=comm_time_pct,
+        comm_exposed_pct=comm_exposed_pct,
+        idle_host_wait_pct=_mean(t["idle_split"], "host_wait_pct"),
+        idle_kernel_wait_pct=_mean(t["idle_split"], "kernel_wait_pct"),
+        idle_other_pct=_mean(t["idle_split"], "other_pct"),
+        kernel_category_pct={r.category: round(float(r.time_pct), 3) for r in t["kernel_categories"].itertuples()},
+        tiny_kernel_frac=_mean(t["launch_stats"], "tiny_kernel_frac"),
+        fp32_gemm_pct=_gemm_pct(t["gemm_precision"], "fp32") if gpu else None,
+        tf32_gemm_pct=_gemm_pct(t["gemm_precision"], "tf32") if gpu else None,
+        launch_bound=_launch_bound(t),
+        launch_delay_mean_us=_mean(t["launch_stats"], "launch_delay_mean_us"),
+        pageable_copies=int(pageable["count"].sum()) if len(pageable) else 0,
+        pageable_copy_bytes=int(pageable["bytes"].sum()) if len(pageable) else 0,
+        sync_calls=int(t["sync_calls"]["count"].sum()) if len(t["sync_calls"]) else 0,
+        sync_time_ms=float(t["sync_calls"]["time_ns"].sum()) / 1e6 if len(t["sync_calls"]) else 0.0,
+        step_skew_pct=float(skew["above_median_pct"].max()) if len(skew) > 1 else None,
+        stragglers=[int(r) for r in skew.loc[skew["straggler"], "rank"]] if len(skew) > 1 else [],
+        top_ops=[
+            {"name": str(r.name)[:160], "time_ms": float(r.time_ns) / 1e6, "share_pct": 100 * float(r.time_ns) / base}
+            for r in top.head(10).itertuples()
+        ],
+    )
+
+
+def format_report(report: TraceReport, name: str) -> str:
+    """The CLI's readable summary of a trace."""
+    m = report.metrics
+    out = [f"{name}: {m.n_ranks} rank(s), {m.device_type}" + (f", {m.device_name}" if m.device_name else "")]
+    out.extend(f"Skipped {reason}" for reason in report.skipped_files)
+    tb = report.tables["temporal_breakdown"]
+    if not tb.empty:
+        out.append("GPU time per rank (idle / compute / non-compute %):")
+        for r in tb.itertuples():
+            out.append(
+                f"  rank {r.rank}: {r.idle_pct:5.1f} / {r.compute_pct:5.1f} / {r.non_compute_pct:5.1f}  over {r.kernel_span_ns / 1e6:.1f} ms"
+            )
+        if m.comm_overlap_pct is not None:
+            out.append(f"Communication overlapped by computation: {m.comm_overlap_pct:.1f} %")
+        if m.idle_host_wait_pct is not None:
+            out.append(
+                f"Idle split: host wait {m.idle_host_wait_pct:.1f} %, kernel wait {m.idle_kernel_wait_pct:.1f} %, other {m.idle_other_pct:.1f} %"
+            )
+        cats = ", ".join(f"{k} {v:.1f} %" for k, v in sorted(m.kernel_category_pct.items(), key=lambda kv: -kv[1]))
+        out.append(f"Kernel time by category: {cats}")
+        out.append(f"Tiny kernels (<10 us): {100 * (m.tiny_kernel_frac or 0):.0f} % of launches")
+        if m.launch_bound:
+            out.append("Verdict: launch/host-bound: the GPU mostly waits for the host to launch work")
+    if m.comm_time_pct is not None:
+        out.append(
+            f"Collectives: {m.comm_time_pct:.1f} % of the step, {m.comm_exposed_pct:.1f} % exposed (no compute beside them)"
+        )
+    if m.step_time_ms is not None:
+        phases = ", ".join(
+            f"{k} {getattr(m, f'{k}_ms'):.1f} ms"
+            for k in ("data", "forward", "backward", "optimizer")
+            if getattr(m, f"{k}_ms") is not None
+        )
+        out.append(f"Step {m.step_time_ms:.1f} ms" + (f": {phases}" if phases else ""))
+    out.append(
+        f"Pageable host copies: {m.pageable_copies}; blocking sync calls: {m.sync_calls} ({m.sync_time_ms:.2f} ms)"
+    )
+    if m.step_skew_pct is not None:
+        out.append(
+            f"Step skew across ranks: {m.step_skew_pct:.1f} % above the median; stragglers: {m.stragglers or 'none'}"
+        )
+    out.append("Top " + ("kernels" if m.device_type == "cuda" else "ops") + ":")
+    for op in m.top_ops[:8]:
+        out.append(f"  {op['time_ms']:10.3f} ms {op['share_pct']:5.1f} %  {op['name'][:100]}")
+    if "roofline" in report.tables:
+        out.extend(format_roofline(report))
+    return "\n".join(out)
+
+
+def format_roofline(report: TraceReport, top: int = 8) -> list[str]:
+    """The roofline part of the CLI summary: the verdict, the shares, and the rows with the most
+    time above their roof."""
+    m, table = report.metrics, report.tables["roofline"]
+    if m.roofline_bound is None:
+        return ["Roofline: nothing to judge"]
+    gpu = m.device_type == "cuda"
+    of = "of the GPU span" if gpu else "of the step"
+    shares = ", ".join(
+        f"{b} {100 * getattr(m, f'roofline_{b}_frac'):.1f} %"
+        for b in ("compute", "memory", "latency", "communication")
+        if getattr(m, f"roofline_{b}_frac")
+    )
+    out = [f"Roofline verdict: {VERDICTS[m.roofline_bound]} ({shares} {of})", f"  roofs: {m.roofline_roofs}"]
+    if m.roofline_modelled_frac is not None:
+        what = "kernel time" if gpu else "op time"
+        out.append(
+            f"  {100 * m.roofline_modelled_frac:.1f} % of {what} has FLOPs/bytes from shapes"
+            + ("; the rest is judged by kernel class and length" if gpu else "")
+        )
+    if m.roofline_headroom_ms is not None:
+        out.append(f"  time above the roofline: {m.roofline_headroom_ms:.2f} ms per step (upper bound)")
+    known = table[table["headroom_frac"].notna()]
+    known = known.assign(above_ms=known["time_ms"] * known["headroom_frac"]).nlargest(top, "above_ms")
+    if len(known):
+        out.append("  most time above the roof (ms over trace, bound, achieved, intensity FLOP/B, op shapes):")
+        for r in known.itertuples():
+            if r.flops > 0:
+                rate = f"{r.achieved_flops_per_s / (1e12 if gpu else 1e9):.2f} {'T' if gpu else 'G'}FLOP/s"
+            else:  # a copy or set: its bandwidth
+                rate = f"{r.achieved_bytes_per_s / 1e9:.1f} GB/s"
+            out.append(
+                f"  {r.above_ms:9.3f} of {r.time_ms:9.3f} ms  {r.bound:8s} {rate:>15s} {r.intensity_flops_per_byte:8.1f}"
+                f"  {r.op or r.name[:60]} {r.input_dims[:60]}"
+            )
+    return out

@@ -1,0 +1,564 @@
+"""The profiled step, as run inside the child process: torch.profiler + NVTX + NVML -> one run.
+
+Schedule: one unprofiled warm-up step, ``steps`` unprofiled timed steps (the step time and phase
+times reported come from these, free of profiler overhead), then ``warmup`` steps the profiler traces
+but discards and ``steps`` active steps it keeps (torch.profiler.schedule wait/warmup/active); peak
+memory and the trace come from the active steps. On a GPU the active steps are also wrapped in a CUDA
+profiler capture range (cudaProfilerStart/Stop), so ``nsys profile --capture-range=cudaProfilerApi``
+records only them. Writes into the run directory: trace.json.gz (Chrome trace, opens in Perfetto),
+metrics.json (StepMetrics), nvml.json, environment.json.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+import traceback
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from advisor.errors import AdvisorError
+from advisor.estimate.estimator import estimate, offloaded_activation_bytes
+from advisor.run.memprobe import ddp_bucket_bytes, live_state_tensors, peak_from_memory_events, unique_storage_bytes
+from advisor.run.model import model_flops_per_token
+from advisor.run.nvml import NvmlSampler
+from advisor.run.step import build_trainer, make_loader, resolve_device
+from advisor.run.unified_memory import managed_memory
+from advisor.spec.metrics import StepMetrics
+from advisor.spec.options import RunOptions
+from advisor.spec.specs import HardwareSpec, Setup
+
+
+def proxy_setup(setup: Setup, layers: int) -> Setup:
+    """The setup with only ``layers`` blocks (proxy mode); the MoE interleave is kept."""
+    m = setup.model
+    if layers <= 0 or layers >= m.n_layers:
+        return setup
+    step = m.moe_layer_step if m.is_moe else 1
+    if layers < step:
+        raise AdvisorError(f"layers={layers}: proxy mode needs at least {step} layers to keep the MoE interleave")
+    return replace(setup, model=replace(m, n_layers=layers, moe_layer_step=min(step, layers)))
+
+
+def environment() -> dict[str, Any]:
+    """Versions and devices this run saw."""
+    env: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "cpu_count": os.cpu_count(),
+        "cuda_available": torch.cuda.is_available(),
+        "nsys_on_path": shutil.which("nsys") is not None,
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu_name=props.name, gpu_memory_bytes=props.total_memory, gpu_count=torch.cuda.device_count())
+    return env
+
+
+def _progress(done: int, total: int, message: str) -> None:
+    """A progress line for the parent, which reads the child's stdout."""
+    print("@@progress " + json.dumps({"done": done, "total": total, "message": message}), flush=True)
+
+
+def _inject(kind: str) -> None:
+    if kind == "oom":
+        raise torch.OutOfMemoryError("injected out-of-memory (test hook)")
+    if kind == "crash":
+        os.abort()
+    if kind == "hang":
+        time.sleep(10**6)
+    if kind == "error":
+        raise RuntimeError("injected error (test hook)")
+
+
+def write_top_ops(prof, path: Path, device_type: str, limit: int = 30) -> None:
+    """The ops with the most self time over the active steps (torch.profiler key averages), as JSON rows
+    with times in microseconds and the profiler's own FLOP counts (mm/addmm only, see DESIGN.md)."""
+    rows = []
+    for e in prof.key_averages():
+        if e.key.startswith("ProfilerStep") or e.key in ("step", "data", "forward", "backward", "optimizer"):
+            continue
+        rows.append(
+            {
+                "name": e.key,
+                "calls": e.count,
+                "self_cpu_us": e.self_cpu_time_total,
+                "cpu_total_us": e.cpu_time_total,
+                "self_device_us": getattr(e, "self_device_time_total", 0.0) if device_type == "cuda" else 0.0,
+                "flops": e.flops,
+            }
+        )
+    key = "self_device_us" if device_type == "cuda" else "self_cpu_us"
+    rows.sort(key=lambda r: r[key], reverse=True)
+    path.write_text(json.dumps(rows[:limit], indent=1), encoding="utf-8")
+
+
+def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -> StepMetrics | None:
+    """Run the profiled step of ``setup`` and write trace, metrics and NVML samples into ``run_dir``;
+    returns the run's StepMetrics (None on the ranks other than 0 of a distributed run, whose rank 0
+    writes the merged metrics).
+
+    ``setup.hardware`` must describe this machine's device (its peaks give the MFU). Under torchrun
+    (WORLD_SIZE > 1) every rank runs the step of its part of the layout and writes its trace to
+    ``ranks/rank-<r>.trace.json.gz``.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return _run_distributed(setup, options, run_dir, run_id)
+    full = setup
+    setup = proxy_setup(setup, options.layers)
+    device = resolve_device(options.device)
+    managed = (
+        managed_memory(device, options.um_host_budget_gib, estimate(setup).memory.total_bytes)
+        if options.unified_memory
+        else nullcontext({})
+    )
+    with managed as um_record:
+        trainer = build_trainer(
+            setup,
+            device,
+            offload_optimizer=setup.parallel.offload != "none",
+            compile_model=options.compile,
+            seed=options.seed,
+        )
+        loader = make_loader(
+            setup,
+            _total_steps(options) * trainer.grad_accum,
+            options.num_workers,
+            options.pin_memory,
+            options.seed,
+            delay_ms=options.data_delay_ms,
+        )
+        sampler = _sampler(options, device)
+        measured = _profile_steps(trainer, iter(loader), options, device, run_dir / "trace.json.gz", progress=True)
+        sampler.stop()
+    write_top_ops(measured.prof, run_dir / "top_ops.json", device.type)
+    (run_dir / "nvml.json").write_text(
+        json.dumps({"summary": sampler.summary(), "samples": sampler.samples}, indent=1), encoding="utf-8"
+    )
+    ranks = [_rank_result(trainer, measured, options)]
+    metrics = _metrics(full, setup, options, ranks, sampler.summary(), sampler.device_name, run_id, device)
+    if um_record:
+        metrics = replace(metrics, unified_memory=um_record)
+    metrics = with_trace_analysis(metrics, run_dir / "trace.json.gz", setup.hardware)
+    metrics.save(run_dir / "metrics.json")
+    return metrics
+
+
+def _run_distributed(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -> StepMetrics | None:
+    """One rank of a torchrun job: its part of the layout under the same schedule, its trace in
+    ``ranks/``; rank 0 gathers every rank's measurements, merges them with the analysis of all the
+    ranks' traces it can see (this node's, or all on a shared file system) and writes metrics.json."""
+    import torch.distributed as dist
+
+    from advisor.run.parallel import build_parallel_trainer, init_parallel, rank_loader
+
+    if options.layers:
+        raise AdvisorError("layers: proxy mode is for a single process; profile the full depth with --nproc")
+    device_type = resolve_device(options.device).type
+    info = init_parallel(setup, device_type)
+    try:
+        device = info.device
+        trainer = build_parallel_trainer(setup, device, info, seed=options.seed, compile_model=options.compile)
+        loader = rank_loader(
+            setup, info, _total_steps(options), options.num_workers, options.pin_memory, options.seed,
+            delay_ms=options.data_delay_ms,
+        )  # fmt: skip
+        sampler = _sampler(options, device)
+        ranks_dir = run_dir / "ranks"
+        ranks_dir.mkdir(exist_ok=True)
+        trace = ranks_dir / f"rank-{info.rank}.trace.json.gz"
+        measured = _profile_steps(trainer, iter(loader), options, device, trace, progress=info.rank == 0)
+        sampler.stop()
+        mine = _rank_result(trainer, measured, options, info.rank) | {"nvml": sampler.summary()}
+        gathered: list[Any] = [None] * info.world_size if info.rank == 0 else []
+        dist.gather_object(mine, gathered if info.rank == 0 else None, dst=0)
+        if info.rank != 0:
+            # Wait for rank 0 to file the run before tearing the group down: a rank that exits while
+            # gloo still has work in flight with a peer can abort ("terminate called without an
+            # active exception", seen once in CI on FSDP2).
+            dist.barrier()
+            return None
+        write_top_ops(measured.prof, run_dir / "top_ops.json", device.type)
+        (run_dir / "nvml.json").write_text(
+            json.dumps(
+                {"summary": sampler.summary(), "samples": sampler.samples, "ranks": [r["nvml"] for r in gathered]}
+            ),
+            encoding="utf-8",
+        )
+        metrics = _metrics(setup, setup, options, gathered, sampler.summary(), sampler.device_name, run_id, device)
+        metrics = with_trace_analysis(metrics, ranks_dir, setup.hardware)
+        metrics.save(run_dir / "metrics.json")
+        dist.barrier()
+        return metrics
+    finally:
+        dist.destroy_process_group()
+
+
+def _total_steps(options: RunOptions) -> int:
+    """One untimed warm-up step, the timed steps, the profiler's warm-up and active steps."""
+    return 1 + options.steps + options.warmup + options.steps
+
+
+def _sampler(options: RunOptions, device: torch.device) -> NvmlSampler:
+    sampler = NvmlSampler(interval_s=options.nvml_interval_s, device_index=device.index or 0)
+    if device.type == "cuda":
+        # CUDA's device order (fastest first, under CUDA_VISIBLE_DEVICES) need not be NVML's (PCI order):
+        # the UUID names the GPU this process runs on.
+        uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
+        sampler.device_uuid = uuid if not uuid or uuid.startswith("GPU-") else f"GPU-{uuid}"
+        sampler.start()
+    else:
+        sampler.unavailable_reason = "NVML unavailable: the run is on the CPU"
+    return sampler
+
+
+@dataclass
+class _Measured:
+    """What the step loop measured: unprofiled and profiled step times (ms), peak memory, the profiler."""
+
+    step_ms: list[float]
+    profiled_ms: list[float]
+    peak_bytes: int
+    reserved_bytes: int | None
+    skipped_timed: int
+    prof: Any
+
+
+def _step_role(i: int, timed: int, first_active: int, total: int) -> str:
+    """What step ``i`` of the schedule is for, in the progress message: "--steps 2" runs 6 steps (1
+    warm-up, 2 timed, 1 profiler warm-up, 2 profiled), which "step 3/6" alone did not explain."""
+    if i == 0:
+        return "warm-up"
+    if i < timed:
+        return f"timed {i}/{timed - 1}"
+    if i < first_active:
+        return "profiler warm-up"
+    return f"profiled {i - first_active + 1}/{total - first_active}"
+
+
+def _profile_steps(trainer, batches, options: RunOptions, device: torch.device, trace_gz: Path, *, progress: bool):
+    """The schedule of the module docstring on ``trainer``; writes the active steps' trace to ``trace_gz``."""
+    cuda = device.type == "cuda"
+    timed = 1 + options.steps  # the first unprofiled step warms up and is not timed
+    total_steps = _total_steps(options)
+    first_active = timed + options.warmup
+    trace_path = trace_gz.with_suffix("")  # the profiler writes plain JSON; gzipped below
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    step_ms: list[float] = []
+    profiled_ms: list[float] = []
+    skipped_timed = 0
+    baseline_bytes = 0
+    with profile(
+        activities=activities,
+        schedule=schedule(wait=timed, warmup=options.warmup, active=options.steps, repeat=1),
+        record_shapes=options.record_shapes,
+        profile_memory=options.profile_memory,
+        with_stack=options.with_stack,
+        with_flops=True,
+        on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),
+    ) as prof:
+        for i in range(total_steps):
+            if i == first_active:
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    torch.cuda.profiler.start()
+                baseline_bytes = unique_storage_bytes(live_state_tensors(trainer), device.type)
+                baseline_bytes += ddp_bucket_bytes(trainer.model)  # allocated before the profiler saw them
+                if options.inject:
+                    _inject(options.inject)
+            t0 = time.perf_counter()
+            skipped = trainer.skipped_steps
+            trainer.step(batches)
+            elapsed_ms = (time.perf_counter() - t0) * 1e3
+            if 1 <= i < timed:
+                step_ms.append(elapsed_ms)
+                # fp16: only skips in the timed steps count (the scaler calibrates from 2**16 early on).
+                skipped_timed += trainer.skipped_steps - skipped
+            elif i >= first_active:
+                profiled_ms.append(elapsed_ms)
+            prof.step()
+            if progress:
+                _progress(
+                    i + 1,
+                    total_steps,
+                    f"step {i + 1}/{total_steps} ({_step_role(i, timed, first_active, total_steps)})",
+                )
+        if cuda:
+            torch.cuda.profiler.stop()
+    if cuda:
+        peak_bytes, reserved = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+    else:
+        rise, _ = peak_from_memory_events(prof.profiler.kineto_results.events(), "cpu")
+        peak_bytes, reserved = baseline_bytes + rise, None
+    with open(trace_path, "rb") as src, gzip.open(trace_gz, "wb", compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst)
+    trace_path.unlink()
+    return _Measured(step_ms, profiled_ms, int(peak_bytes), reserved, skipped_timed, prof)
+
+
+# The figures the trace analysis adds to a profiled run's metrics (step and phase times stay those of
+# the unprofiled timed steps).
+_ANALYSIS_FIELDS = (
+    "n_ranks",
+    "gpu_idle_pct",
+    "gpu_compute_pct",
+    "gpu_non_compute_pct",
+    "comm_overlap_pct",
+    "comm_time_pct",
+    "comm_exposed_pct",
+    "idle_host_wait_pct",
+    "idle_kernel_wait_pct",
+    "idle_other_pct",
+    "kernel_category_pct",
+    "tiny_kernel_frac",
+    "fp32_gemm_pct",
+    "tf32_gemm_pct",
+    "launch_bound",
+    "launch_delay_mean_us",
+    "pageable_copies",
+    "pageable_copy_bytes",
+    "sync_calls",
+    "sync_time_ms",
+    "step_skew_pct",
+    "stragglers",
+    "top_ops",
+    "roofline_bound",
+    "roofline_compute_frac",
+    "roofline_memory_frac",
+    "roofline_latency_frac",
+    "roofline_communication_frac",
+    "roofline_headroom_ms",
+    "roofline_modelled_frac",
+    "roofline_gemm_frac",
+    "roofline_gemm_roof_frac",
+    "roofline_fusable_frac",
+    "roofline_roofs",
+)
+
+
+def with_trace_analysis(metrics: StepMetrics, trace: Path, hardware: HardwareSpec | None = None) -> StepMetrics:
+    """The metrics with the analysis of the run's own trace filled in (unchanged if it cannot be read),
+    its roofline judged against ``hardware`` (the device the step ran on) with the ceilings measured
+    on it when there are (a single process: the ceilings are measured with the whole device).
+
+    The measured step is worth more than its analysis: any failure here (a missing optional package
+    such as orjson, a trace shape the analysis has not met) is printed with its traceback to the run's
+    log and the measured metrics are kept."""
+    try:
+        return _with_trace_analysis(metrics, trace, hardware)
+    except Exception:
+        print(f"trace analysis failed; the measured metrics are kept:\n{traceback.format_exc()}", flush=True)
+        return metrics
+
+
+def _with_trace_analysis(metrics: StepMetrics, trace: Path, hardware: HardwareSpec | None) -> StepMetrics:
+    from advisor.analysis.roofline import trace_roofline
+    from advisor.analysis.summary import analyze, load_trace
+
+    try:
+        table = load_trace(trace)
+    except AdvisorError as err:
+        print(f"trace analysis skipped: {err}", flush=True)
+        return metrics
+    try:
+        roofline = trace_roofline(
+            trace,
+            table,
+            hardware=hardware,
+            ceilings="auto" if (metrics.world_size or 1) == 1 else None,
+            optimizer_params=(metrics.params_bytes or 0) // 4,
+            store_root=trace.parent.parent.parent,  # <store>/.staging/<run id>/{trace.json.gz, ranks}
+        )
+    except AdvisorError as err:
+        print(f"roofline skipped: {err}", flush=True)
+        roofline = None
+    try:
+        found = analyze(table, run_id=metrics.run_id, trim_last_step=False, roofline=roofline).metrics
+    except AdvisorError as err:
+        print(f"trace analysis skipped: {err}", flush=True)
+        return metrics
+    return replace(metrics, **{f: getattr(found, f) for f in _ANALYSIS_FIELDS})
+
+
+def median_step_phases(step_ms: list[float], phase_ms: dict[str, list[float]]) -> dict[str, float]:
+    """Phase times (ms) of the median step: the middle one of ``step_ms``, or the two middle ones
+    averaged for an even count, as ``statistics.median`` takes the step time they are shown beside.
+    ``phase_ms[k][i]`` belongs to step ``i``. The mean over all steps mixed in the outlier the median
+    leaves out: on a loaded machine forward + backward read 2,261 ms beside an 831 ms median step."""
+    order = sorted(range(len(step_ms)), key=step_ms.__getitem__)
+    middle = order[(len(order) - 1) // 2 : len(order) // 2 + 1]
+    return {k: statistics.fmean(v[i] for i in middle) for k, v in phase_ms.items()}
+
+
+def _rank_result(trainer, measured: _Measured, options: RunOptions, rank: int = 0) -> dict[str, Any]:
+    """One rank's measurements as plain values (what a distributed run gathers on rank 0)."""
+    return {
+        "rank": rank,
+        "step_ms": measured.step_ms,
+        "profiled_ms": measured.profiled_ms,
+        "phases": median_step_phases(
+            measured.step_ms, {k: v[1 : 1 + options.steps] for k, v in trainer.phase_ms.items()}
+        ),
+        "peak_bytes": measured.peak_bytes,
+        "reserved_bytes": measured.reserved_bytes,
+        "state": trainer.state_bytes(),
+        "skipped_timed": measured.skipped_timed,
+        "skipped_total": trainer.skipped_steps,
+        "losses": list(getattr(trainer, "losses", [])),
+        "offload": _mean_offload(getattr(trainer, "offload_stats", [])[1 : 1 + options.steps]),
+        "fp8": _fp8_summary(trainer),
+    }
+
+
+def _fp8_summary(trainer) -> dict[str, Any]:
+    """Which fp8 backend ran, its recipe and how many linears it converted ({} without fp8), as the
+    conversion reported them."""
+    return dict(getattr(trainer, "fp8", {}))
+
+
+def _mean_offload(stats: list) -> dict[str, Any]:
+    """The timed steps' activation offload figures, averaged field by field ({} without offload)."""
+    if not stats:
+        return {}
+    rows = [s.as_dict() for s in stats]
+    return {k: (statistics.fmean(r[k] for r in rows) if not isinstance(v, bool) else v) for k, v in rows[0].items()}
+
+
+def _metrics(
+    full: Setup,
+    setup: Setup,
+    options: RunOptions,
+    ranks: list[dict[str, Any]],
+    nvml_summary: dict,
+    device_name: str | None,
+    run_id: str,
+    device: torch.device,
+) -> StepMetrics:
+    """The run's StepMetrics from every rank's measurements (one entry for a single process). The
+    slowest rank sets the step time (the ranks synchronise every step); phase times are those of each
+    rank's median step, averaged over ranks; peak memory the largest rank's; MFU divides by every
+    rank's peak."""
+    hw, t = setup.hardware, setup.train
+    world = len(ranks)
+    step_ms = max((r["step_ms"] for r in ranks), key=statistics.median)
+    step = statistics.median(step_ms)
+    profiled = max(statistics.median(r["profiled_ms"]) for r in ranks)
+    phases = {k: statistics.fmean(r["phases"][k] for r in ranks) for k in ranks[0]["phases"]}
+    peak_bytes = max(r["peak_bytes"] for r in ranks)
+    reserved = None if ranks[0]["reserved_bytes"] is None else max(r["reserved_bytes"] for r in ranks)
+    tokens = setup.tokens_per_step
+    est_run = estimate(setup)
+    model_flops = model_flops_per_token(setup.model, t.seq_len) * tokens
+    hw_flops = est_run.hardware_flops_per_step
+    peak = hw.peak_flops(t.precision) * world
+    state = ranks[0]["state"]
+    note = None
+    time_scale = 1.0
+    extrapolated = setup is not full
+    if extrapolated:
+        # Scale by the estimator's full/proxy ratios: the measured proxy keeps this machine's
+        # efficiency, the estimator supplies how time and memory grow with depth.
+        est_full = estimate(full)
+        time_scale = est_full.step_time_ms / est_run.step_time_ms
+        mem_scale = est_full.memory.total_bytes / est_run.memory.total_bytes
+        note = (
+            f"extrapolated: measured on {setup.model.n_layers} of {full.model.n_layers} layers, scaled by the "
+            f"estimator's full/proxy ratios (time x{time_scale:.2f}, memory x{mem_scale:.2f})"
+        )
+        step *= time_scale
+        profiled *= time_scale
+        phases = {k: v * time_scale for k, v in phases.items()}
+        step_ms = [s * time_scale for s in step_ms]
+        peak_bytes = int(peak_bytes * mem_scale)
+        model_flops = model_flops_per_token(full.model, t.seq_len) * tokens
+        hw_flops = est_full.hardware_flops_per_step
+        est_run = est_full
+    step_s = step / 1e3
+    return StepMetrics(
+        run_id=run_id,
+        source="profile",
+        device_type=device.type,
+        device_name=device_name or hw.name,
+        model_name=full.model.name,
+        n_params=full.model.n_params,
+        n_layers_run=setup.model.n_layers,
+        seq_len=t.seq_len,
+        micro_batch=t.micro_batch,
+        grad_accum=setup.grad_accum,
+        precision=t.precision,
+        recompute=t.recompute,
+        optimizer=f"{t.optimizer} ({t.optimizer_impl})",
+        fp16_skipped_steps=ranks[0]["skipped_timed"] if t.precision == "fp16" else None,
+        tokens_per_step=tokens,
+        steps_measured=len(step_ms),
+        step_time_ms=step,
+        step_time_min_ms=min(step_ms),
+        step_time_max_ms=max(step_ms),
+        profiled_step_time_ms=profiled,
+        data_ms=phases["data"],
+        forward_ms=phases["forward"],
+        backward_ms=phases["backward"],
+        optimizer_ms=phases["optimizer"],
+        pipeline_wait_ms=phases.get("pipeline_wait"),
+        other_ms=max(0.0, step - sum(phases.values())),
+        tokens_per_s=tokens / step_s,
+        model_flops_per_step=model_flops,
+        hardware_flops_per_step=hw_flops,
+        achieved_flops_per_s=model_flops / step_s,
+        peak_flops_per_s=peak,
+        mfu_frac=model_flops / step_s / peak,
+        hfu_frac=hw_flops / step_s / peak,
+        peak_memory_bytes=int(peak_bytes),
+        reserved_memory_bytes=reserved,
+        memory_capacity_bytes=hw.memory_bytes,
+        memory_frac=peak_bytes / hw.memory_bytes,
+        params_bytes=state["params_bytes"],
+        optimizer_device_bytes=state["optimizer_device_bytes"],
+        optimizer_host_bytes=state["optimizer_host_bytes"],
+        estimate_step_time_ms=est_run.step_time_ms,
+        estimate_peak_memory_bytes=est_run.memory.total_bytes,
+        extrapolated=extrapolated,
+        proxy_note=note,
+        nvml=nvml_summary,
+        world_size=world,
+        layout=_layout(setup),
+        rank_step_time_ms=[statistics.median(r["step_ms"]) * time_scale for r in ranks],
+        rank_peak_memory_bytes=[int(r["peak_bytes"]) for r in ranks],
+        losses=ranks[-1]["losses"],
+        recompute_layers=t.recompute_layers,
+        offload_activations=t.offload_activations,
+        activation_offload=_offload_summary(setup, ranks[0].get("offload") or {}),
+        fp8=ranks[0].get("fp8") or {},
+    )
+
+
+def _offload_summary(setup: Setup, measured: dict[str, Any]) -> dict[str, Any]:
+    """The measured offload figures (rank 0's) with the estimator's byte count for the same blocks."""
+    if not measured:
+        return {}
+    return measured | {"estimate_bytes": offloaded_activation_bytes(setup) * setup.grad_accum}
+
+
+def _layout(setup: Setup) -> str:
+    """The parallel layout in words: 'dp2 tp1 pp1, ZeRO-3 (FSDP2, reshard after forward)'."""
+    p = setup.parallel
+    text = f"dp{p.dp} tp{p.tp}{' (sequence parallel)' if p.sequence_parallel else ''} pp{p.pp}"
+    if p.vpp > 1:
+        text += f" x{p.vpp} virtual"
+    if p.dp > 1:
+        text += ", DDP" if p.zero == 0 else f", ZeRO-{p.zero} (FSDP2{', reshard after forward' * (p.zero == 3)})"
+    return text

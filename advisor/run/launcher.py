@@ -1,0 +1,417 @@
+"""The parent side of a profiled run: preflight, start the child process, watch it, file the run.
+
+The UI and the CLI both call :func:`profile_run`, which starts ``python -m advisor _child`` (the
+child runs :func:`advisor.run.child.run_profile`). An out-of-memory error, a crash, a hang past the
+timeout or a cancel all end as a run with a status and a message; the caller never dies with the child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from advisor.errors import AdvisorError, Refused
+from advisor.estimate.estimator import estimate
+from advisor.run.child import proxy_setup
+from advisor.run.fp8 import fp8_refusal
+from advisor.run.step import check_step_options, resolve_device
+from advisor.run.unified_memory import NSYS_UM_FLAGS, um_refusal
+from advisor.spec.options import RunOptions
+from advisor.spec.presets import local_hardware
+from advisor.spec.specs import Setup, setup_from_dict, spec_to_dict
+from advisor.store.runstore import RunInfo, RunStore, add_owner, new_run_id, write_json_atomic
+
+CHILD_COMMAND = "_child"
+"""The CLI command the profiling child runs (``python -m advisor _child --run-dir DIR``); not in the help."""
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NSYS_HELP = (
+    "nsys (NVIDIA Nsight Systems) is not on the PATH. Install it from https://developer.nvidia.com/nsight-systems "
+    "(or the CUDA toolkit's nsight-systems package) and make sure `nsys --version` works, then retry; "
+    "without it, profile without --nsys: the run still has NVTX ranges and a CUDA capture range."
+)
+ProgressFn = Callable[[int, int, str], None]
+
+
+def local_device_type(device: str) -> str:
+    """'cuda' or 'cpu' for a RunOptions.device, without touching CUDA in this process beyond a query."""
+    return resolve_device(device).type
+
+
+def on_this_machine(setup: Setup, device: str, nproc: int = 1) -> Setup:
+    """The setup as the profiled step runs it: this machine's device as its hardware, and the eager
+    PyTorch implementation (autocast over fp32 parameters) that the step is. ``nproc`` CPU processes
+    share the host: each gets its share of the cores' FLOP/s, bandwidth and memory (torchrun gives each
+    one thread)."""
+    hw = local_hardware(local_device_type(device))
+    if hw.kind == "cpu" and nproc > 1:
+        hw = replace(
+            hw,
+            name=f"{hw.name} / {nproc} processes",
+            memory_bytes=hw.memory_bytes // nproc,
+            peak_fp32_flops=hw.peak_fp32_flops / nproc,
+            peak_bf16_flops=hw.peak_bf16_flops / nproc,
+            peak_fp16_flops=hw.peak_fp16_flops / nproc,
+            mem_bw_bytes_per_s=hw.mem_bw_bytes_per_s / nproc,
+        )
+    try:
+        return replace(setup, hardware=hw, train=replace(setup.train, framework="pytorch"))
+    except AdvisorError as err:
+        raise AdvisorError(f"this setup cannot run on {hw.name}: {err}") from err
+
+
+def suggest_proxy_layers(setup: Setup) -> int:
+    """The most layers (a divisor-friendly count) whose estimate fits this device; 0 if none does."""
+    for n in range(setup.model.n_layers - 1, 0, -1):
+        try:
+            if estimate(proxy_setup(setup, n)).fits:
+                return n
+        except AdvisorError:
+            continue
+    return 0
+
+
+def preflight(setup: Setup, options: RunOptions) -> None:
+    """Refuse a run the estimator says will not fit this machine's memory; offer proxy mode."""
+    run = proxy_setup(setup, options.layers)
+    est = estimate(run)
+    if est.fits:
+        return
+    hw = run.hardware
+    need, have = est.memory.total_bytes / 2**30, hw.memory_bytes / 2**30
+    what = f"{run.model.n_layers} layers of {setup.model.name}" if run is not setup else setup.model.name
+    msg = f"{what} needs about {need:.1f} GiB on {hw.name}, which has {have:.1f} GiB."
+    n = suggest_proxy_layers(setup)
+    if n:
+        msg += (
+            f" Try proxy mode: --layers {n} profiles {n} of {setup.model.n_layers} layers and extrapolates per-layer"
+            " costs to the full depth (labelled as extrapolated); or shrink micro-batch / sequence."
+        )
+    else:
+        msg += " Even one layer does not fit: shrink the micro-batch or sequence length."
+    raise AdvisorError(msg)
+
+
+def launcher(options: RunOptions) -> list[str]:
+    """How the child starts: plain ``python`` for one process, else torchrun with ``nproc`` processes on
+    this node (``--standalone`` on one node; a c10d rendezvous every node joins on several)."""
+    if options.world_size == 1:
+        return [sys.executable]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(options.nproc)]
+    if options.nnodes == 1:
+        return [*cmd, "--standalone"]
+    rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", options.rdzv_endpoint, "--rdzv-id", options.rdzv_id]
+    return [*cmd, "--nnodes", str(options.nnodes), *rdzv]
+
+
+def _child_command(run_dir: Path, options: RunOptions) -> list[str]:
+    cmd = [*launcher(options), "-m", "advisor", CHILD_COMMAND, "--run-dir", str(run_dir)]
+    if options.nsys:
+        cmd = nsys_prefix(run_dir / "nsys", options.unified_memory) + cmd
+    return cmd
+
+
+def nsys_prefix(output: Path | str, unified_memory: bool = False) -> list[str]:
+    """``nsys profile`` recording only the CUDA capture range (the active steps), with a SQLite export;
+    for a Unified Memory run, with its CPU and GPU page faults."""
+    return [
+        "nsys",
+        "profile",
+        "--capture-range=cudaProfilerApi",
+        "--capture-range-end=stop",
+        "--trace=cuda,nvtx,osrt,cublas,cudnn",
+        *(NSYS_UM_FLAGS if unified_memory else ()),
+        "--sample=none",
+        "--export=sqlite",
+        "--force-overwrite=true",
+        "-o",
+        str(output),
+    ]
+
+
+def profile_cli_args(setup: Setup, options: RunOptions) -> list[str]:
+    """The ``python -m advisor profile`` flags that reproduce this run (UI and CLI share one path)."""
+    from advisor.spec.presets import MODELS
+
+    m, t, p = setup.model, setup.train, setup.parallel
+    preset = MODELS.get(m.name)
+    args = (
+        ["--model", m.name] if preset is not None and preset() == m else ["--hf-config", f"<config.json of {m.name}>"]
+    )
+    args += ["--seq", str(t.seq_len), "--micro-batch", str(t.micro_batch)]
+    if t.global_batch:
+        args += ["--global-batch", str(t.global_batch)]
+    args += ["--precision", t.precision, "--optimizer", t.optimizer, "--recompute", t.recompute]
+    if t.recompute_layers:
+        args += ["--recompute-layers", str(t.recompute_layers)]
+    if t.offload_activations:
+        args += ["--offload-activations", str(t.offload_activations)]
+    if t.precision == "fp8" and t.fp8_recipe != "tensorwise":
+        args += ["--fp8-recipe", t.fp8_recipe]
+    if not t.flash_attention:
+        args.append("--no-flash")
+    if setup.gpus > 1:
+        args += ["--gpus", str(setup.gpus)]
+        args += [a for flag, v in (("--tp", p.tp), ("--pp", p.pp), ("--vpp", p.vpp)) if v > 1 for a in (flag, str(v))]
+        if p.sequence_parallel:
+            args.append("--sp")
+    if p.zero:
+        args += ["--zero", str(p.zero)]
+    if p.offload != "none":
+        args += ["--offload", p.offload]
+    args += ["--device", options.device, "--steps", str(options.steps), "--warmup", str(options.warmup)]
+    if options.nproc > 1:
+        args += ["--nproc", str(options.nproc)]
+    if options.nnodes > 1:
+        args += [
+            "--nnodes",
+            str(options.nnodes),
+            "--rdzv-endpoint",
+            options.rdzv_endpoint,
+            "--rdzv-id",
+            options.rdzv_id,
+        ]
+    if options.layers:
+        args += ["--layers", str(options.layers)]
+    if t.optimizer_impl != "fused":
+        args += ["--optimizer-impl", t.optimizer_impl]
+    if options.num_workers:
+        args += ["--num-workers", str(options.num_workers)]
+    if options.data_delay_ms:
+        args += ["--data-delay-ms", f"{options.data_delay_ms:g}"]
+    if options.memory_budget_gib:
+        args += ["--memory-budget-gib", f"{options.memory_budget_gib:g}"]
+    args += [flag for flag, on in (("--pin-memory", options.pin_memory), ("--compile", options.compile)) if on]
+    if options.unified_memory:
+        args.append("--unified-memory")
+    if options.um_host_budget_gib:
+        args += ["--um-host-budget-gib", f"{options.um_host_budget_gib:g}"]
+    return args
+
+
+def profile_run(
+    setup: Setup,
+    options: RunOptions,
+    store: RunStore | None = None,
+    *,
+    on_progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
+) -> RunInfo:
+    """Profile ``setup`` in a child process and file the run; returns it whatever its status.
+
+    Bad input and a failed preflight raise AdvisorError before any run is created.
+    """
+    store = store or RunStore()
+    if options.nsys and shutil.which("nsys") is None:
+        raise AdvisorError(NSYS_HELP)
+    if reason := device_refusal(setup, options):
+        return _file_refused(setup, options, store, reason)
+    setup = on_this_machine(setup, options.device, options.nproc)
+    if options.compile != setup.train.compile:
+        # The run compiles or not as its options say; its setup says the same, so the estimate filed
+        # with it prices the step that ran (no per-op dispatch under torch.compile).
+        setup = replace(setup, train=replace(setup.train, compile=options.compile))
+    if options.memory_budget_gib:
+        hw = setup.hardware
+        budget = int(options.memory_budget_gib * 2**30)
+        setup = replace(
+            setup,
+            hardware=replace(hw, memory_bytes=budget, name=f"{hw.name}, {options.memory_budget_gib:g} GiB budget"),
+        )
+    if setup.gpus != options.world_size:
+        raise AdvisorError(
+            f"the layout needs {setup.gpus} processes (dp {setup.parallel.dp} x tp {setup.parallel.tp} x pp "
+            f"{setup.parallel.pp} x cp {setup.parallel.cp}) but nproc({options.nproc}) x nnodes({options.nnodes}) = "
+            f"{options.world_size}: set --gpus to the world size, or --nproc / --nnodes to the layout"
+        )
+    check_step_options(setup, options.compile)
+    preflight(setup, options)
+    run_id = new_run_id(setup.model.name)
+    run_dir = store.staging_dir(run_id)
+    cmd = _child_command(run_dir, options)
+    record = _new_record(run_id, setup, options)
+    write_json_atomic(
+        run_dir / "request.json", {"run_id": run_id, "setup": record["setup"], "options": record["options"]}
+    )
+    write_json_atomic(run_dir / "run.json", record)
+
+    t0 = time.perf_counter()
+    status, message = _watch(cmd, run_dir, options.timeout_s, on_progress, cancel)
+    record.update(
+        status=status,
+        message=message,
+        finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        wall_s=round(time.perf_counter() - t0, 3),
+        files=sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".")),
+    )
+    env_file = run_dir / "environment.json"
+    if env_file.is_file():
+        record["environment"] = json.loads(env_file.read_text(encoding="utf-8"))
+    write_json_atomic(run_dir / "run.json", record)
+    store.commit(run_id)
+    return store.load(run_id)
+
+
+def _new_record(run_id: str, setup: Setup, options: RunOptions) -> dict[str, Any]:
+    user_cmd = shlex.join(["python", "-m", "advisor", "profile", *profile_cli_args(setup, options)])
+    return {
+        "run_id": run_id,
+        "status": "running",
+        "message": "",
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "setup": spec_to_dict(setup),
+        "options": options.as_dict(),
+        "command": user_cmd,
+        "nsys_command": shlex.join(nsys_prefix(f"{run_id}-nsys", options.unified_memory)) + " " + user_cmd,
+    }
+
+
+def device_refusal(setup: Setup, options: RunOptions) -> str | None:
+    """Why this machine's device cannot run an option (fp8 on a CPU or without torchao, Unified Memory
+    on a CPU), or None: the run is filed as refused without starting a child. What needs the GPU itself
+    (its compute capability, its free memory) the child checks before it allocates, and files the same
+    way; asking here would start CUDA in the app's process."""
+    device = resolve_device(options.device)
+    if setup.train.precision == "fp8" and (reason := fp8_refusal(device, query_gpu=False)):
+        return reason
+    if options.unified_memory and device.type != "cuda":
+        return um_refusal(device, 0.0, None)
+    return None
+
+
+def _file_refused(setup: Setup, options: RunOptions, store: RunStore, reason: str) -> RunInfo:
+    """A run with status 'refused' and the reason: nothing ran, the store stays consistent."""
+    run_id = new_run_id(setup.model.name)
+    run_dir = store.staging_dir(run_id)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    record = _new_record(run_id, setup, options) | {
+        "status": "refused",
+        "message": reason,
+        "finished_utc": now,
+        "wall_s": 0.0,
+        "files": ["run.json"],
+    }
+    write_json_atomic(run_dir / "run.json", record)
+    store.commit(run_id)
+    return store.load(run_id)
+
+
+def _watch(
+    cmd: list[str], run_dir: Path, timeout_s: float, on_progress: ProgressFn | None, cancel: threading.Event | None
+) -> tuple[str, str]:
+    """Run the child to its end, the timeout or a cancel; returns (status, message)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    env.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    log = open(run_dir / "log.txt", "w", encoding="utf-8")  # noqa: SIM115 - closed after the reader thread
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, env=env, start_new_session=True
+    )
+    add_owner(run_dir, proc.pid)  # the run stays staged while the child lives, even if this process dies
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("@@progress "):
+                try:
+                    p = json.loads(line[len("@@progress ") :])
+                    if on_progress:
+                        on_progress(int(p["done"]), int(p["total"]), str(p["message"]))
+                except (ValueError, KeyError):
+                    pass
+                continue
+            log.write(line)
+            log.flush()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout_s
+    outcome: tuple[str, str] | None = None
+    while proc.poll() is None:
+        if cancel is not None and cancel.is_set():
+            outcome = ("cancelled", "cancelled by the user")
+        elif time.monotonic() > deadline:
+            outcome = (
+                "timeout",
+                f"no result after {timeout_s:g} s: the child was stopped (a hang, or raise --timeout)",
+            )
+        if outcome:
+            _kill(proc)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    reader.join(timeout=5)
+    log.close()
+    if outcome:
+        return outcome
+    child = run_dir / "child_status.json"
+    if proc.returncode == 0 and (run_dir / "metrics.json").is_file():
+        return "ok", ""
+    if child.is_file():
+        info = json.loads(child.read_text(encoding="utf-8"))
+        return info["status"], info["message"]
+    if proc.returncode < 0:
+        name = signal.Signals(-proc.returncode).name
+        return "crashed", f"the child died with {name}; see log.txt"
+    return "crashed", f"the child exited with status {proc.returncode}; see log.txt: {_tail(run_dir / 'log.txt')}"
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _tail(path: Path, n: int = 3) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])
+
+
+def child_main(run_dir: Path) -> int:
+    """Entry of ``python -m advisor _child``: run the request in ``run_dir``; 0 ok, 3 handled failure."""
+    import torch
+
+    from advisor.run.child import environment, run_profile
+
+    request = json.loads((run_dir / "request.json").read_text(encoding="utf-8"))
+    write_json_atomic(run_dir / "environment.json", environment())
+    try:
+        setup = setup_from_dict(request["setup"])
+        options = RunOptions(**request["options"])
+        run_profile(setup, options, run_dir, request["run_id"])
+    except torch.OutOfMemoryError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
+        _child_status(
+            run_dir, "oom", f"out of memory: {first}. Lower the micro-batch, enable checkpointing, or use --layers"
+        )
+        return 3
+    except Refused as err:
+        _child_status(run_dir, "refused", str(err))
+        return 3
+    except AdvisorError as err:
+        _child_status(run_dir, "failed", str(err))
+        return 3
+    except Exception as err:
+        import traceback
+
+        traceback.print_exc()
+        _child_status(run_dir, "failed", f"{type(err).__name__}: {err}")
+        return 3
+    return 0
+
+
+def _child_status(run_dir: Path, status: str, message: str) -> None:
+    write_json_atomic(run_dir / "child_status.json", {"status": status, "message": message})

@@ -1,0 +1,308 @@
+"""The run store: one directory per profiled run under ``traces/``, written atomically.
+
+A run is assembled in ``traces/.staging/<run-id>/`` and moved into ``traces/<run-id>/`` with one
+``os.replace`` when it ends, whatever its status: a crash mid-write leaves no half run in the listing.
+Run ids are validated against one pattern and resolved inside the store, so no id can reach a path
+outside it. ``run.json`` holds the spec, options, status, message, environment and file list;
+``metrics.json`` the StepMetrics. A run whose run.json or metrics.json cannot be read is listed as
+damaged, with the reason, and never handed out as a run.
+
+A process killed mid-run (SIGKILL, a lost node) cannot clean up its staging directory, so each one
+records its owners (``.owner``: the process that staged it and the profiling child it starts, each
+with its start time, and the machine: host, boot and PID namespace); opening the store for a new run
+or listing it removes the staging directories whose owners are all gone. Only owners seen from the
+same PID namespace of the same boot are judged: two containers sharing a store and a hostname do not
+see each other's pids, and would otherwise remove each other's runs in progress.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import time
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from advisor.errors import AdvisorError
+from advisor.spec.metrics import StepMetrics
+
+RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[a-z0-9][a-z0-9._-]{0,39}-[0-9a-f]{6}$")
+STATUSES = ("running", "ok", "oom", "timeout", "crashed", "failed", "cancelled", "refused")
+"""'refused': an option this machine cannot run (fp8 without fp8 units or torchao, Unified Memory beyond
+what the GPU has free); the run holds the reason and no measurement."""
+CHECKOUT = Path(__file__).resolve().parents[2]
+DEFAULT_ROOT = CHECKOUT / "traces" if (CHECKOUT / "app.py").is_file() else Path("traces")
+"""The checkout's ``traces/``; for an installed package, ``traces/`` under the working directory."""
+STAGING = ".staging"
+RESERVED_DIRS = ("calibration", "verifications", "ceilings")
+"""Folders beside the runs that are not runs: fitted calibrations, verification pairs, measured
+ceilings."""
+OWNER_FILE = ".owner"
+"""In a staging directory: ``{"machine": {...}, "owners": [{"pid", "start"}, ...]}``, the processes
+assembling the run (see ``add_owner``). Hidden, so the run's file list leaves it out; removed when the
+run is committed."""
+_REQUIRED_METRICS = tuple(f.name for f in fields(StepMetrics) if f.default is MISSING and f.default_factory is MISSING)
+# str(): the annotations are strings under `from __future__ import annotations`, and types without it.
+_NUMERIC_METRICS = frozenset(f.name for f in fields(StepMetrics) if str(f.type) in ("int | None", "float | None"))
+
+
+def run_trace(run_dir: Path) -> Path:
+    """Where a run directory keeps its trace: ``ranks/`` (one file per rank) for a distributed run,
+    else ``trace.json.gz`` (the path may not exist: a run that failed before tracing)."""
+    return run_dir / "ranks" if (run_dir / "ranks").is_dir() else run_dir / "trace.json.gz"
+
+
+def default_root() -> Path:
+    """``$ADVISOR_TRACES_DIR``, else the checkout's ``traces/`` (``./traces`` for an installed package), absolute."""
+    return Path(os.environ.get("ADVISOR_TRACES_DIR", DEFAULT_ROOT)).absolute()
+
+
+def new_run_id(model_name: str, now: float | None = None) -> str:
+    """``YYYYmmdd-HHMMSS-<model>-<6 hex>``, UTC; the model name is reduced to [a-z0-9._-]."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+    slug = re.sub(r"[^a-z0-9._-]+", "-", model_name.lower()).strip("-._")[:40] or "model"
+    return f"{stamp}-{slug}-{secrets.token_hex(3)}"
+
+
+def check_run_id(run_id: object) -> str:
+    """The id if it is well formed; AdvisorError otherwise."""
+    if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
+        raise AdvisorError(f"run id {run_id!r} is not valid: expected YYYYmmdd-HHMMSS-<model>-<6 hex digits>")
+    return run_id
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to a temporary file beside ``path`` and rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run as listed: its id, directory and run.json contents."""
+
+    run_id: str
+    path: Path
+    record: dict[str, Any]
+
+    @property
+    def status(self) -> str:
+        return self.record.get("status", "unknown")
+
+    def metrics(self) -> dict[str, Any] | None:
+        """metrics.json (StepMetrics fields), or None where the run has none (failed runs). AdvisorError
+        naming the file and the fault where it cannot be read or is not a StepMetrics record."""
+        return read_metrics(self.path)
+
+
+def read_metrics(run_dir: Path) -> dict[str, Any] | None:
+    """A run directory's metrics.json, checked; None where it has none; AdvisorError naming the file and
+    what is wrong with it (the listing calls such a run damaged: see :meth:`RunStore.list_runs`)."""
+    f = Path(run_dir) / "metrics.json"
+    if not f.is_file():
+        return None
+    metrics = _load_metrics(f)
+    if isinstance(metrics, str):
+        raise AdvisorError(f"{f} {metrics}; the run is damaged (profile it again, or delete it)")
+    return metrics
+
+
+def _load_metrics(f: Path) -> dict[str, Any] | str:
+    """metrics.json as a dict, or what is wrong with it: it must be a JSON object holding StepMetrics'
+    required fields, and its numeric fields numbers or null (the rules and the regression compute
+    with them)."""
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"is unreadable ({type(err).__name__})"
+    if not isinstance(data, dict):
+        return f"is a JSON {type(data).__name__}, not an object of StepMetrics fields"
+    missing = [k for k in _REQUIRED_METRICS if not isinstance(data.get(k), str)]
+    if missing:
+        return f"lacks the field(s) {', '.join(missing)} (a string each)"
+    for k in sorted(_NUMERIC_METRICS & data.keys()):
+        v = data[k]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            return f"has {k}={v!r}: expected a number or null"
+    return data
+
+
+class RunStore:
+    """Runs under one root directory."""
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        # Absolute: the profiling child runs in the repository root, where a relative store (--traces
+        # mytraces from another folder) would name another folder.
+        self.root = (Path(root) if root is not None else default_root()).absolute()
+
+    def staging_dir(self, run_id: str) -> Path:
+        """A fresh directory where a run is assembled before it is committed, owned by this process
+        (see OWNER_FILE); staging directories of dead processes are removed first. AdvisorError where
+        the store cannot be created or written."""
+        d = self.root / STAGING / check_run_id(run_id)
+        if self.root.exists() and not self.root.is_dir():
+            raise AdvisorError(f"run store {self.root} is a file, not a folder; give --traces a folder")
+        self.remove_orphans()
+        try:
+            d.mkdir(parents=True, exist_ok=False)
+            write_json_atomic(d / OWNER_FILE, {"machine": _machine(), "owners": [_owner(os.getpid())]})
+        except OSError as err:
+            raise AdvisorError(
+                f"cannot create the staging folder {d} for a run: {err.strerror or err}; "
+                "give --traces a folder this user can write"
+            ) from None
+        return d
+
+    def commit(self, run_id: str) -> Path:
+        """Move the staged run into the store in one rename; returns its final directory."""
+        src = self.root / STAGING / check_run_id(run_id)
+        dst = self.root / run_id
+        if not (src / "run.json").is_file():
+            raise AdvisorError(f"run {run_id} has no run.json; refusing to commit a half-written run")
+        (src / OWNER_FILE).unlink(missing_ok=True)
+        os.replace(src, dst)
+        return dst
+
+    def remove_orphans(self) -> list[str]:
+        """Remove the staging directories whose owning process, on this host, is gone (a run killed
+        before its commit); returns their names. A directory without a readable owner (written before
+        owners were recorded), or owned on another host (a store shared between nodes), is left alone,
+        as is anything that cannot be removed (a read-only store)."""
+        staging = self.root / STAGING
+        removed: list[str] = []
+        try:
+            entries = [d for d in staging.iterdir() if d.is_dir() and not d.is_symlink()]
+        except OSError:  # no staging folder yet, or an unreadable one
+            return removed
+        machine = _machine()
+        for d in entries:
+            try:
+                record = json.loads((d / OWNER_FILE).read_text(encoding="utf-8"))
+                if record["machine"] != machine:
+                    continue  # another node, boot or PID namespace: its pids mean nothing here
+                owners = [(int(o["pid"]), o.get("start")) for o in record["owners"]]
+            except (OSError, ValueError, TypeError, KeyError, AttributeError):
+                continue  # no readable owner (staged before owners were recorded): left alone
+            if owners and not any(_alive(pid, start) for pid, start in owners):
+                shutil.rmtree(d, ignore_errors=True)
+                if not d.exists():
+                    removed.append(d.name)
+        return removed
+
+    def path(self, run_id: str) -> Path:
+        """The directory of a committed run; AdvisorError if the id is invalid or unknown."""
+        d = (self.root / check_run_id(run_id)).resolve()
+        if d.parent != self.root.resolve() or not d.is_dir():
+            raise AdvisorError(f"no run {run_id} in {self.root}")
+        return d
+
+    def load(self, run_id: str) -> RunInfo:
+        d = self.path(run_id)
+        record = _read_record(d)
+        if isinstance(record, str):
+            raise AdvisorError(f"run {run_id} is damaged: {record}")
+        return RunInfo(run_id, d, record)
+
+    def list_runs(self) -> tuple[list[RunInfo], list[tuple[str, str]]]:
+        """(runs newest first, damaged entries as (name, reason)); staging and hidden entries skipped,
+        staging directories of dead processes removed (see :meth:`remove_orphans`)."""
+        runs: list[RunInfo] = []
+        damaged: list[tuple[str, str]] = []
+        if not self.root.is_dir():
+            return runs, damaged
+        self.remove_orphans()
+        for d in sorted(self.root.iterdir(), reverse=True):
+            if d.name.startswith(".") or not d.is_dir() or d.name in RESERVED_DIRS:
+                continue
+            if not RUN_ID_RE.match(d.name):
+                damaged.append((d.name, "name is not a run id"))
+                continue
+            record = _read_record(d)
+            if isinstance(record, str):
+                damaged.append((d.name, record))
+            else:
+                runs.append(RunInfo(d.name, d, record))
+        return runs, damaged
+
+    def delete(self, run_id: str) -> None:
+        shutil.rmtree(self.path(run_id))
+
+
+def _read_record(d: Path) -> dict[str, Any] | str:
+    """run.json as a dict, or the reason it cannot be read."""
+    f = d / "run.json"
+    if not f.is_file():
+        return "run.json is missing"
+    try:
+        record = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"run.json is unreadable ({type(err).__name__})"
+    if not isinstance(record, dict) or record.get("status") not in STATUSES:
+        return "run.json has no valid status"
+    if record["status"] == "ok" and not (d / "metrics.json").is_file():
+        return "status ok but metrics.json is missing"
+    if (d / "metrics.json").is_file():
+        fault = _load_metrics(d / "metrics.json")
+        if isinstance(fault, str):
+            return f"metrics.json {fault}"
+    return record
+
+
+def add_owner(run_dir: Path, pid: int) -> None:
+    """Record ``pid`` (the profiling child) as an owner of the staging directory ``run_dir`` too: the
+    directory stays while any owner lives, so a child outliving a killed parent keeps its run."""
+    f = Path(run_dir) / OWNER_FILE
+    try:
+        record = json.loads(f.read_text(encoding="utf-8"))
+        record["owners"].append(_owner(pid))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return  # no owner record to add to: the directory is never removed anyway
+    write_json_atomic(f, record)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _machine() -> dict[str, Any]:
+    """What makes a pid mean the same process: the host, this boot and this PID namespace (Linux's
+    /proc; empty elsewhere, where the hostname alone decides)."""
+    try:
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        pidns = 0
+    return {"host": socket.gethostname(), "boot": _read("/proc/sys/kernel/random/boot_id"), "pidns": pidns}
+
+
+def _start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat), so a reused
+    pid is not taken for the owner; None where /proc does not say."""
+    stat = _read(f"/proc/{pid}/stat")
+    fields_after_name = stat.rpartition(")")[2].split()  # the name in parentheses may hold spaces
+    return fields_after_name[19] if len(fields_after_name) > 19 else None
+
+
+def _owner(pid: int) -> dict[str, Any]:
+    return {"pid": pid, "start": _start(pid)}
+
+
+def _alive(pid: int, start: str | None = None) -> bool:
+    """Whether process ``pid`` exists here (signal 0 checks without sending anything) and, where its
+    start time was recorded, is still the process that started then."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        pass
+    return start is None or _start(pid) in (None, start)

@@ -1,0 +1,442 @@
+"""Load an Nsight Systems SQLite export (``nsys export --type sqlite``) into the event table.
+
+Reads, where the export has them (exports omit empty tables): CUDA kernels, memcpys and memsets,
+CUDA runtime/driver API calls, NVTX ranges and CUDA synchronization records. Only the columns the
+event table needs are selected, and only those the table has (the schema gains columns across nsys
+versions: greenContextId, graphId, cluster*...); rows are fetched in blocks into numpy arrays, and
+names stay integer codes into one category list, so memory grows with the compact columns only.
+
+Conventions of the export that the loader relies on (checked on exports of nsys 2024.5 and 2026.2):
+
+- times are integer nanoseconds on the capture's clock; names are ids into ``StringIds``;
+- ``globalPid``/``globalTid`` are serialized GlobalIds: bits 24-47 hold the OS pid and bits 0-23 the
+  OS tid (they agree with the ``PROCESSES`` table), higher bits the host/VM;
+- ``srcKind``/``dstKind``/``memKind`` use nsys' own ENUM_CUDA_MEM_KIND (0 = pageable), not CUPTI's
+  CUpti_ActivityMemoryKind (0 = unknown, 1 = pageable): an HtoD copy reads srcKind 0, dstKind 2,
+  "Pageable -> Device" in nsys' table. ``copyKind`` uses CUPTI's CUpti_ActivityMemcpyKind values.
+
+Ranks: the processes that own events are numbered 0..n-1 in order of pid (for one-process-per-GPU
+jobs launched on one node, this is the local rank order).
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from advisor.errors import TraceError
+from advisor.trace.table import COPY_KINDS, HOST_MEM, make_table
+
+DEFAULT_MAX_BYTES = 2 * 2**30
+FETCH_ROWS = 200_000  # rows per fetch: ~ a few tens of MiB of Python tuples at most
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_ACTIVITY_TABLES = (
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "NVTX_EVENTS",
+)
+_SYNC_TABLE = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
+_KINDS = ("kernel", "memcpy", "memset", "runtime", "annotation", "sync")  # the event-table kinds read here
+# ENUM_NSYS_EVENT_TYPE: NvtxPushPopRange, NvtxStartEndRange and their NVTX-tools (Nvtxt) twins; the
+# other NVTX types (marks, domain/category/thread naming) are instants or metadata.
+_NVTX_RANGE_TYPES = (59, 60, 70, 71)
+# Fallbacks for exports without the ENUM_* tables; values as in the ENUM tables of the exports
+# (ENUM_CUDA_MEMCPY_OPER equals CUPTI's CUpti_ActivityMemcpyKind).
+_MEMCPY_OPER = {
+    0: "UNKNOWN",
+    1: "HTOD",
+    2: "DTOH",
+    3: "HTOA",
+    4: "ATOH",
+    5: "ATOA",
+    6: "ATOD",
+    7: "DTOA",
+    8: "DTOD",
+    9: "HTOH",
+    10: "PTOP",
+    11: "UVM_HTOD",
+    12: "UVM_DTOH",
+    13: "UVM_DTOD",
+}
+_MEM_KIND = {
+    0: "Pageable",
+    1: "Pinned",
+    2: "Device",
+    3: "Array",
+    4: "Managed",
+    5: "Device Static",
+    6: "Managed Static",
+    7: "Unknown",
+}
+_SYNC_TYPE = {0: "Unknown", 1: "Event sync", 2: "Stream wait sync", 3: "Stream sync", 4: "Context sync"}
+# A CUDA array lives in device memory, so array copies count as device-side; unified-memory
+# migrations keep their direction.
+_COPY_KIND = {
+    "HTOD": "HtoD",
+    "DTOH": "DtoH",
+    "HTOA": "HtoD",
+    "ATOH": "DtoH",
+    "ATOA": "DtoD",
+    "ATOD": "DtoD",
+    "DTOA": "DtoD",
+    "DTOD": "DtoD",
+    "HTOH": "HtoH",
+    "PTOP": "PtoP",
+}
+_HOST_MEM = {"pageable": "pageable", "pinned": "pinned", "managed": "managed", "managed static": "managed"}
+_API_VERSION = re.compile(r"_v\d+$")  # cudaLaunchKernel_v7000 -> cudaLaunchKernel, as Kineto names it
+_PID_MASK = 0xFFFFFF
+
+
+def load_nsys_sqlite(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> pd.DataFrame:
+    """The event table of one nsys SQLite export, rows in start-time order.
+
+    ``df.attrs`` holds ``source`` ('nsys'), ``file`` (its name), ``nsys_version`` and
+    ``schema_version`` (None when the export has no metadata table), ``gpu_names`` ({device id:
+    name}, from TARGET_INFO_GPU), ``ranks``, ``pid_map`` ({rank: OS pid}) and ``process_names``
+    ({rank: name}, from PROCESSES). Raises TraceError for a file over ``max_bytes``, one that is not
+    SQLite, an SQLite file that is not an nsys export, a truncated or damaged database, and an export
+    without CUDA or NVTX activity.
+    """
+    path = Path(path)
+    _check_file(path, max_bytes)
+    try:
+        with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as conn:
+            return _load(conn, path.name)
+    except sqlite3.DatabaseError as err:
+        raise TraceError(f"{path.name} is a damaged SQLite database ({err}); expected an intact nsys export") from None
+
+
+def _check_file(path: Path, max_bytes: int) -> None:
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            header = f.read(100)
+    except IsADirectoryError:
+        raise TraceError(f"{path.name} is a folder; expected an nsys .sqlite export file") from None
+    except FileNotFoundError:
+        raise TraceError(f"no trace file {path.name}") from None
+    except OSError as err:
+        raise TraceError(f"{path.name} cannot be read ({err.strerror})") from None
+    if size > max_bytes:
+        raise TraceError(
+            f"{path.name} is {size / 2**20:.1f} MiB ({size} bytes), over the {max_bytes / 2**20:.1f} MiB limit "
+            f"({max_bytes} bytes); raise max_bytes or export a shorter time range (nsys export --times)"
+        )
+    if not header.startswith(_SQLITE_MAGIC):
+        raise TraceError(
+            f"{path.name} is not an SQLite database (it starts with {header[:16]!r}); expected the "
+            "output of nsys export --type sqlite"
+        )
+    # The header's page count is valid when the change counter (24) equals version-valid-for (92)
+    # (https://www.sqlite.org/fileformat.html#in_header_database_size); a cut file is shorter.
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    if len(header) == 100 and pages and header[24:28] == header[92:96] and size < page_size * pages:
+        raise TraceError(
+            f"{path.name} is truncated: its header counts {pages} pages of {page_size} bytes "
+            f"({page_size * pages} bytes) but the file has {size} bytes; copy or export it again"
+        )
+
+
+def _load(conn: sqlite3.Connection, file: str) -> pd.DataFrame:
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "StringIds" not in tables and not any(t.startswith(("CUPTI_", "NVTX_")) for t in tables):
+        listed = ", ".join(sorted(tables)[:8]) or "none"
+        raise TraceError(
+            f"{file} is an SQLite database but not an Nsight Systems export: it has no StringIds, CUPTI_* "
+            f"or NVTX_* tables (tables: {listed}); expected the output of nsys export --type sqlite"
+        )
+    present = [t for t in _ACTIVITY_TABLES if t in tables]
+    if not present:
+        raise TraceError(
+            f"{file} holds no CUDA or NVTX activity: it has none of the tables {', '.join(_ACTIVITY_TABLES)} "
+            f"(its tables: {', '.join(sorted(tables))}); profile with nsys profile -t cuda,nvtx"
+        )
+    strings = _string_ids(conn) if "StringIds" in tables else {}
+    names = _Names()
+    parts = []
+    if "CUPTI_ACTIVITY_KIND_KERNEL" in tables:
+        parts.append(_kernels(conn, file, strings, names))
+    if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables:
+        parts.append(_memcpys(conn, file, tables, names))
+    if "CUPTI_ACTIVITY_KIND_MEMSET" in tables:
+        parts.append(_memsets(conn, file, tables, names))
+    if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
+        parts.append(_runtime(conn, file, strings, names))
+    if "NVTX_EVENTS" in tables:
+        parts.append(_nvtx(conn, file, strings, names))
+    if _SYNC_TABLE in tables:
+        parts.append(_syncs(conn, file, tables, names))
+    cols = {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0])}  # frees parts as it goes
+    if not (cols["kind"] != _KINDS.index("sync")).any():  # sync records alone show no work
+        raise TraceError(
+            f"{file} holds no CUDA or NVTX events: its tables {', '.join(present)} are empty; "
+            "profile with nsys profile -t cuda,nvtx over a range where the GPU works"
+        )
+    order = np.argsort(cols["start_ns"], kind="stable")
+    for k in cols:
+        cols[k] = cols[k][order]
+    process = cols.pop("process")
+    distinct = np.unique(process)
+    by_pid = np.lexsort((distinct, distinct & _PID_MASK))  # order of pid; host/VM bits break ties
+    keys = distinct[by_pid]
+    rank = np.empty(distinct.size, dtype=np.int32)
+    rank[by_pid] = np.arange(distinct.size)
+    rank = rank[np.searchsorted(distinct, process)]
+    table = make_table(
+        {
+            "rank": rank,
+            "kind": pd.Categorical.from_codes(cols.pop("kind"), categories=_KINDS),
+            "copy_kind": pd.Categorical.from_codes(cols.pop("copy_kind"), categories=COPY_KINDS),
+            "host_mem": pd.Categorical.from_codes(cols.pop("host_mem"), categories=HOST_MEM),
+            "name": pd.Categorical.from_codes(cols.pop("name"), categories=pd.Index(names.values, dtype=object)),
+            **cols,
+        }
+    )
+    table.attrs.update(_attrs(conn, tables, file, keys))
+    return table
+
+
+def _attrs(conn: sqlite3.Connection, tables: set[str], file: str, keys: np.ndarray) -> dict:
+    meta: dict[str, str] = {}
+    for t in ("META_DATA_EXPORT", "EXPORT_META_DATA"):  # renamed after nsys 2023.2
+        if t in tables and {"name", "value"} <= _columns(conn, t):
+            meta = {str(k): v for k, v in conn.execute(f'SELECT name, value FROM "{t}"')}
+            break
+    gpu_names: dict[int, str] = {}
+    if "TARGET_INFO_GPU" in tables and {"id", "name"} <= _columns(conn, "TARGET_INFO_GPU"):
+        gpu_names = {int(i): str(n) for i, n in conn.execute("SELECT id, name FROM TARGET_INFO_GPU ORDER BY id")}
+    pids = [int(k) & _PID_MASK if k >= 0 else -1 for k in keys]
+    process_names: dict[int, str] = {}
+    if "PROCESSES" in tables and {"globalPid", "name"} <= _columns(conn, "PROCESSES"):
+        by_key = {int(g) >> 24: n for g, n in conn.execute("SELECT globalPid, name FROM PROCESSES") if g is not None}
+        process_names = {r: str(by_key[int(k)]) for r, k in enumerate(keys) if int(k) in by_key}
+    return {
+        "source": "nsys",
+        "file": file,
+        "nsys_version": meta.get("EXPORT_PRODUCT_VERSION"),
+        "schema_version": meta.get("EXPORT_SCHEMA_VERSION"),
+        "gpu_names": gpu_names,
+        "ranks": list(range(len(keys))),
+        "pid_map": dict(enumerate(pids)),
+        "process_names": process_names,
+    }
+
+
+class _Names:
+    """One list of distinct names; events hold integer codes into it."""
+
+    def __init__(self) -> None:
+        self.values: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def code(self, name: str) -> int:
+        c = self._index.get(name)
+        if c is None:
+            c = self._index[name] = len(self.values)
+            self.values.append(name)
+        return c
+
+    def codes(self, keys: np.ndarray, name_of: Callable[..., str]) -> np.ndarray:
+        """Codes of ``name_of(key)`` for each key (rows of a 2-D array are keys), computed once per
+        distinct key."""
+        if keys.shape[0] == 0:
+            return np.empty(0, dtype=np.int64)
+        distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
+        lookup = np.array(
+            [self.code(name_of(*k) if keys.ndim == 2 else name_of(k)) for k in distinct.tolist()], dtype=np.int64
+        )
+        return lookup[inverse.reshape(-1)]
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in conn.execute(f'PRAGMA table_info("{table}")')}
+
+
+def _string_ids(conn: sqlite3.Connection) -> dict[int, str]:
+    return dict(conn.execute("SELECT id, value FROM StringIds"))
+
+
+def _enum(conn: sqlite3.Connection, tables: set[str], table: str, column: str, fallback: dict[int, str]) -> dict:
+    if table in tables and {"id", column} <= _columns(conn, table):
+        return {int(i): str(v) for i, v in conn.execute(f'SELECT id, "{column}" FROM "{table}"') if v is not None}
+    return fallback
+
+
+def _read(
+    conn: sqlite3.Connection,
+    file: str,
+    table: str,
+    ints: dict[str, int],
+    texts: dict[str, Callable[[tuple], np.ndarray]] | None = None,
+    where: str = "",
+) -> dict[str, np.ndarray]:
+    """Columns of ``table`` as int64 arrays, fetched in blocks. ``ints`` maps integer columns to the
+    value that stands for NULL and for a column the table lacks; ``texts`` maps text columns to a
+    function turning one block of values into int64 codes (-1 for a missing column), so the strings
+    of a block are dropped as soon as it is coded."""
+    texts = texts or {}
+    have = _columns(conn, table)
+    for required in ("start", "end"):
+        if required not in have:
+            raise TraceError(f"{file}: table {table} has no column {required!r}; expected an nsys export's schema")
+    keep = [c for c in [*ints, *texts] if c in have]
+    exprs = [f'COALESCE("{c}", {ints[c]})' if c in ints else f'"{c}"' for c in keep]
+    blocks: dict[str, list[np.ndarray]] = {c: [] for c in keep}
+    cursor = conn.execute(f'SELECT {", ".join(exprs)} FROM "{table}" {where}')
+    while rows := cursor.fetchmany(FETCH_ROWS):
+        for c, values in zip(keep, zip(*rows, strict=True), strict=True):
+            try:
+                blocks[c].append(texts[c](values) if c in texts else np.array(values, dtype=np.int64))
+            except (TypeError, ValueError, OverflowError):
+                raise TraceError(
+                    f"{file}: column {c} of table {table} holds non-integer values; expected integers"
+                ) from None
+        del rows
+    out = {c: np.concatenate(b) if b else np.empty(0, dtype=np.int64) for c, b in blocks.items()}
+    n = out["start"].size
+    for c in [*ints, *texts]:
+        if c not in out:
+            out[c] = np.full(n, ints.get(c, -1), dtype=np.int64)
+    return out
+
+
+def _event(
+    kind: str, r: dict[str, np.ndarray], name: np.ndarray, process: np.ndarray, **cols: np.ndarray | int
+) -> dict:
+    n = r["start"].size
+    base = {
+        "kind": np.full(n, _KINDS.index(kind), dtype=np.int8),
+        "name": name,
+        "start_ns": r["start"],
+        "dur_ns": r["end"] - r["start"],
+        "device": np.full(n, -1, dtype=np.int64),
+        "stream": np.full(n, -1, dtype=np.int64),
+        "tid": np.full(n, -1, dtype=np.int64),
+        "correlation": r.get("correlationId", np.full(n, -1, dtype=np.int64)),
+        "bytes": np.zeros(n, dtype=np.int64),
+        "copy_kind": np.zeros(n, dtype=np.int8),  # codes into COPY_KINDS, 0 = ''
+        "host_mem": np.zeros(n, dtype=np.int8),  # codes into HOST_MEM
+        "process": process,
+    }
+    for k, v in cols.items():
+        base[k] = np.broadcast_to(v, n) if np.isscalar(v) else v
+    return base
+
+
+def _process(global_id: np.ndarray) -> np.ndarray:
+    """The process part (pid and host/VM bits) of a GlobalId; -1 where the export left it out."""
+    return np.where(global_id >= 0, global_id >> 24, -1)
+
+
+_DEVICE_COLS = {"start": 0, "end": 0, "deviceId": -1, "streamId": -1, "correlationId": -1, "globalPid": -1}
+
+
+def _kernels(conn: sqlite3.Connection, file: str, strings: dict[int, str], names: _Names) -> dict:
+    r = _read(conn, file, "CUPTI_ACTIVITY_KIND_KERNEL", {**_DEVICE_COLS, "demangledName": -1, "shortName": -1})
+
+    def name_of(demangled: int, short: int) -> str:
+        return strings.get(demangled) or strings.get(short) or f"kernel (name id {demangled})"
+
+    name = names.codes(np.stack([r["demangledName"], r["shortName"]], axis=1), name_of)
+    return _event("kernel", r, name, _process(r["globalPid"]), device=r["deviceId"], stream=r["streamId"])
+
+
+def _memcpys(conn: sqlite3.Connection, file: str, tables: set[str], names: _Names) -> dict:
+    r = _read(
+        conn,
+        file,
+        "CUPTI_ACTIVITY_KIND_MEMCPY",
+        {**_DEVICE_COLS, "bytes": 0, "copyKind": 0, "srcKind": -1, "dstKind": -1},
+    )
+    oper = _enum(conn, tables, "ENUM_CUDA_MEMCPY_OPER", "name", _MEMCPY_OPER)
+    mem = _enum(conn, tables, "ENUM_CUDA_MEM_KIND", "label", _MEM_KIND)
+
+    def copy_kind(kind: int) -> str:
+        suffix = oper.get(kind, "").removeprefix("CUDA_MEMCPY_KIND_").removeprefix("UVM_")
+        return _COPY_KIND.get(suffix, "")
+
+    def name_of(kind: int, src: int, dst: int) -> str:
+        direction = copy_kind(kind)
+        sides = f" ({mem.get(src, 'Unknown')} -> {mem.get(dst, 'Unknown')})" if src >= 0 or dst >= 0 else ""
+        return f"Memcpy {direction}{sides}" if direction else f"Memcpy{sides}"
+
+    def host_mem(src: int, dst: int) -> str:
+        return _HOST_MEM.get(mem.get(src, "").lower()) or _HOST_MEM.get(mem.get(dst, "").lower(), "")
+
+    triples = np.stack([r["copyKind"], r["srcKind"], r["dstKind"]], axis=1)
+    name = names.codes(triples, name_of)
+    kinds_u, inv = np.unique(r["copyKind"], return_inverse=True)
+    directions = np.array([COPY_KINDS.index(copy_kind(k)) for k in kinds_u.tolist()], dtype=np.int8)[inv.reshape(-1)]
+    pairs_u, inv = np.unique(triples[:, 1:], axis=0, return_inverse=True)
+    hosts = np.array([HOST_MEM.index(host_mem(s, d)) for s, d in pairs_u.tolist()], dtype=np.int8)[inv.reshape(-1)]
+    return _event(
+        "memcpy",
+        r,
+        name,
+        _process(r["globalPid"]),
+        device=r["deviceId"],
+        stream=r["streamId"],
+        bytes=r["bytes"],
+        copy_kind=directions,
+        host_mem=hosts,
+    )
+
+
+def _memsets(conn: sqlite3.Connection, file: str, tables: set[str], names: _Names) -> dict:
+    r = _read(conn, file, "CUPTI_ACTIVITY_KIND_MEMSET", {**_DEVICE_COLS, "bytes": 0, "memKind": -1})
+    mem = _enum(conn, tables, "ENUM_CUDA_MEM_KIND", "label", _MEM_KIND)
+    name = names.codes(r["memKind"], lambda k: f"Memset ({mem[k]})" if k in mem else "Memset")
+    return _event(
+        "memset", r, name, _process(r["globalPid"]), device=r["deviceId"], stream=r["streamId"], bytes=r["bytes"]
+    )
+
+
+def _runtime(conn: sqlite3.Connection, file: str, strings: dict[int, str], names: _Names) -> dict:
+    r = _read(
+        conn,
+        file,
+        "CUPTI_ACTIVITY_KIND_RUNTIME",
+        {"start": 0, "end": 0, "globalTid": -1, "correlationId": -1, "nameId": -1},
+    )
+    name = names.codes(r["nameId"], lambda i: _API_VERSION.sub("", strings.get(i, f"API call (name id {i})")))
+    tid = np.where(r["globalTid"] >= 0, r["globalTid"] & _PID_MASK, -1)
+    return _event("runtime", r, name, _process(r["globalTid"]), tid=tid)
+
+
+def _nvtx(conn: sqlite3.Connection, file: str, strings: dict[int, str], names: _Names) -> dict:
+    have = _columns(conn, "NVTX_EVENTS")
+    where = 'WHERE "end" IS NOT NULL'
+    if "eventType" in have:
+        where += f" AND eventType IN ({', '.join(map(str, _NVTX_RANGE_TYPES))})"
+
+    def inline(block: tuple) -> np.ndarray:
+        return np.array([-1 if t is None else names.code(str(t)) for t in block], dtype=np.int64)
+
+    ints = {"start": 0, "end": 0, "globalTid": -1, "textId": -1}
+    r = _read(conn, file, "NVTX_EVENTS", ints, {"text": inline}, where)
+    # Text is inline (``text``) or registered (``textId`` into StringIds), mixed within one file.
+    name = r["text"]
+    registered = name < 0
+    name[registered] = names.codes(r["textId"][registered], lambda i: strings.get(i, ""))
+    tid = np.where(r["globalTid"] >= 0, r["globalTid"] & _PID_MASK, -1)
+    return _event("annotation", r, name, _process(r["globalTid"]), tid=tid)
+
+
+def _syncs(conn: sqlite3.Connection, file: str, tables: set[str], names: _Names) -> dict:
+    have = _columns(conn, _SYNC_TABLE)
+    sync_col = "syncType" if "syncType" in have else "deprecatedSyncType"  # renamed in newer exports
+    r = _read(conn, file, _SYNC_TABLE, {**_DEVICE_COLS, sync_col: 0})
+    labels = _enum(conn, tables, "ENUM_CUPTI_SYNC_TYPE", "label", _SYNC_TYPE)
+    name = names.codes(r[sync_col], lambda k: labels.get(k, f"Sync (type {k})"))
+    return _event("sync", r, name, _process(r["globalPid"]), device=r["deviceId"], stream=r["streamId"])

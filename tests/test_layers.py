@@ -1,0 +1,100 @@
+"""The package's stages import one way: each sub-package of advisor/ only the stages before it.
+
+Walks every import of every module (function-level ones included, with ``ast``), so a lazy import that
+goes backwards counts as much as one at the top. The order is the data flow of DESIGN.md; an order
+forbids cycles, so this also shows there is no import circle between the stages.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "advisor"
+ORDER = ("errors", "spec", "estimate", "store", "trace", "analysis", "run", "advice", "present", "cli", "__main__")
+"""Stage order: a module may import its own stage and the ones before it."""
+NEVER = {"estimate": {"store", "run"}, "analysis": {"store", "run"}}
+"""Imports the order allows but the design does not: the estimate and the analyses stay pure (no run
+store, no torch), however the stages are ranked."""
+KNOWN = {
+    ("advisor/spec/specs.py", "advisor.estimate.estimator"),
+    ("advisor/analysis/roofline.py", "advisor.store.ceilings"),
+    ("advisor/analysis/roofline.py", "advisor.store.runstore"),
+    ("advisor/analysis/summary.py", "advisor.store.runstore"),
+    ("advisor/analysis/commbw.py", "advisor.store.runstore"),
+}
+"""Backward imports not yet removed (issue 19, item 2): the spec's offload check asks the estimator for
+the pipeline's split; the roofline and the summary find a stored run's trace, setup and measured roofs
+themselves, and commbw reads the store for measured links. Each entry must still occur (the test says
+when one can be struck off) and no new one may appear."""
+
+
+def _stage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "errors"
+
+
+def imports() -> list[tuple[str, int, str]]:
+    """(file relative to the repo, line, imported advisor module) for every import in advisor/."""
+    out = []
+    for f in sorted(PKG.rglob("*.py")):
+        rel = f.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "advisor":
+                names = [node.module] if node.module != "advisor" else [f"advisor.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.split(".")[0] == "advisor"]
+            else:
+                continue
+            out += [(rel, node.lineno, n) for n in names]
+    return out
+
+
+def _own_stage(rel: str) -> str:
+    parts = Path(rel).with_suffix("").parts
+    return parts[1] if len(parts) > 2 else parts[-1] if parts[-1] in ORDER else "errors"
+
+
+def backward(found: list[tuple[str, int, str]]) -> set[tuple[str, str]]:
+    bad = set()
+    for rel, _, mod in found:
+        me, it = _own_stage(rel), _stage(mod)
+        if it not in ORDER:
+            raise AssertionError(f"{rel} imports {mod}: stage {it!r} is not in ORDER {ORDER}")
+        if ORDER.index(it) > ORDER.index(me) or it in NEVER.get(me, ()):
+            bad.add((rel, mod))
+    return bad
+
+
+def test_every_stage_is_a_sub_package_in_the_order():
+    stages = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    top = {p.stem for p in PKG.glob("*.py")} - {"__init__"}
+    assert stages | top == set(ORDER), (stages, top)
+
+
+def test_no_stage_imports_a_later_one():
+    bad = backward(imports())
+    assert bad - KNOWN == set(), f"imports against the data flow: {sorted(bad - KNOWN)}"
+    assert KNOWN - bad == set(), f"no longer imported, strike from KNOWN: {sorted(KNOWN - bad)}"
+
+
+@pytest.mark.parametrize(
+    ("source", "expect"),
+    [
+        ("from advisor.run.step import Trainer\n", {("advisor/estimate/x.py", "advisor.run.step")}),
+        ("def f():\n    from advisor.store import runstore\n", {("advisor/estimate/x.py", "advisor.store")}),
+        ("from advisor.spec.specs import Setup\n", set()),
+    ],
+)
+def test_the_walk_sees_top_level_and_lazy_imports(tmp_path, monkeypatch, source, expect):
+    # The checker itself on a module of its own: a lazy backward import is found like a top-level one.
+    fake = tmp_path / "advisor" / "estimate"
+    fake.mkdir(parents=True)
+    (fake / "x.py").write_text(source)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PKG", tmp_path / "advisor")
+    assert backward(imports()) == expect
