@@ -55,9 +55,13 @@ def _env() -> dict[str, str]:
 
 
 def test_installed_package_is_not_the_checkout(venv, tmp_path):
-    code = "import advisor, app, advisor.advice.rules as r; print(advisor.__file__); print(app.__file__); print(r.RULES_DIR)"
+    code = (
+        "import advisor, app, advisor.advice.rules as r, advisor.store.runstore as s;"
+        "print(advisor.__file__); print(app.__file__); print(r.RULES_DIR); print(s.default_root())"
+    )
     out = subprocess.check_output([str(venv / "bin" / "python"), "-c", code], text=True, cwd=tmp_path, env=_env())
-    pkg, app_file, rules = out.split()
+    pkg, app_file, rules, store = out.split()
+    assert Path(store) == tmp_path.resolve() / "traces" or Path(store) == tmp_path / "traces", store
     assert str(ROOT) not in pkg and str(ROOT) not in app_file, out
     assert Path(rules) == venv / "share" / "advisor" / "rules"
     assert sorted(p.name for p in Path(rules).glob("*.yaml")) == sorted(p.name for p in (ROOT / "rules").glob("*.yaml"))

@@ -36,7 +36,7 @@ STATUSES = ("running", "ok", "oom", "timeout", "crashed", "failed", "cancelled",
 """'refused': an option this machine cannot run (fp8 without fp8 units or torchao, Unified Memory beyond
 what the GPU has free); the run holds the reason and no measurement."""
 CHECKOUT = Path(__file__).resolve().parents[2]
-DEFAULT_ROOT = CHECKOUT / "traces" if (CHECKOUT / "app.py").is_file() else Path("traces")
+DEFAULT_ROOT = CHECKOUT / "traces" if (CHECKOUT / "pyproject.toml").is_file() else Path("traces")
 """The checkout's ``traces/``; for an installed package, ``traces/`` under the working directory."""
 STAGING = ".staging"
 RESERVED_DIRS = ("calibration", "verifications", "ceilings")
