@@ -38,6 +38,11 @@ def _stage(module: str) -> str:
     return parts[1] if len(parts) > 1 else "errors"
 
 
+def _from_root(name: str) -> str:
+    """``from advisor import name``: a stage or module of the package, else a name of its root."""
+    return f"advisor.{name}" if (PKG / name).is_dir() or (PKG / f"{name}.py").is_file() else "advisor"
+
+
 def imports() -> list[tuple[str, int, str]]:
     """(file relative to the repo, line, imported advisor module) for every import in advisor/."""
     out = []
@@ -45,7 +50,7 @@ def imports() -> list[tuple[str, int, str]]:
         rel = f.relative_to(ROOT).as_posix()
         for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "advisor":
-                names = [node.module] if node.module != "advisor" else [f"advisor.{a.name}" for a in node.names]
+                names = [node.module] if node.module != "advisor" else [_from_root(a.name) for a in node.names]
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names if a.name.split(".")[0] == "advisor"]
             else:

@@ -25,19 +25,13 @@ from typing import Any
 import yaml
 from simpleeval import EvalWithCompoundTypes, InvalidExpression
 
+from advisor import CHECKOUT
 from advisor.errors import AdvisorError
 from advisor.spec.metrics import StepMetrics
 from advisor.spec.specs import ModelSpec, ParallelSpec, Setup, TrainSpec
 
-
-def _rules_dir() -> Path:
-    """The checkout's ``rules/`` beside ``advisor/``; an installed package's copy under
-    ``<prefix>/share/advisor/rules`` (pyproject.toml's data-files) where there is no checkout."""
-    checkout = Path(__file__).resolve().parents[2] / "rules"
-    return checkout if checkout.is_dir() else Path(sys.prefix) / "share" / "advisor" / "rules"
-
-
-RULES_DIR = _rules_dir()
+RULES_DIR = CHECKOUT / "rules" if CHECKOUT else Path(sys.prefix) / "share" / "advisor" / "rules"
+"""The checkout's ``rules/``; an installed package's copy (pyproject.toml's data-files) where there is none."""
 SEVERITIES = ("critical", "warning", "info")
 TARGETS = ("step_time_ms", "peak_memory_bytes", "tokens_per_s")
 """The measured figure a rule's action improves: less step time, less memory, more tokens/s."""

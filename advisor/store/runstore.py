@@ -28,6 +28,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from advisor import CHECKOUT
 from advisor.errors import AdvisorError
 from advisor.spec.metrics import StepMetrics
 
@@ -35,8 +36,7 @@ RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[a-z0-9][a-z0-9._-]{0,39}-[0-9a-f]{6
 STATUSES = ("running", "ok", "oom", "timeout", "crashed", "failed", "cancelled", "refused")
 """'refused': an option this machine cannot run (fp8 without fp8 units or torchao, Unified Memory beyond
 what the GPU has free); the run holds the reason and no measurement."""
-CHECKOUT = Path(__file__).resolve().parents[2]
-DEFAULT_ROOT = CHECKOUT / "traces" if (CHECKOUT / "pyproject.toml").is_file() else Path("traces")
+DEFAULT_ROOT = CHECKOUT / "traces" if CHECKOUT else Path("traces")
 """The checkout's ``traces/``; for an installed package, ``traces/`` under the working directory."""
 STAGING = ".staging"
 RESERVED_DIRS = ("calibration", "verifications", "ceilings")
