@@ -24,8 +24,6 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from advisor.advice.advise import advise_run
 from advisor.advice.verify import verifiable, verify
 from advisor.errors import AdvisorError

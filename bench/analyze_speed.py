@@ -56,7 +56,6 @@ STEP_GAP_US = 1000  # idle gap between replicated copies of the source trace
 # Each child prints one JSON line: load and analysis seconds (imports excluded) and the event count.
 OURS_CHILD = """
 import json, sys, time
-sys.path.insert(0, sys.argv[2])
 from advisor.analysis.summary import analyze, load_trace
 t0 = time.perf_counter()
 df = load_trace(sys.argv[1])
@@ -79,7 +78,7 @@ a.get_idle_time_breakdown(visualize=False)
 t2 = time.perf_counter()
 print(json.dumps({"load_s": t1 - t0, "analysis_s": t2 - t1, "events": int(sum(len(d) for d in a.t.traces.values()))}))
 """
-OURS_BASELINE = "import sys; sys.path.insert(0, sys.argv[2]); import advisor.analysis.summary"
+OURS_BASELINE = "import advisor.analysis.summary"
 HTA_BASELINE = "import hta.trace_analysis"
 
 
@@ -129,9 +128,9 @@ def run_child(python: str, code: str, path: Path | None, timeout_s: float, cap_b
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap_bytes, cap_bytes))
 
-    args = [python, "-c", code, str(path or ""), str(ROOT)]
+    args = [python, "-c", code, str(path or "")]  # `python -c` finds the checkout from its cwd, ROOT
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(args, stdout=out, stderr=err, preexec_fn=limit, start_new_session=True)
+        proc = subprocess.Popen(args, stdout=out, stderr=err, cwd=ROOT, preexec_fn=limit, start_new_session=True)
         peak, stop_reason = 0, None
         done = threading.Event()
 

@@ -22,13 +22,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from advisor.estimate.estimator import Estimate, estimate
+from advisor.spec.presets import get_hardware, get_model
+from advisor.spec.specs import ModelSpec, ParallelSpec, Setup, TrainSpec
 
-from advisor.estimate.estimator import Estimate, estimate  # noqa: E402 - needs ROOT on sys.path when run as a script
-from advisor.spec.presets import get_hardware, get_model  # noqa: E402 - needs ROOT on sys.path when run as a script
-from advisor.spec.specs import ModelSpec, ParallelSpec, Setup, TrainSpec  # noqa: E402 - needs ROOT on sys.path when run as a script
+ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_LLMA_PYTHON = "/tmp/llma/bin/python"
 RUNNER = Path(__file__).resolve().parent / "llm_analysis_runner.py"

@@ -24,13 +24,10 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd
 import torch

@@ -10,12 +10,9 @@ the line ``<!-- analysis -->`` in that file is written by hand and kept when the
 from __future__ import annotations
 
 import gc
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 

@@ -18,8 +18,6 @@ import types
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from advisor.estimate.estimator import estimate
 from advisor.spec.presets import get_hardware, get_model
 from advisor.spec.specs import ParallelSpec, Setup, TrainSpec

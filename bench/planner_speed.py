@@ -12,11 +12,7 @@ sequence 8192, in about a second.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.estimate.estimator import estimate
 from advisor.estimate.planner import (

@@ -14,16 +14,11 @@ import argparse
 import datetime
 import json
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from advisor.estimate.efficiency import FIT_PATH, FITTED, EfficiencyParams, load_fitted  # noqa: E402 - needs ROOT on sys.path
-from advisor.estimate.published import (  # noqa: E402
+from advisor.estimate.efficiency import FIT_PATH, FITTED, EfficiencyParams, load_fitted
+from advisor.estimate.published import (
     PublishedComparison,
     all_published_runs,
     fit_params,
@@ -31,6 +26,8 @@ from advisor.estimate.published import (  # noqa: E402
     leave_one_source_out,
     published_runs,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "published_runs.md"
 TIGHT_FRAC = 0.90

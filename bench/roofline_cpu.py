@@ -15,9 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.analysis.summary import analyze_path
 from advisor.run.ceilings import measure_ceilings

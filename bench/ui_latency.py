@@ -16,10 +16,8 @@ import os
 import socket
 import statistics
 import sys
-from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.chromium import CHROMIUM, launch
 

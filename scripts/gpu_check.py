@@ -39,18 +39,17 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from advisor.errors import AdvisorError
+from advisor.estimate.estimator import estimate
+from advisor.run.ceilings import measure_ceilings
+from advisor.run.launcher import local_device_type, on_this_machine, profile_run
+from advisor.spec.options import RunOptions
+from advisor.spec.presets import device_slug
+from advisor.spec.setup import make_setup
+from advisor.store.ceilings import store_ceilings
+from advisor.store.runstore import RunStore
 
-from advisor.errors import AdvisorError  # noqa: E402
-from advisor.estimate.estimator import estimate  # noqa: E402
-from advisor.run.ceilings import measure_ceilings  # noqa: E402
-from advisor.run.launcher import local_device_type, on_this_machine, profile_run  # noqa: E402
-from advisor.spec.options import RunOptions  # noqa: E402
-from advisor.spec.presets import device_slug  # noqa: E402
-from advisor.spec.setup import make_setup  # noqa: E402
-from advisor.store.ceilings import store_ceilings  # noqa: E402
-from advisor.store.runstore import RunStore  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 GiB = 2**30
 FULL = [

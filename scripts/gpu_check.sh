@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1
+# The checkout on the import path for a machine where the package is not installed (`pip install -e .`
+# finds it the same way); nothing in Python edits sys.path.
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device visible"; print(torch.__version__, torch.cuda.get_device_name(0))'
 # Optional packages the image may lack: each one's feature degrades (and says so), nothing stops.
 "$PY" -c 'import importlib.util as u; m = [n for n in ("orjson", "nvtx", "pynvml") if u.find_spec(n) is None]; print("optional packages missing:", ", ".join(m) or "none", "(orjson: slower trace parsing; nvtx: torch.cuda.nvtx ranges instead; pynvml: no NVML samples)")'

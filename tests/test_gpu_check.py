@@ -1,5 +1,6 @@
 """The GPU check script in its CPU smoke mode (so it cannot rot), and the GPU-only checks."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -15,6 +16,14 @@ from advisor.spec.setup import make_setup
 from advisor.store.runstore import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    """scripts/gpu_check.py as a module, loaded from its file (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_gpu_check_quick_mode_on_the_cpu_with_its_distributed_part(tmp_path):
@@ -87,8 +96,7 @@ def test_gpu_check_quick_mode_on_the_cpu_with_its_distributed_part(tmp_path):
 
 def test_the_distributed_part_runs_on_the_cpu_only_when_asked():
     # Without --distributed N the script's distributed row says why it did not run on the CPU.
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import gpu_check
+    gpu_check = _script()
 
     assert gpu_check._processes("cpu", None) == (0, "skipped: on the CPU only with --distributed N")
     assert gpu_check._processes("cpu", 2) == (2, "")
@@ -97,8 +105,7 @@ def test_the_distributed_part_runs_on_the_cpu_only_when_asked():
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="checks the message of a machine with fewer than 2 GPUs")
 def test_the_nccl_part_says_why_it_is_skipped_with_fewer_than_two_gpus():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import gpu_check
+    gpu_check = _script()
 
     n, why = gpu_check._processes("cuda", None)
     assert n == 0 and why.startswith("skipped: the NCCL part needs 2 or more GPUs and this machine has")
@@ -122,8 +129,7 @@ def test_cuda_profiled_step_has_nvml_and_allocator_peak(tmp_path):
 def test_a_failed_row_carries_its_log_and_every_row_is_written_at_once(tmp_path, monkeypatch):
     # On the GPU box the check may be cut short by its time limit: each row is written (to --out and
     # to $OUT) as soon as it is done, and a failed row carries the end of its run's log.
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import gpu_check
+    gpu_check = _script()
 
     from advisor.spec.ceilings import Ceilings
 

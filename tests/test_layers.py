@@ -8,6 +8,7 @@ forbids cycles, so this also shows there is no import circle between the stages.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -103,3 +104,14 @@ def test_the_walk_sees_top_level_and_lazy_imports(tmp_path, monkeypatch, source,
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     monkeypatch.setattr(sys.modules[__name__], "PKG", tmp_path / "advisor")
     assert backward(imports()) == expect
+
+
+def test_no_file_edits_the_import_path():
+    # The package is installed (`make setup` runs `pip install -e .`), so no script, benchmark or test
+    # puts the checkout on sys.path itself; scripts/gpu_check.sh sets PYTHONPATH for a bare GPU box.
+    root = Path(__file__).resolve().parents[1]
+    files = [p for d in ("advisor", "bench", "scripts", "tests", "webui") for p in (root / d).rglob("*.py")]
+    files.append(root / "app.py")
+    editing = [str(p.relative_to(root)) for p in files if re.search(r"sys\.path\.(insert|append)\(", p.read_text())]
+    assert len(files) > 100
+    assert editing == []
