@@ -41,6 +41,7 @@ RUN python -c "from importlib.metadata import version; print('torch==' + version
 # repo-relative paths then resolve in /opt/advisor.
 COPY pyproject.toml README.md app.py ./
 COPY advisor/ advisor/
+COPY webui/ webui/
 COPY rules/ rules/
 RUN python -m pip install --no-cache-dir --no-deps -e .
 

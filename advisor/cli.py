@@ -13,8 +13,10 @@ from pathlib import Path
 from advisor.errors import AdvisorError
 from advisor.estimate.estimator import Estimate, estimate
 from advisor.present.report import format_estimate, format_run
+from advisor.spec.defaults import DEFAULTS, PROFILE_DEFAULTS, fit_seq
+from advisor.spec.hf_config import load_hf_config
 from advisor.spec.options import RunOptions
-from advisor.spec.presets import HARDWARE, MODELS
+from advisor.spec.presets import HARDWARE, MODELS, get_model
 from advisor.spec.setup import make_setup
 from advisor.spec.specs import (
     FP8_RECIPES,
@@ -33,72 +35,88 @@ CHILD_COMMAND = "_child"
 runner, which imports torch, is imported only by the commands that run a step)."""
 
 
+CLI_FLAGS: dict[str, str] = {key: "--" + key.replace("_", "-") for key in DEFAULTS}
+CLI_FLAGS |= {"flash_attention": "--no-flash", "sequence_parallel": "--sp", "fp8_recipe": "--fp8-recipe"}
+"""The flag of each front-end field (advisor.spec.defaults); --no-flash turns flash attention off."""
+
+
 def add_setup_args(parser: argparse.ArgumentParser) -> None:
-    """The flags that describe a Setup, shared by every subcommand."""
+    """The flags that describe a Setup, shared by every subcommand; defaults from DEFAULTS (the app's)."""
+    d = DEFAULTS
     g = parser.add_argument_group("model and device")
     src = g.add_mutually_exclusive_group()
-    src.add_argument("--model", default="llama-3.1-8b", help=f"preset: {', '.join(MODELS)} (default: %(default)s)")
+    src.add_argument("--model", default=d["model"], help=f"preset: {', '.join(MODELS)} (default: %(default)s)")
     src.add_argument(
         "--hf-config", metavar="PATH", help="a Hugging Face config.json file to import instead of a preset"
     )
-    g.add_argument("--gpu", default="h100", help=f"device: {', '.join(HARDWARE)} (default: %(default)s)")
-    g.add_argument("--gpus", type=int, help="GPU count; dp defaults to gpus / (tp * pp * cp)")
+    g.add_argument("--gpu", default=d["gpu"], help=f"device: {', '.join(HARDWARE)} (default: %(default)s)")
+    g.add_argument(
+        "--gpus",
+        type=int,
+        help=f"GPU count (default: {d['gpus']}, or dp x tp x pp x cp with --dp); dp = gpus / (tp x pp x cp)",
+    )
     s = parser.add_argument_group("training step")
     s.add_argument(
         "--seq",
         type=int,
         default=None,
-        help="sequence length in tokens (default: 4096, or the model's learned positions where fewer: 1024 for GPT-2)",
+        help=f"sequence length in tokens (default: {d['seq']}, or the model's learned positions where fewer: 1024 for GPT-2)",
     )
     s.add_argument(
-        "--micro-batch", type=int, default=1, help="sequences per GPU per micro-batch (default: %(default)s)"
+        "--micro-batch",
+        type=int,
+        default=d["micro_batch"],
+        help="sequences per GPU per micro-batch (default: %(default)s)",
     )
     s.add_argument(
-        "--global-batch", type=int, default=0, help="sequences per optimizer step (default: micro-batch x dp)"
+        "--global-batch",
+        type=int,
+        default=d["global_batch"],
+        help="sequences per optimizer step (default: %(default)s, micro-batch x dp: no accumulation)",
     )
     s.add_argument(
         "--precision",
         choices=PRECISIONS,
-        default="bf16",
-        help="default: bf16; for profile, this device's fastest (fp32 on a CPU without AVX512-BF16 or AMX)",
+        default=d["precision"],
+        help="default: %(default)s; for profile, this device's fastest (fp32 on a CPU without AVX512-BF16 or AMX)",
     )
     s.add_argument(
         "--fp8-recipe",
         choices=FP8_RECIPES,
-        default="tensorwise",
+        default=PROFILE_DEFAULTS["fp8_recipe"],
         help="with --precision fp8 on the eager step: torchao's scaling (default: %(default)s)",
     )
-    s.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    s.add_argument("--optimizer", choices=OPTIMIZERS, default=d["optimizer"])
     s.add_argument(
         "--optimizer-impl",
         choices=OPTIMIZER_IMPLS,
         default=None,
-        help="optimizer kernels (default: fused; foreach for adafactor, which has no fused kernel)",
+        help=f"optimizer kernels (default: {d['optimizer_impl']}; foreach for adafactor, which has no fused kernel)",
     )
     s.add_argument(
         "--framework",
         choices=FRAMEWORKS,
-        default="megatron",
+        default=d["framework"],
         help="megatron: 16-bit weights + fp32 master, persistent grad buffers; pytorch: eager autocast step",
     )
     s.add_argument(
         "--recompute",
         choices=RECOMPUTE_MODES,
-        default="none",
+        default=d["recompute"],
         help="activation checkpointing: selective (Megatron's: attention core), selective-op (torchtitan's op "
         "policy: every other matmul output kept), full (block input only)",
     )
     s.add_argument(
         "--recompute-layers",
         type=int,
-        default=0,
+        default=d["recompute_layers"],
         metavar="N",
         help="with --recompute full: only N blocks per pipeline stage recompute (Megatron's block method); 0: all",
     )
     s.add_argument(
         "--offload-activations",
         type=int,
-        default=0,
+        default=d["offload_activations"],
         metavar="N",
         help="saved activations of N blocks per pipeline stage go to host memory and back (GPU only)",
     )
@@ -113,31 +131,35 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--fp32-grads",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="fp32 gradients under bf16/fp16/fp8 (default: the framework's, on for megatron as Megatron-LM)",
+        default=d["fp32_grads"],
+        help="fp32 gradients under bf16/fp16/fp8, Megatron-LM's default (the eager step's fp32 weights have fp32 "
+        "gradients either way); --no-fp32-grads: 16-bit, as NeMo's performance recipes (default: on)",
     )
     p = parser.add_argument_group("parallelism")
-    p.add_argument("--dp", type=int, help="data-parallel size (default: from --gpus, else 1)")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages per rank (interleaving)")
-    p.add_argument("--cp", type=int, default=1)
-    p.add_argument("--ep", type=int, default=1)
-    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (3 = FSDP full shard)")
+    p.add_argument("--dp", type=int, help="data-parallel size (default: from --gpus)")
+    for key in ("tp", "pp", "cp", "ep"):
+        p.add_argument(f"--{key}", type=int, default=d[key], help="default: %(default)s")
+    p.add_argument("--vpp", type=int, default=d["vpp"], help="virtual pipeline stages per rank (interleaving)")
+    p.add_argument(
+        "--zero", type=int, default=d["zero"], help="ZeRO stage 0-3, 3 = FSDP full shard (default: %(default)s)"
+    )
     p.add_argument("--sp", action="store_true", help="Megatron sequence parallelism (needs --tp > 1)")
-    p.add_argument("--offload", choices=OFFLOAD_MODES, default="none", help="CPU offload")
+    p.add_argument("--offload", choices=OFFLOAD_MODES, default=d["offload"], help="CPU offload")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(default_gpus=d["gpus"])  # a command that runs one process sets None
 
 
 def setup_from_args(args: argparse.Namespace) -> Setup:
-    """The Setup the flags describe; raises AdvisorError on bad input."""
+    """The Setup the flags describe; raises AdvisorError on bad input. A left-out --seq is DEFAULTS',
+    fitted to the model; a left-out --gpus DEFAULTS', unless --dp sets the count."""
+    model = load_hf_config(args.hf_config) if args.hf_config else get_model(args.model)
+    gpus = args.gpus if args.gpus is not None or args.dp is not None else args.default_gpus
     return make_setup(
-        model=args.model,
-        hf_config=args.hf_config,
+        model=model,
         gpu=args.gpu,
-        gpus=args.gpus,
+        gpus=gpus,
         dp=args.dp,
-        seq=args.seq,
+        seq=args.seq if args.seq is not None else fit_seq(int(DEFAULTS["seq"]), model),
         micro_batch=args.micro_batch,
         global_batch=args.global_batch,
         precision=args.precision,
@@ -525,7 +547,7 @@ def _setup_flags_given(args: argparse.Namespace) -> list[str]:
     return [
         f"--{k.replace('_', '-')}"
         for k, v in vars(defaults.parse_args([])).items()
-        if k != "json" and getattr(args, k, v) != v
+        if k not in ("json", "default_gpus") and getattr(args, k, v) != v
     ]
 
 
@@ -653,13 +675,17 @@ def build_parser() -> argparse.ArgumentParser:
     size.set_defaults(func=_cmd_size)
     prof = sub.add_parser("profile", help="profile a short real training step in a child process; files a run")
     add_setup_args(prof)
-    # --precision: this machine's fast path unless given (fp32 on a CPU without a 16-bit matrix unit).
-    prof.set_defaults(model="tiny", seq=256, micro_batch=2, precision=None, func=None)
+    # PROFILE_DEFAULTS' setup, as the Profile tab's; --precision: this machine's fast path unless given.
+    prof.set_defaults(**{k: v for k, v in PROFILE_DEFAULTS.items() if k in DEFAULTS or k == "fp8_recipe"})
+    prof.set_defaults(default_gpus=PROFILE_DEFAULTS["gpus"], func=None)
+    pd_ = PROFILE_DEFAULTS
     r = prof.add_argument_group("run")
-    r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    r.add_argument("--steps", type=int, default=3, help="timed steps, then as many profiled (default: %(default)s)")
+    r.add_argument("--device", choices=("auto", "cpu", "cuda"), default=pd_["device"])
+    r.add_argument(
+        "--steps", type=int, default=pd_["steps"], help="timed steps, then as many profiled (default: %(default)s)"
+    )
     r.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps, discarded (default: %(default)s)")
-    r.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
+    r.add_argument("--num-workers", type=int, default=pd_["num_workers"], help="DataLoader workers")
     r.add_argument("--pin-memory", action="store_true")
     r.add_argument(
         "--data-delay-ms", type=float, default=0.0, help="simulated loading latency per sample (input-pipeline what-if)"
@@ -678,11 +704,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="with --unified-memory on GH200/GB200: host memory it may use beyond the GPU's free memory",
     )
-    r.add_argument("--layers", type=int, default=0, help="proxy mode: run N layers, extrapolate to the full depth")
+    r.add_argument(
+        "--layers", type=int, default=pd_["layers"], help="proxy mode: run N layers, extrapolate to the full depth"
+    )
     r.add_argument("--timeout", type=float, default=600.0, help="seconds before the child is stopped")
     r.add_argument("--nsys", action="store_true", help="run the child under nsys profile (Nsight Systems)")
     r.add_argument(
-        "--nproc", type=int, default=1, help="processes on this node: torchrun --nproc-per-node (default: %(default)s)"
+        "--nproc",
+        type=int,
+        default=pd_["nproc"],
+        help="processes on this node: torchrun --nproc-per-node (default: %(default)s)",
     )
     r.add_argument("--nnodes", type=int, default=1, help="nodes in the job; each runs the same command")
     r.add_argument("--rdzv-endpoint", default="", help="host:port every node's torchrun meets at (nnodes > 1)")
@@ -691,7 +722,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--inject", default="", help=argparse.SUPPRESS)
     dry = sub.add_parser("dryrun", help="exact memory of the real step under fake tensors: any size, no allocation")
     add_setup_args(dry)
-    dry.set_defaults(func=_cmd_dryrun)
+    dry.set_defaults(default_gpus=None, func=_cmd_dryrun)  # one rank unless --gpus: each rank is a process
     an = sub.add_parser("analyze", help="analyze a trace: Kineto JSON (file, folder, zip) or Nsight Systems SQLite")
     an.add_argument("path", help="trace file, folder of rank files, .zip, .sqlite, or a run directory")
     an.add_argument("--json", action="store_true", help="StepMetrics and every table as JSON")

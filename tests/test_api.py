@@ -20,10 +20,13 @@ gradio_client = pytest.importorskip("gradio_client")
 httpx = pytest.importorskip("httpx")
 
 from advisor.run.launcher import profile_run  # noqa: E402
+from advisor.spec.defaults import DEFAULTS  # noqa: E402
 from advisor.spec.options import RunOptions  # noqa: E402 (after the skips)
 from advisor.spec.setup import make_setup  # noqa: E402
 from advisor.store.runstore import RunStore  # noqa: E402
 from tests.shared import SHARED_TRACES  # noqa: E402
+from webui import common  # noqa: E402
+from webui import size as size_tab  # noqa: E402
 
 TRACES = SHARED_TRACES
 KINETO_RANK0 = TRACES / "kineto" / "trace_filter" / "sampled_rank-0.json.gz"
@@ -42,7 +45,7 @@ def served(tmp_path_factory):
     """(demo, url, store, client) of the running app; closed after the module."""
     store = RunStore(tmp_path_factory.mktemp("runs"))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(app, "_store", lambda: store)
+        mp.setattr(common, "store", lambda: store)
         demo = app.build_app()
         _, url, _ = demo.queue(default_concurrency_limit=16).launch(
             server_name="127.0.0.1",
@@ -65,9 +68,9 @@ _DEGREE_WIDGETS = ("tp", "pp", "vpp", "cp", "ep", "zero")
 def _size_values(**changes) -> list:
     """The Size tab's inputs in widget order (the config file second), as /size and /advise take them;
     parallel degrees as the text choices their dropdowns document."""
-    values = {**app.DEFAULTS, **changes}
+    values = {**DEFAULTS, **changes}
     values |= {k: str(values[k]) for k in _DEGREE_WIDGETS}
-    return [values["model"], None, *[values[k] for k in list(app.DEFAULTS)[1:]]]
+    return [values["model"], None, *[values[k] for k in list(DEFAULTS)[1:]]]
 
 
 def _rows(table: dict) -> list[dict]:
@@ -110,7 +113,7 @@ def test_the_client_sees_each_tabs_main_action(served):
 def test_size_with_default_values(served):
     summary, mem_fig, time_fig, mem_table, time_table = served.client.predict(config_file=None, api_name="/size")
     assert summary.startswith("### ✅ FITS") and "tokens/s" in summary and "MFU" in summary
-    assert summary == app.size_view(**app.DEFAULTS, config_file=None)[0]  # the same answer as in process
+    assert summary == size_tab.size_view(**DEFAULTS, config_file=None)[0]  # the same answer as in process
     assert mem_fig["type"] == "plotly" and time_fig["type"] == "plotly"
     mem = _rows(mem_table)
     assert [r["component"] for r in mem][:4] == ["weights", "gradients", "optimizer states", "activations"]
@@ -206,7 +209,7 @@ def test_twenty_concurrent_size_requests_each_get_their_own_verdict(served):
     answers = [job.result(timeout=120)[0] for job in jobs]
     assert all(a.startswith(("### ✅", "### ❌")) for a in answers)
     # Each answer belongs to its own request: no crossed or dropped replies under load.
-    assert answers == [app.size_view(*_size_values(seq=s))[0] for s in seqs]
+    assert answers == [size_tab.size_view(*_size_values(seq=s))[0] for s in seqs]
     assert len(set(answers)) == len(seqs)
 
 

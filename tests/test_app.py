@@ -11,13 +11,23 @@ from tests.shared import SHARED_TRACES
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 app = pytest.importorskip("app")
+gr = pytest.importorskip("gradio")
+
+from advisor.spec.defaults import DEFAULTS  # noqa: E402 (after the skips)
+from webui import advice as advice_tab  # noqa: E402
+from webui import analyze as analyze_tab  # noqa: E402
+from webui import common, linking  # noqa: E402
+from webui import history as history_tab  # noqa: E402
+from webui import plan as plan_tab  # noqa: E402
+from webui import profile as profile_tab  # noqa: E402
+from webui import size as size_tab  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "hf"
 
 
 def _view(**changes):
-    values = {**app.DEFAULTS, "config_file": None, **changes}
-    return app.size_view(**values)
+    values = {**DEFAULTS, "config_file": None, **changes}
+    return size_tab.size_view(**values)
 
 
 def test_default_view_is_useful():
@@ -85,7 +95,7 @@ def test_unexpected_errors_stay_inside_the_handler(monkeypatch):
     def boom(_setup):
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(app, "estimate", boom)
+    monkeypatch.setattr(size_tab, "estimate", boom)
     summary, *_ = _view()
     assert summary.startswith("### Internal error")
 
@@ -104,13 +114,13 @@ def store(tmp_path, monkeypatch):
     from advisor.store.runstore import RunStore
 
     s = RunStore(tmp_path)
-    monkeypatch.setattr(app, "_store", lambda: s)
+    monkeypatch.setattr(common, "store", lambda: s)
     return s
 
 
 def _profile(**changes):
-    values = {**app.PROFILE_DEFAULTS, "device": "cpu", "seq": 64, "micro_batch": 1, "steps": 1, **changes}
-    return list(app.profile_view(**values))
+    values = {**profile_tab.PROFILE_INPUTS, "device": "cpu", "seq": 64, "micro_batch": 1, "steps": 1, **changes}
+    return list(profile_tab.profile_view(**values))
 
 
 @pytest.mark.slow  # starts a child process or runs seconds of real steps
@@ -142,7 +152,7 @@ def test_profile_tab_runs_a_step_and_shows_it(store):
     assert "aten::mm" in set(top["op"]) and trace.endswith("trace.json.gz")
     assert "aten::mm" in _points(roofline)  # the run records shapes: its matmuls sit on the roofline
     (run,) = store.list_runs()[0]
-    reopened = app.open_run(run.run_id)
+    reopened = profile_tab.open_run(run.run_id)
     assert reopened[0] == summary
 
 
@@ -151,16 +161,16 @@ def test_profile_tab_reports_bad_input_and_refusals(store):
     refused = _profile(model="gpt2-1.5b", seq=1024)[-1][0]
     assert refused.startswith("### Not run") and "--layers" in refused
     assert store.list_runs() == ([], [])
-    assert app.open_run("../../etc")[0].startswith("### Cannot open run\nrun id '../../etc' is not valid")
+    assert profile_tab.open_run("../../etc")[0].startswith("### Cannot open run\nrun id '../../etc' is not valid")
 
 
 @pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_profile_tab_opens_on_the_newest_run(store):
-    assert app.run_choices().value is None  # empty store: nothing selected
+    assert common.run_choices().value is None  # empty store: nothing selected
     _profile()
     _profile(recompute="full")
     newest = store.list_runs()[0][0].run_id
-    dropdown = app.run_choices()
+    dropdown = common.run_choices()
     assert dropdown.value == newest and len(dropdown.choices) == 2
     # A newer failed run is listed, but the tabs open on the newest run that has something to show;
     # right after a profile the picker shows the run just made, failed or not.
@@ -172,16 +182,16 @@ def test_profile_tab_opens_on_the_newest_run(store):
         make_setup(model="tiny", gpu="cpu", seq=64), RunOptions(device="cpu", steps=1, inject="oom"), store
     )
     assert failed.status != "ok"
-    dropdown = app.run_choices()
+    dropdown = common.run_choices()
     assert dropdown.value == newest and dropdown.choices[0] in (failed.run_id, (failed.run_id, failed.run_id))
-    assert app.run_choices(measured=False).value == failed.run_id
+    assert common.run_choices(measured=False).value == failed.run_id
     # After a Profile click the picker goes to the run the summary shows, whatever its status; after a
     # refusal (no run made) only its choices are refreshed, so the refusal stays on screen.
-    assert app.picker_after_profile(f"### Run `{failed.run_id}`: oom").value == failed.run_id
-    refused = app.picker_after_profile("### Not run\nneeds about 1314.2 GiB")
+    assert profile_tab.picker_after_profile(f"### Run `{failed.run_id}`: oom").value == failed.run_id
+    refused = profile_tab.picker_after_profile("### Not run\nneeds about 1314.2 GiB")
     assert "value" not in refused and len(refused["choices"]) == 3
-    assert app.run_choices(1).value not in (newest, failed.run_id)  # History's run A: the second measured run
-    assert app.run_choices(2).value == failed.run_id  # past the measured runs: the others, never one twice
+    assert common.run_choices(1).value not in (newest, failed.run_id)  # History's run A: the second measured run
+    assert common.run_choices(2).value == failed.run_id  # past the measured runs: the others, never one twice
 
 
 SAMPLE_RUNS = ("20261130-165248-tiny-6bcb2f", "20261130-165253-tiny-617152")  # committed under traces/
@@ -191,7 +201,7 @@ SAMPLE_RUNS = ("20261130-165248-tiny-6bcb2f", "20261130-165253-tiny-617152")  # 
 def test_shipped_sample_runs_are_readable(run_id):
     from advisor.store.runstore import RunStore
 
-    summary, phases, memory, _, timeline, top, trace, roofline = app.run_view(RunStore().load(run_id))
+    summary, phases, memory, _, timeline, top, trace, roofline = profile_tab.run_view(RunStore().load(run_id))
     assert f"`{run_id}`: ok" in summary and phases is not None and memory is not None and timeline is not None
     assert not top.empty and trace.endswith("trace.json.gz")
     assert roofline.layout.title.text.startswith("Roofline on CPU host")
@@ -202,9 +212,9 @@ def test_shipped_sample_runs_are_readable(run_id):
 def fresh_run_figures():
     """_run_trace_figures' cache emptied before and after: a test that breaks the roofline sees its own
     run drawn afresh, and leaves no broken figure behind for the next test."""
-    app._run_trace_figures.cache_clear()
+    profile_tab._run_trace_figures.cache_clear()
     yield
-    app._run_trace_figures.cache_clear()
+    profile_tab._run_trace_figures.cache_clear()
 
 
 def test_a_run_whose_roofline_fails_still_shows_the_rest(monkeypatch, fresh_run_figures):
@@ -214,8 +224,8 @@ def test_a_run_whose_roofline_fails_still_shows_the_rest(monkeypatch, fresh_run_
     def no_roofline(*_args, **_kwargs):
         raise TraceError("trace.json.gz holds no cpu_op events to judge")
 
-    monkeypatch.setattr(app, "trace_roofline", no_roofline)
-    summary, phases, _, _, timeline, top, _, roofline = app.run_view(RunStore().load(SAMPLE_RUNS[0]))
+    monkeypatch.setattr(common, "trace_roofline", no_roofline)
+    summary, phases, _, _, timeline, top, _, roofline = profile_tab.run_view(RunStore().load(SAMPLE_RUNS[0]))
     assert roofline is None
     assert "`: ok" in summary and phases is not None and timeline is not None and not top.empty
 
@@ -237,8 +247,8 @@ TRACES = SHARED_TRACES
 
 @pytest.mark.skipif(not TRACES.is_dir(), reason="real traces live in ../shared/traces (absent here)")
 def test_analyze_tab_on_an_uploaded_real_trace():
-    summary, temporal, categories, timeline, top, details, collectives, roofline, roofline_table = app.analyze_view(
-        str(TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite"), None
+    summary, temporal, categories, timeline, top, details, collectives, roofline, roofline_table = (
+        analyze_tab.analyze_view(str(TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite"), None)
     )
     assert "2 rank(s), cuda" in summary
     assert [bar.name for bar in temporal.data] == ["compute", "communication + memory", "idle"]
@@ -257,7 +267,9 @@ def test_analyze_tab_on_an_uploaded_real_trace():
 
 
 def test_analyze_tab_on_a_stored_cpu_run_and_on_bad_input(tmp_path):
-    summary, temporal, categories, timeline, top, details, collectives, *_ = app.analyze_view(None, SAMPLE_RUNS[0])
+    summary, temporal, categories, timeline, top, details, collectives, *_ = analyze_tab.analyze_view(
+        None, SAMPLE_RUNS[0]
+    )
     assert "1 rank(s), cpu" in summary and temporal is None and categories is None
     assert top.iloc[0]["name"] == "aten::mm" and "forward" in set(details["phase"])
     assert collectives.empty  # one process: nothing to communicate
@@ -266,11 +278,13 @@ def test_analyze_tab_on_a_stored_cpu_run_and_on_bad_input(tmp_path):
     assert [t.name for t in timeline.data if set(t.y) == {"phase"}] == ["data", "forward", "backward", "optimizer"]
     bogus = tmp_path / "bogus.json"
     bogus.write_text('{"not": "a trace"}')
-    assert app.analyze_view(str(bogus), None)[0].startswith(
+    assert analyze_tab.analyze_view(str(bogus), None)[0].startswith(
         "### Cannot analyze this trace\nbogus.json is JSON without a traceEvents"
     )
-    assert app.analyze_view(None, "../etc")[0].startswith("### Cannot analyze this trace\nrun id '../etc' is not valid")
-    assert app.analyze_view(None, None)[0].startswith("Upload a trace")
+    assert analyze_tab.analyze_view(None, "../etc")[0].startswith(
+        "### Cannot analyze this trace\nrun id '../etc' is not valid"
+    )
+    assert analyze_tab.analyze_view(None, None)[0].startswith("Upload a trace")
 
 
 def test_analyze_tab_draws_the_roofline_of_a_stored_cpu_run():
@@ -278,7 +292,7 @@ def test_analyze_tab_draws_the_roofline_of_a_stored_cpu_run():
     from advisor.analysis.summary import load_trace
     from advisor.store.runstore import RunStore
 
-    updates = list(app.analyze_job(None, SAMPLE_RUNS[0]))
+    updates = list(analyze_tab.analyze_job(None, SAMPLE_RUNS[0]))
     assert {len(u) for u in updates} == {9}  # stages as progress, then the view: every output each time
     summary, *_, roofline, table = updates[-1]
     run_dir = RunStore().path(SAMPLE_RUNS[0])
@@ -314,8 +328,8 @@ def test_a_trace_whose_roofline_fails_is_still_analyzed(monkeypatch):
     def no_roofline(*_args, **_kwargs):
         raise TraceError("trace.json.gz holds no cpu_op events to judge")
 
-    monkeypatch.setattr(app, "trace_roofline", no_roofline)
-    summary, _, _, timeline, top, *_, roofline, table = app.analyze_view(None, SAMPLE_RUNS[0])
+    monkeypatch.setattr(common, "trace_roofline", no_roofline)
+    summary, _, _, timeline, top, *_, roofline, table = analyze_tab.analyze_view(None, SAMPLE_RUNS[0])
     assert summary.endswith("Roofline skipped: trace.json.gz holds no cpu_op events to judge")
     assert "1 rank(s), cpu" in summary and timeline is not None and top.iloc[0]["name"] == "aten::mm"
     assert roofline is None and table.empty and "headroom %" in table.columns
@@ -326,7 +340,7 @@ A100_TRACE = TRACES / "kineto" / "trace_filter" / "sampled_rank-0.json.gz"
 
 @pytest.mark.skipif(not A100_TRACE.is_file(), reason="real traces live in ../shared/traces (absent here)")
 def test_analyze_tab_places_an_uploaded_gpu_traces_gemms_on_the_roofline():
-    *_, roofline, table = app.analyze_view(str(A100_TRACE), None)
+    *_, roofline, table = analyze_tab.analyze_view(str(A100_TRACE), None)
     # No device in the trace: its cutlass_80 kernels give an A100 away, judged by the A100 SXM datasheet
     # (19.5 TFLOP/s fp32, 156 TFLOP/s tf32, 2,039 GB/s).
     assert set(_roof_lines(roofline)) == {
@@ -355,7 +369,7 @@ V100_TRACES = sorted((TRACES / "kineto" / "ns_resolution_trace").glob("*.json.gz
 
 @pytest.mark.skipif(not V100_TRACES, reason="real traces live in ../shared/traces (absent here)")
 def test_a_trace_recorded_without_shapes_says_so_on_its_roofline():
-    *_, roofline, table = app.analyze_view(str(V100_TRACES[0]), None)
+    *_, roofline, table = analyze_tab.analyze_view(str(V100_TRACES[0]), None)
     assert not _points(roofline)
     (note,) = roofline.layout.annotations
     assert note.text.startswith("no op in this trace has recorded shapes: profile with record_shapes=True")
@@ -368,12 +382,12 @@ def test_a_trace_recorded_without_shapes_says_so_on_its_roofline():
 
 
 def _size_values(**changes):
-    values = {**app.DEFAULTS, **changes}
-    return [values["model"], None, *[values[k] for k in list(app.DEFAULTS)[1:]]]
+    values = {**DEFAULTS, **changes}
+    return [values["model"], None, *[values[k] for k in list(DEFAULTS)[1:]]]
 
 
 def test_advice_tab_on_the_size_setup_gives_a_ranked_table_and_files():
-    summary, table, report, files, advice = app.advice_view(
+    summary, table, report, files, advice = advice_tab.advice_view(
         "Size tab setup", None, None, *_size_values(model="llama-3.1-70b", gpus=8, zero=0, global_batch=8)
     )
     assert summary.startswith("### ") and "Out of memory, model states dominate" in summary
@@ -388,24 +402,24 @@ def test_advice_tab_on_the_size_setup_gives_a_ranked_table_and_files():
 def test_advice_tab_on_a_stored_run_and_bad_input(tmp_path, monkeypatch):
     from advisor.store.runstore import RunStore
 
-    monkeypatch.setattr(app, "_store", lambda: RunStore(Path(__file__).resolve().parents[1] / "traces"))
-    _, table, *_ = app.advice_view("stored run", "20261130-165248-tiny-6bcb2f", None, *_size_values())
+    monkeypatch.setattr(common, "store", lambda: RunStore(Path(__file__).resolve().parents[1] / "traces"))
+    _, table, *_ = advice_tab.advice_view("stored run", "20261130-165248-tiny-6bcb2f", None, *_size_values())
     assert "launch-small-batch" in set(table["rule"])
-    assert app.advice_view("stored run", None, None, *_size_values())[0].startswith("Pick a stored run")
+    assert advice_tab.advice_view("stored run", None, None, *_size_values())[0].startswith("Pick a stored run")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    assert app.advice_view("uploaded trace", None, str(bad), *_size_values())[0].startswith("### Cannot advise")
-    assert app.advice_view("Size tab setup", None, None, *_size_values(tp=3))[0].startswith("### Cannot advise")
+    assert advice_tab.advice_view("uploaded trace", None, str(bad), *_size_values())[0].startswith("### Cannot advise")
+    assert advice_tab.advice_view("Size tab setup", None, None, *_size_values(tp=3))[0].startswith("### Cannot advise")
 
 
 def test_verify_view_without_a_run_or_with_an_unknown_rule(store):
-    assert app.verify_view(None, None)[0].startswith("Verification re-runs a stored run")
-    msg, table = app.verify_view("20261130-165248-tiny-6bcb2f", "no-such-rule")
+    assert advice_tab.verify_view(None, None)[0].startswith("Verification re-runs a stored run")
+    msg, table = advice_tab.verify_view("20261130-165248-tiny-6bcb2f", "no-such-rule")
     assert msg.startswith("### Cannot") and table.empty
 
 
 def test_plan_tab_ranks_layouts_and_rejects_bad_input():
-    summary, table, explain, scatter = app.plan_view("llama-3.1-8b", "h100", 8, 4096, 64, ["bf16"], True)
+    summary, table, explain, scatter = plan_tab.plan_view("llama-3.1-8b", "h100", 8, 4096, 64, ["bf16"], True)
     assert summary.startswith("### ") and len(table) > 0
     fits, top = scatter.data  # every fitting layout, then the ranked ones highlighted
     assert len(top.x) == len(table) and len(fits.x) >= len(table)
@@ -413,9 +427,9 @@ def test_plan_tab_ranks_layouts_and_rejects_bad_input():
     assert max(fits.y) <= max(top.y)  # no setting left out of the top beats its best
     assert list(table["tokens/s"]) == sorted(table["tokens/s"], reverse=True)
     assert explain
-    bad = app.plan_view("llama-3.1-8b", "h100", 0, 4096, 64, ["bf16"], True)
+    bad = plan_tab.plan_view("llama-3.1-8b", "h100", 0, 4096, 64, ["bf16"], True)
     assert bad[0].startswith("### Cannot plan") and "gpus" in bad[0]
-    none = app.plan_view("llama-3.1-8b", "h100", 8, 4096, 64, [], True)
+    none = plan_tab.plan_view("llama-3.1-8b", "h100", 8, 4096, 64, [], True)
     assert none[0].startswith("### Cannot plan") and "precisions" in none[0]
 
 
@@ -462,10 +476,10 @@ def test_size_values_describe_the_setup_they_came_from():
         model="llama-3.1-70b", gpu="gh200", gpus=64, seq=4096, global_batch=256, tp=4, pp=2, vpp=2,
         recompute="selective", offload="optimizer", zero=2, sequence_parallel=True, precision="fp8",
     )  # fmt: skip
-    values = app.size_values(setup)
+    values = size_tab.size_values(setup)
     assert values["model"] == "llama-3.1-70b" and values["gpu"] == "gh200" and values["tp"] == "4"
     assert values["gpus"] == 64 and values["zero"] == "2" and values["offload"] == "optimizer"
-    assert app._setup_from_size_inputs(*[values.get(k) for k in app.SIZE_KEYS]) == setup
+    assert size_tab.setup_from_size_inputs(*[values.get(k) for k in size_tab.SIZE_KEYS]) == setup
 
 
 def test_a_shared_value_follows_only_where_the_other_tab_allows_it():
@@ -475,11 +489,11 @@ def test_a_shared_value_follows_only_where_the_other_tab_allows_it():
         precision = gr.Radio(["fp32", "bf16", "fp16"], value="bf16")
         precisions = gr.CheckboxGroup(["fp32", "bf16", "fp8"], value=["bf16"])
         batch = gr.Number(value=64, minimum=1)
-    assert app._follow_value(precision, "fp16") == "fp16"
-    assert isinstance(app._follow_value(precision, "fp8"), type(gr.skip()))  # the profiler has no fp8
-    assert app._follow_value(precisions, "fp8") == ["fp8"]
-    assert app._follow_value(batch, 128) == 128
-    assert isinstance(app._follow_value(batch, 0), type(gr.skip()))  # "no accumulation" is no plan batch
+    assert common.follow_value(precision, "fp16") == "fp16"
+    assert isinstance(common.follow_value(precision, "fp8"), type(gr.skip()))  # the profiler has no fp8
+    assert common.follow_value(precisions, "fp8") == ["fp8"]
+    assert common.follow_value(batch, 128) == 128
+    assert isinstance(common.follow_value(batch, 0), type(gr.skip()))  # "no accumulation" is no plan batch
 
 
 def test_apply_loads_the_recommended_change_everywhere(monkeypatch):
@@ -487,28 +501,28 @@ def test_apply_loads_the_recommended_change_everywhere(monkeypatch):
     from tests.sample_cpu import pin_sample_cpu
 
     pin_sample_cpu(monkeypatch)  # bf16 is the samples' CPU's fast path, not an AVX2-only one's
-    monkeypatch.setattr(app, "_store", lambda: RunStore(Path(__file__).resolve().parents[1] / "traces"))
-    *_, advice = app.advice_view("stored run", "20261130-165248-tiny-6bcb2f", None, *_size_values())
-    choices = app.apply_choices(advice).choices
+    monkeypatch.setattr(common, "store", lambda: RunStore(Path(__file__).resolve().parents[1] / "traces"))
+    *_, advice = advice_tab.advice_view("stored run", "20261130-165248-tiny-6bcb2f", None, *_size_values())
+    choices = advice_tab.apply_choices(advice).choices
     first = choices[0][0]
     assert first.startswith("#1 prec-fp32-to-bf16")  # the shipped sample ran in fp32
-    msg, size, profile, rule = app.apply_recommendation(advice, first, "stored run")
+    msg, size, profile, rule = advice_tab.apply_recommendation(advice, first, "stored run")
     assert rule == "prec-fp32-to-bf16" and "`train.precision = bf16`" in msg and "Re-run" in msg
     # A CPU run maps to the "cpu" device whatever host recorded it (the name carries its core count).
     assert size["precision"] == "bf16" and size["model"] == "tiny" and size["gpu"] == "cpu"
     assert size["seq"] == 128 and size["micro_batch"] == 2
     assert profile["precision"] == "bf16" and profile["device"] == "cpu" and profile["steps"] == 2
-    assert app.apply_recommendation(None, first, "stored run")[0] == "Press **Advise** first."
-    assert app.apply_recommendation(advice, "#9 nothing", "stored run")[1:] == ({}, {}, None)
+    assert advice_tab.apply_recommendation(None, first, "stored run")[0] == "Press **Advise** first."
+    assert advice_tab.apply_recommendation(advice, "#9 nothing", "stored run")[1:] == ({}, {}, None)
     # Applied on the Size tab, the widgets rebuild the recommended setup (on this machine's CPU).
-    rebuilt = app._setup_from_size_inputs(*[size.get(k) for k in app.SIZE_KEYS])
+    rebuilt = size_tab.setup_from_size_inputs(*[size.get(k) for k in size_tab.SIZE_KEYS])
     after = advice.recommendations[0].after
     assert (rebuilt.model, rebuilt.train, rebuilt.parallel) == (after.model, after.train, after.parallel)
     assert rebuilt.hardware.kind == "cpu"
     # Advice on the Size tab's setup loads its change but no rule to re-run (none fired on a run).
-    *_, on_size = app.advice_view("Size tab setup", None, None, *_size_values())
-    size_first = app.apply_choices(on_size).choices[0][0]
-    msg, size, _, rule = app.apply_recommendation(on_size, size_first, "Size tab setup")
+    *_, on_size = advice_tab.advice_view("Size tab setup", None, None, *_size_values())
+    size_first = advice_tab.apply_choices(on_size).choices[0][0]
+    msg, size, _, rule = advice_tab.apply_recommendation(on_size, size_first, "Size tab setup")
     assert size and rule is None
 
 
@@ -517,13 +531,13 @@ def test_the_app_links_tabs_and_opens_on_a_recommendation():
     deps = demo.config["dependencies"]
     ids = {c._id: c for c in demo.blocks.values()}
     links = [d for d in deps if d["targets"] and d["targets"][0][1] == "input"]
-    links = [d for d in links if not any(isinstance(ids[o], app.gr.File) for o in d["outputs"])]  # not the config clear
+    links = [d for d in links if not any(isinstance(ids[o], gr.File) for o in d["outputs"])]  # not the config clear
     # Each shared widget copies to the same widget on the other tabs: model, gpu/gpus, seq, batches,
     # precision, recompute, optimizer and its kernels; 23 one-way links (checkbox groups do not lead).
     assert len(links) == 23
     for d in links:
         source = ids[d["targets"][0][0]]
-        assert all(type(ids[o]) is type(source) or isinstance(ids[o], app.gr.CheckboxGroup) for o in d["outputs"])
+        assert all(type(ids[o]) is type(source) or isinstance(ids[o], gr.CheckboxGroup) for o in d["outputs"])
     # A widget on two tabs (GPUs and device: Size and Plan) has one target, which takes the bare value:
     # a list there reached the Plan tab as "[64]" and failed its planner.
     one = [d for d in links if len(d["outputs"]) == 1]
@@ -543,8 +557,11 @@ def test_the_app_links_tabs_and_opens_on_a_recommendation():
 
 @pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_calibrate_reports_progress_then_says_why_it_cannot_fit_yet(store):
-    assert list(app.calibrate_view(-1))[-1] == "### Not calibrated\nsweep_runs=-1: must be an integer from 0 to 200"
-    updates = list(app.calibrate_view(2))  # two short profiled steps: too few setups to fit on
+    assert (
+        list(history_tab.calibrate_view(-1))[-1]
+        == "### Not calibrated\nsweep_runs=-1: must be an integer from 0 to 200"
+    )
+    updates = list(history_tab.calibrate_view(2))  # two short profiled steps: too few setups to fit on
     assert updates[0] == "### Starting the calibration…"
     assert updates[1].startswith("### Calibrating: 1 of 2 runs done\n")
     assert updates[-1].startswith("### Not calibrated\ncalibration needs measured runs of at least 8 different setups")
@@ -567,37 +584,38 @@ def test_cancel_reaches_only_the_callers_own_job():
     from types import SimpleNamespace
 
     ana, bo = SimpleNamespace(session_hash="ana"), SimpleNamespace(session_hash="bo")
-    jobs = app.Jobs()
+    jobs = common.Jobs()
     mine, theirs = jobs.start("profile", ana), jobs.start("profile", bo)
     assert jobs.cancel("profile", ana) and mine.is_set() and not theirs.is_set()
     assert not jobs.cancel("calibrate", bo)  # bo has no calibration running
     jobs.finish("profile", bo, theirs)
     assert not jobs.cancel("profile", bo)  # finished: nothing left to cancel
-    assert app.cancel_calibration() == "No calibration of yours is running here to cancel."
+    assert history_tab.cancel_calibration() == "No calibration of yours is running here to cancel."
 
 
 def test_a_picked_preset_brings_what_it_allows():
-    skip = app.gr.skip()
+    skip = gr.skip()
     # GPT-2 has 1024 learned positions: the default 8192 would fail the estimate at once.
-    assert app.fit_seq_to_model("gpt2-124m", 8192) == 1024
-    assert app.fit_seq_to_model("gpt2-124m", 512) == skip
-    assert app.fit_seq_to_model("llama-3.1-8b", 131072) == skip  # RoPE: no table to run past
-    assert app.fit_seq_to_model(None, 8192) == skip
-    summary, *_ = _view(model="gpt2-124m", seq=app.fit_seq_to_model("gpt2-124m", 8192))
+    assert linking.fit_seq_to_model("gpt2-124m", 8192) == 1024
+    assert linking.fit_seq_to_model("gpt2-124m", 512) == skip
+    assert linking.fit_seq_to_model("llama-3.1-8b", 131072) == skip  # RoPE: no table to run past
+    assert linking.fit_seq_to_model(None, 8192) == skip
+    summary, *_ = _view(model="gpt2-124m", seq=linking.fit_seq_to_model("gpt2-124m", 8192))
     assert "gpt2-124m" in summary and "Invalid" not in summary
     # Adafactor has no fused kernel: the default fused choice becomes foreach, not an error.
-    assert app.fit_impl_to_optimizer("adafactor", "fused") == "foreach"
-    assert app.fit_impl_to_optimizer("adafactor", "for-loop") == skip
-    assert app.fit_impl_to_optimizer("adamw", "fused") == skip
+    assert linking.fit_impl_to_optimizer("adafactor", "fused") == "foreach"
+    assert linking.fit_impl_to_optimizer("adafactor", "for-loop") == skip
+    assert linking.fit_impl_to_optimizer("adamw", "fused") == skip
     # Wired on every tab with a model; on Size, a picked preset also clears a loaded config.json.
     demo = app.build_app()
     fns = [f.fn for f in demo.fns.values()]
-    assert sum(f is app.fit_seq_to_model for f in fns) == 3 and sum(f is app.fit_impl_to_optimizer for f in fns) == 2
+    assert (
+        sum(f is linking.fit_seq_to_model for f in fns) == 3
+        and sum(f is linking.fit_impl_to_optimizer for f in fns) == 2
+    )
     deps = demo.config["dependencies"]
     ids = {c._id: c for c in demo.blocks.values()}
-    clears = [
-        d for d in deps if d["targets"][0][1] == "input" and [type(ids[o]) for o in d["outputs"]] == [app.gr.File]
-    ]
+    clears = [d for d in deps if d["targets"][0][1] == "input" and [type(ids[o]) for o in d["outputs"]] == [gr.File]]
     # A preset picked on any of the three tabs clears it (the copy to Size fires no .input there).
     assert len(clears) == 3 and "size-model" in {ids[c["targets"][0][0]].elem_id for c in clears}
     assert all(demo.fns[c["id"]].fn() is None for c in clears)
@@ -640,7 +658,7 @@ def test_the_estimated_mfu_says_it_is_an_ideal_and_how_it_counts():
     from advisor.spec.setup import make_setup
 
     summary, *_ = _view()  # Llama-3.1-8B on 8 H200s, flash attention, no recompute
-    est = estimate(app._setup_from_size_inputs(*_size_values()))
+    est = estimate(size_tab.setup_from_size_inputs(*_size_values()))
     # What the MFU rests on: this layout's GEMMs and attention at the rates the model gives their shapes,
     # and the band measured on published runs held out of the fit (advisor/estimate/efficiency_fit.json).
     band = ERROR_BAND.step_pct

@@ -35,7 +35,9 @@ def test_size_json_is_machine_readable(capsys):
     assert data["fits"] is True
     parts = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "overhead_bytes")
     assert sum(data["memory"][k] for k in parts) == pytest.approx(data["memory"]["total_bytes"])
-    assert data["tokens_per_s"] == pytest.approx(8 * 1024 / (data["step_time_ms"] / 1e3))
+    # No --gpus: the app's 8 (advisor.spec.defaults), each data-parallel rank with its 8 x 1024 tokens.
+    assert data["setup"]["parallel"]["dp"] == 8
+    assert data["tokens_per_s"] == pytest.approx(8 * 8 * 1024 / (data["step_time_ms"] / 1e3))
 
 
 def test_hf_config_flag(capsys):
@@ -47,7 +49,8 @@ def test_hf_config_flag(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--tp", "3"], "error: parallel.tp=3: model.n_heads=32 must be divisible by tp"),
+        (["--tp", "3", "--gpus", "3"], "error: parallel.tp=3: model.n_heads=32 must be divisible by tp"),
+        (["--tp", "16"], "error: gpus=8: must be a multiple of tp x pp x cp = 16"),
         (["--gpus", "8", "--dp", "2", "--tp", "2"], "error: gpus=8: dp(2) * tp(2) * pp(1) * cp(1) = 4 != gpus(8)"),
         (["--model", "gpt-9"], "error: model='gpt-9': unknown preset"),
         (["--hf-config", "/nonexistent/config.json"], "error: cannot read config file config.json"),

@@ -326,7 +326,10 @@ def test_every_variable_the_containers_set_is_read_by_the_code_they_run():
     gradio = importlib.util.find_spec("gradio")
     assert gradio is not None and gradio.origin is not None
     readers = {
-        "ADVISOR_": ("app.py and advisor/", [ROOT / "app.py", *(ROOT / "advisor").rglob("*.py")]),
+        "ADVISOR_": (
+            "app.py, webui/ and advisor/",
+            [ROOT / "app.py", *(ROOT / "webui").rglob("*.py"), *(ROOT / "advisor").rglob("*.py")],
+        ),
         "GRADIO_": ("gradio", list(Path(gradio.origin).parent.rglob("*.py"))),
     }
     for container, env in _container_environments().items():

@@ -57,9 +57,11 @@ def test_the_run_folder_loads_as_every_rank(fsdp_run):
 
 
 def test_the_app_shows_the_ranks(fsdp_run):
-    app = pytest.importorskip("app")
+    pytest.importorskip("gradio")
+    from webui import profile as profile_tab
+
     _, run = fsdp_run
-    summary, *_, trace, _roofline = app.run_view(run)
+    summary, *_, trace, _roofline = profile_tab.run_view(run)
     assert "**2 processes: dp2 tp1 pp1, ZeRO-3 (FSDP2, reshard after forward).**" in summary
     assert trace.endswith(os.path.join("ranks", "rank-0.trace.json.gz"))
 
@@ -91,21 +93,27 @@ def test_launch_lines_for_one_node_and_for_several():
 
 
 def test_the_profile_tab_runs_a_layout_on_several_processes(tmp_path, monkeypatch):
-    app = pytest.importorskip("app")
-    monkeypatch.setattr(app, "_store", lambda: RunStore(tmp_path))
-    values = {**app.PROFILE_DEFAULTS, "device": "cpu", "seq": 64, "steps": 1, "precision": "fp32"}
+    pytest.importorskip("gradio")
+    from webui import common
+    from webui import profile as profile_tab
+
+    monkeypatch.setattr(common, "store", lambda: RunStore(tmp_path))
+    values = {**profile_tab.PROFILE_INPUTS, "device": "cpu", "seq": 64, "steps": 1, "precision": "fp32"}
     values |= {"nproc": 2, "zero": "0"}  # DDP over 2 processes
-    summary = list(app.profile_view(**values))[-1][0]
+    summary = list(profile_tab.profile_view(**values))[-1][0]
     assert "**2 processes: dp2 tp1 pp1, DDP.**" in summary and "`: ok" in summary
-    bad = list(app.profile_view(**{**values, "tp": "4"}))[-1][0]
+    bad = list(profile_tab.profile_view(**{**values, "tp": "4"}))[-1][0]
     assert bad.startswith("### Invalid setup") and "multiple of tp x pp x cp = 4" in bad
 
 
 def test_the_plan_tab_uses_the_measured_collective_bandwidth(fsdp_run, monkeypatch):
-    app = pytest.importorskip("app")
+    pytest.importorskip("gradio")
+    from webui import common
+    from webui import plan as plan_tab
+
     store, run = fsdp_run
-    monkeypatch.setattr(app, "_store", lambda: store)
-    _, table, explain, _ = app.plan_view("tiny", "cpu", 2, 64, 4, ["fp32"], False, True)
+    monkeypatch.setattr(common, "store", lambda: store)
+    _, table, explain, _ = plan_tab.plan_view("tiny", "cpu", 2, 64, 4, ["fp32"], False, True)
     assert len(table) > 0 and f"measured on run {run.run_id}" in explain
-    _, _, plain, _ = app.plan_view("tiny", "cpu", 2, 64, 4, ["fp32"], False, False)
+    _, _, plain, _ = plan_tab.plan_view("tiny", "cpu", 2, 64, 4, ["fp32"], False, False)
     assert "measured on run" not in plain

@@ -115,3 +115,27 @@ def test_no_file_edits_the_import_path():
     editing = [str(p.relative_to(root)) for p in files if re.search(r"sys\.path\.(insert|append)\(", p.read_text())]
     assert len(files) > 100
     assert editing == []
+
+
+def _third_party(files: list[Path]) -> dict[str, set[str]]:
+    """Each file's imported top-level packages, lazy imports included."""
+    out = {}
+    for f in files:
+        found = set()
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+        out[f.relative_to(ROOT).as_posix()] = found
+    return out
+
+
+def test_only_the_app_and_webui_import_gradio_and_the_core_never_imports_webui():
+    core = _third_party(sorted(PKG.rglob("*.py")))
+    assert len(core) > 50
+    assert {f for f, mods in core.items() if mods & {"gradio", "gradio_client", "webui", "app"}} == set()
+    ui = _third_party([ROOT / "app.py", *sorted((ROOT / "webui").glob("*.py"))])
+    assert "gradio" in ui["app.py"] and "gradio" in ui["webui/common.py"]
+    # The tabs go through webui/common and the core; none imports app.py (the entry point on top).
+    assert {f for f, mods in ui.items() if "app" in mods} == set()

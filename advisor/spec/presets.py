@@ -609,6 +609,14 @@ def get_hardware(name: str) -> HardwareSpec:
         raise SpecError("gpu", name, f"unknown device; choose one of {', '.join(HARDWARE)}") from None
 
 
+def hardware_key(hw: HardwareSpec) -> str | None:
+    """The HARDWARE key of a device spec: "cpu" for any CPU host (its name carries the core count of
+    the machine that ran it), else the preset of the same name; None for a device the presets lack."""
+    if hw.kind == "cpu":
+        return "cpu"
+    return next((key for key, make in HARDWARE.items() if make().name == hw.name), None)
+
+
 def device_slug(name: str) -> str:
     """A device (or any) name as a file-name part: lower case, runs of other characters as one '-'."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"

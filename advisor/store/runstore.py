@@ -100,6 +100,24 @@ class RunInfo:
         naming the file and the fault where it cannot be read or is not a StepMetrics record."""
         return read_metrics(self.path)
 
+    def top_ops(self) -> list[dict[str, Any]]:
+        """top_ops.json's rows (ops by self time, as the child wrote them); [] where the run has none."""
+        f = self.path / "top_ops.json"
+        return json.loads(f.read_text(encoding="utf-8")) if f.is_file() else []
+
+    def nvml_samples(self) -> list[dict[str, Any]]:
+        """nvml.json's samples (utilisation, power, memory over the step); [] where the run has none."""
+        f = self.path / "nvml.json"
+        return json.loads(f.read_text(encoding="utf-8"))["samples"] if f.is_file() else []
+
+    def trace_file(self) -> Path | None:
+        """The one trace file to offer for download: the run's own, or rank 0's of a distributed run;
+        None where the run has no trace (it failed before tracing)."""
+        for f in (self.path / "trace.json.gz", self.path / "ranks" / "rank-0.trace.json.gz"):
+            if f.is_file():
+                return f
+        return None
+
 
 def read_metrics(run_dir: Path) -> dict[str, Any] | None:
     """A run directory's metrics.json, checked; None where it has none; AdvisorError naming the file and

@@ -1,0 +1,311 @@
+"""View models of the app's tabs: Markdown and tables from the core's results, with no Gradio in them,
+so a handler in ``webui/`` is a call to the core and one of these, and each is tested on its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from advisor.advice.advise import TARGET_LABELS, fmt_value, gain_phrase
+from advisor.estimate.planner import layout_label
+from advisor.present.report import (
+    describe_setup,
+    fmt_duration,
+    memory_rows,
+    mfu_note,
+    offload_line,
+    roofline_line,
+    step_band,
+    time_rows,
+    verdict,
+)
+
+MEMORY_COLUMNS = ["component", "GiB", "share %"]
+TIME_COLUMNS = ["component", "ms", "share %"]
+TOP_OPS_COLUMNS = ["op", "calls", "self ms", "total ms", "GFLOP"]
+TABLE_COLUMNS = ["name", "category", "time ms", "count", "share %"]
+COLLECTIVE_COLUMNS = ["rank", "kind", "calls", "time_ms", "exposed_ms"]
+NAME_CHARS = 90  # C++ template names run to pages
+# The roofline table as shown: (column of advisor.analysis.roofline.ROOFLINE_COLUMNS, header, scale, decimals).
+# The verdict and its numbers come right after the name, in view beside it; what identifies the row
+# further (op, shapes) and how it was judged follow.
+ROOFLINE_SHOWN = [
+    ("name", "name", None, None),
+    ("bound", "bound", None, None),
+    ("time_ms", "time ms", 1, 3),
+    ("headroom_frac", "headroom %", 100, 1),
+    ("achieved_flops_per_s", "achieved GFLOP/s", 1e-9, 2),
+    ("roof_flops_per_s", "roof GFLOP/s", 1e-9, 2),
+    ("achieved_bytes_per_s", "achieved GB/s", 1e-9, 2),
+    ("intensity_flops_per_byte", "FLOP/byte", 1, 2),
+    ("calls", "calls", 1, 0),
+    ("mean_call_us", "us per call", 1, 1),
+    ("op", "op", None, None),
+    ("input_dims", "input shapes", None, None),
+    ("precision", "precision", None, None),
+    ("basis", "basis", None, None),
+]
+ROOFLINE_HEADERS = [header for _, header, _, _ in ROOFLINE_SHOWN]
+ROOFLINE_ROWS = 30
+ADVICE_COLUMNS = ["#", "severity", "rule", "recommendation", "predicted gain %", "on", "before", "after"]
+ADVICE_COLUMNS += ["estimator says", "calibrated says", "basis"]
+VERIFY_COLUMNS = ["rule", "on", "before", "predicted", "measured", "predicted gain %", "measured gain %"]
+VERIFY_COLUMNS += ["baseline spread %", "baseline run", "re-run"]
+PLAN_COLUMNS = ["rank", "layout", "tokens/s", "step ms", "MFU %", "memory GiB", "memory %"]
+
+
+def _sentence(line: str) -> str:
+    return f"{line[0].upper()}{line[1:]}"
+
+
+# --- Size ----------------------------------------------------------------------------------------
+
+
+def size_summary(est) -> str:
+    """The Size tab's verdict: fits or not, tokens/s, step and MFU with their band, the setup."""
+    icon = "⚠️" if est.tight else "✅" if est.fits else "❌"
+    band = f" {step_band(est)}" if step_band(est) else ""
+    summary = (
+        f"### {icon} {verdict(est)}\n"
+        f"**{est.tokens_per_s:,.0f} tokens/s**{band} · step {fmt_duration(est.step_time_ms)}{band} · "
+        f"**MFU {100 * est.mfu_frac:.1f} %**{band} · {est.setup.gpus} GPUs (dp {est.setup.parallel.dp})\n\n"
+        f"<small>{describe_setup(est)}</small>"
+    )
+    if note := mfu_note(est):
+        summary += f"\n\n<small>{note}</small>"
+    return summary
+
+
+def memory_table(est) -> pd.DataFrame:
+    return pd.DataFrame(memory_rows(est), columns=MEMORY_COLUMNS).round(2)
+
+
+def time_table(est) -> pd.DataFrame:
+    return pd.DataFrame(time_rows(est), columns=TIME_COLUMNS).round(1)
+
+
+# --- Profile: a stored run -----------------------------------------------------------------------
+
+
+def _nvml_line(m: dict[str, Any]) -> str:
+    nv = m.get("nvml") or {}
+    if not nv.get("nvml_available"):
+        return nv.get("nvml_reason", "NVML unavailable")
+    return f"NVML: {nv.get('gpu_util_pct_mean', 0):.0f} % util, {nv.get('power_w_mean', 0):.0f} W"
+
+
+def _technique_lines(m: dict[str, Any]) -> list[str]:
+    """What the run's techniques did: roofline verdict, proxy, activation offload, fp8, Unified Memory."""
+    lines = [_sentence(roofline_line(m))] if m.get("roofline_bound") else []
+    if m.get("proxy_note"):
+        lines.append(f"**{m['proxy_note']}**")
+    if off := m.get("activation_offload"):
+        lines.append(_sentence(offload_line(off)))
+    if f8 := m.get("fp8"):
+        lines.append(f"fp8: {f8['backend']} ({f8['recipe']} scaling), {f8['linears']} linears in fp8")
+    if um := m.get("unified_memory"):
+        lines.append(
+            f"Unified Memory: peak {um.get('peak_bytes', 0) / 2**30:.3f} GiB managed in "
+            f"{um.get('allocations', 0)} segments (cap {um['budget']['cap_bytes'] / 2**30:.1f} GiB: "
+            f"{um['budget']['why']}); {um.get('refused_allocations', 0)} refused by the cap. {um['page_faults']}"
+        )
+    return lines
+
+
+def _ranks_line(m: dict[str, Any]) -> str:
+    mems = ", ".join(f"{b / 2**30:.3f}" for b in m["rank_peak_memory_bytes"])
+    steps = ", ".join(f"{t:.1f}" for t in m["rank_step_time_ms"])
+    skew = m.get("step_skew_pct")
+    return (
+        f"**{m['world_size']} processes: {m['layout']}.** Peak memory by rank (GiB): {mems}; "
+        f"step by rank (ms): {steps}" + ("" if skew is None else f"; the slowest rank is {skew:.1f} % behind")
+    )
+
+
+def run_head(run_id: str, record: dict[str, Any]) -> str:
+    head = f"### Run `{run_id}`: {record['status']}"
+    return head + (f"\n{record['message']}" if record.get("message") else "")
+
+
+def run_summary(run_id: str, record: dict[str, Any], m: dict[str, Any]) -> str:
+    """A measured run in Markdown: step, tokens/s, MFU and peak memory against the estimate, the setup,
+    what its techniques did, the ranks of a distributed run, and its Nsight Systems command."""
+    parts = [
+        f"{run_head(run_id, record)}\n**{m['step_time_ms']:.1f} ms per step** (estimate "
+        f"{m['estimate_step_time_ms']:.1f} ms) · **{m['tokens_per_s']:,.0f} tokens/s** · MFU "
+        f"{100 * m['mfu_frac']:.1f} % · peak memory {m['peak_memory_bytes'] / 2**30:.3f} GiB on {m['device_name']}",
+        f"{m['model_name']}: seq {m['seq_len']} x micro {m['micro_batch']} x accum {m['grad_accum']}, "
+        f"{m['precision']}, recompute {m['recompute']}, {m['optimizer']} · {_nvml_line(m)}",
+        *_technique_lines(m),
+    ]
+    if (m.get("world_size") or 1) > 1:
+        parts.append(_ranks_line(m))
+    parts.append(f"With Nsight Systems:\n```\n{record.get('nsys_command', '')}\n```")
+    return "\n\n".join(parts)
+
+
+def top_ops_table(rows: list[dict[str, Any]], device_type: str, n: int = 15) -> pd.DataFrame:
+    """A run's top ops (top_ops.json rows) by self time on its device, in ms and GFLOP."""
+    key = "self_device_us" if device_type == "cuda" else "self_cpu_us"
+    return pd.DataFrame(
+        [(r["name"], r["calls"], r[key] / 1e3, r["cpu_total_us"] / 1e3, (r["flops"] or 0) / 1e9) for r in rows[:n]],
+        columns=TOP_OPS_COLUMNS,
+    ).round(3)
+
+
+# --- Analyze -------------------------------------------------------------------------------------
+
+
+def roofline_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The roofline table's rows with the most time, in units for reading (headers carry them)."""
+    top = table.sort_values("time_ms", ascending=False, kind="stable").head(ROOFLINE_ROWS)
+    shown = {}
+    for column, header, scale, decimals in ROOFLINE_SHOWN:
+        values = top[column]
+        shown[header] = (
+            values.astype(str).str.slice(0, NAME_CHARS) if scale is None else (values * scale).round(decimals)
+        ).to_numpy()
+    return pd.DataFrame(shown)
+
+
+def in_ms(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with its ``*_ns`` columns in milliseconds (``*_ms``), as every other time in the app."""
+    ns = [c for c in table.columns if str(c).endswith("_ns")]
+    out = table.copy()
+    for c in ns:
+        out[c] = out[c] / 1e6
+    return out.rename(columns={c: c[:-3] + "_ms" for c in ns})
+
+
+def analysis_top_table(report) -> pd.DataFrame:
+    """The top kernels of a GPU trace, or the top CPU ops of a CPU one, in the same five columns."""
+    t = report.tables
+    if not t["temporal_breakdown"].empty:
+        top = t["top_kernels"].assign(time_ms=lambda d: d["time_ns"] / 1e6)
+        top = top[["name", "category", "time_ms", "count", "time_pct"]]
+    else:
+        ops = t["top_ops"]
+        top = pd.DataFrame(
+            {
+                "name": ops["name"],
+                "category": "cpu op",
+                "time_ms": ops["time_ns"] / 1e6,
+                "count": ops["count"],
+                "time_pct": [op["share_pct"] for op in report.metrics.top_ops],
+            }
+        )
+    top.columns = TABLE_COLUMNS
+    top["name"] = top["name"].astype(str).str.slice(0, NAME_CHARS)
+    return top.round(3)
+
+
+def analysis_details(report) -> pd.DataFrame:
+    """Idle time by stream (a GPU trace) or the step's phases (a CPU one)."""
+    t = report.tables
+    gpu = not t["temporal_breakdown"].empty
+    return (in_ms(t["idle_time_breakdown"]) if gpu else t["phases"]).round(3)
+
+
+# --- Advice --------------------------------------------------------------------------------------
+
+
+def _advice_row(i: int, r) -> list:
+    g = r.gain
+    head = [i, r.rule.severity, r.rule.id, r.rule.title]
+    if g is None:
+        return [*head, None, TARGET_LABELS[r.rule.target], "", "", "", "", r.action_note]
+    return [
+        *head,
+        round(g.gain_pct, 1),
+        TARGET_LABELS[r.rule.target],
+        *(fmt_value(g.target, g.before), fmt_value(g.target, g.after)),
+        "" if g.analytic_after is None else fmt_value(g.target, g.analytic_after),
+        "" if g.calibrated_after is None else fmt_value(g.target, g.calibrated_after),
+        g.basis + (" (upper bound)" if g.upper_bound else ""),
+    ]
+
+
+def advice_table(advice) -> pd.DataFrame:
+    """The ranked recommendations, one row each: gain, before and after, and what each model says."""
+    return pd.DataFrame([_advice_row(i, r) for i, r in enumerate(advice.recommendations, 1)], columns=ADVICE_COLUMNS)
+
+
+def advice_summary(advice) -> str:
+    """How many recommendations for what, the top one with its predicted gain, and the rules' count."""
+    n = len(advice.recommendations)
+    if n:
+        top = advice.recommendations[0]
+        g = top.gain
+        gain = f" (predicted: {gain_phrase(g.target, g.gain_pct)})" if g else ""
+        summary = f"### {n} recommendation{'s' * (n > 1)} for {advice.source}\nTop: **{top.rule.title}**{gain}."
+    else:
+        summary = f"### Nothing to recommend for {advice.source}\nNo rule fired on this input."
+    return summary + f"\n\n<small>{advice.n_rules} rules; {len(advice.not_applicable)} lacked their input.</small>"
+
+
+def apply_label(i: int, rec) -> str:
+    """A recommendation as the Apply dropdown names it."""
+    return f"#{i} {rec.rule.id}: {rec.rule.title}"
+
+
+def applied_message(rec, source: str) -> str:
+    """What applying ``rec`` changed, its predicted effect, and what to press next."""
+    change = ", ".join(f"`{k} = {v}`" for k, v in rec.changes.items())
+    msg = f"### Applied {rec.rule.title}\n{change} is now the current setup on the Size, Profile and Plan tabs."
+    if (g := rec.gain) is not None:
+        msg += (
+            f" Predicted: {fmt_value(g.target, g.before)} → {fmt_value(g.target, g.after)} "
+            f"({gain_phrase(g.target, g.gain_pct)})."
+        )
+    if source == "stored run":
+        return msg + " Press **Re-run with the recommendation applied** to measure it on this machine."
+    return msg + " The Size tab shows its estimate; press **Advise** again for what to do next."
+
+
+def verify_table(v) -> pd.DataFrame:
+    """A verification's one row: before, predicted and measured, both gains, the baseline's spread."""
+    row = [v.rule_id, v.target.replace("_", " ")]
+    row += [fmt_value(v.target, x) for x in (v.before, v.predicted_after, v.measured_after)]
+    row += [round(v.predicted_gain_pct, 1), round(v.measured_gain_pct, 1)]
+    row += [None if v.noise_pct is None else round(v.noise_pct, 1), v.baseline_run_id or "(stored run)", v.new_run_id]
+    return pd.DataFrame([row], columns=VERIFY_COLUMNS)
+
+
+def verify_message(v) -> str:
+    """Whether the re-run improved on the target, beyond the baseline's step-to-step spread."""
+    if v.noise_pct is not None and abs(v.measured_gain_pct) <= v.noise_pct:
+        outcome = f"within the baseline's step-to-step spread of {v.noise_pct:.0f} %"
+    else:
+        outcome = "improved" if v.measured_gain_pct > 0 else "did NOT improve"
+    change = ", ".join(f"`{k} = {val}`" for k, val in v.changes.items())
+    label = TARGET_LABELS.get(v.target, v.target.replace("_", " "))
+    msg = f"### Re-ran with {change}: {label} {outcome} (measured {gain_phrase(v.target, v.measured_gain_pct)})"
+    if v.baseline_run_id and v.stored_before is not None:
+        msg += (
+            f"\nBefore is the original setup re-run just now, side by side with the change: "
+            f"{fmt_value(v.target, v.before)} (the stored run measured {fmt_value(v.target, v.stored_before)})."
+        )
+    return msg
+
+
+# --- Plan ----------------------------------------------------------------------------------------
+
+
+def plan_table(result) -> pd.DataFrame:
+    """The planner's best layouts: rank, layout, tokens/s, step, MFU and memory per GPU."""
+    rows = []
+    for e in result.top:
+        est = e.estimate
+        rows.append([e.rank, layout_label(e.setup), round(est.tokens_per_s), round(est.step_time_ms, 1)])
+        rows[-1] += [round(100 * est.mfu_frac, 1), round(est.memory.total_bytes / 2**30, 1)]
+        rows[-1].append(round(100 * est.memory_frac, 1))
+    return pd.DataFrame(rows, columns=PLAN_COLUMNS)
+
+
+def plan_summary(result) -> str:
+    return (
+        f"### {len(result.top)} layouts of {result.fitting:,} that fit\n"
+        f"{result.considered:,} combinations considered ({result.invalid:,} invalid, {result.no_fit:,} do not fit), "
+        f"{result.estimated:,} estimated, in {result.elapsed_s:.2f} s."
+    )

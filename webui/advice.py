@@ -1,0 +1,167 @@
+"""The Advice tab: ranked recommendations for a stored run, an uploaded trace or the Size tab's setup,
+each with its predicted gain; Apply loads one into every tab, Verify re-runs a stored run with it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+import gradio as gr
+import pandas as pd
+
+from advisor.advice.advise import advice_markdown, advise, advise_run, advise_trace
+from advisor.advice.verify import verify
+from advisor.present.views import (
+    ADVICE_COLUMNS,
+    VERIFY_COLUMNS,
+    advice_summary,
+    advice_table,
+    applied_message,
+    apply_label,
+    verify_message,
+    verify_table,
+)
+from webui import common
+from webui.common import TRACE_LABEL, TRACE_TYPES, guarded, run_dropdown
+from webui.profile import profile_values
+from webui.size import setup_from_size_inputs, size_values
+
+SOURCES = ["stored run", "uploaded trace", "Size tab setup"]
+REPORT_MAX_AGE_S = 3600
+
+
+def _report_root() -> str:
+    """One folder per app process for downloadable reports; reports older than an hour are removed."""
+    root = os.path.join(tempfile.gettempdir(), f"advisor-reports-{os.getpid()}")
+    os.makedirs(root, exist_ok=True)
+    cutoff = time.time() - REPORT_MAX_AGE_S
+    for entry in os.scandir(root):
+        if entry.is_dir() and entry.stat().st_mtime < cutoff:
+            shutil.rmtree(entry.path, ignore_errors=True)
+    return root
+
+
+def _report_files(advice) -> list[str]:
+    """The advice as advice.md and advice.json in a fresh folder under _report_root, for download."""
+    out_dir = tempfile.mkdtemp(prefix="advice-", dir=_report_root())
+    paths = [os.path.join(out_dir, "advice.md"), os.path.join(out_dir, "advice.json")]
+    for path, text in zip(paths, (advice_markdown(advice), advice.to_json()), strict=True):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    return paths
+
+
+def no_advice():
+    return pd.DataFrame(columns=ADVICE_COLUMNS), "", None, None
+
+
+@guarded("Cannot advise", "The advice", no_advice)
+def advice_view(source: str, run_id: str | None, upload: str | None, *size_inputs):
+    """Advice tab: (summary, ranked table, full report markdown, report files, Advice) for a stored
+    run, an uploaded trace, or the setup on the Size tab. The Advice goes to a session State (which
+    the API does not return), for Apply."""
+    if source == "stored run" and not run_id:
+        return ("Pick a stored run (profile one on the Profile tab).", *no_advice())
+    if source == "uploaded trace" and not upload:
+        return ("Upload a trace (Kineto JSON / gzip / zip of ranks, or nsys SQLite).", *no_advice())
+    if source == "stored run":
+        advice = advise_run(run_id, common.store())
+    elif source == "uploaded trace":
+        advice = advise_trace(upload)
+    else:
+        advice = advise(setup=setup_from_size_inputs(*size_inputs), source="the Size tab's setup")
+    return advice_summary(advice), advice_table(advice), advice_markdown(advice), _report_files(advice), advice
+
+
+def apply_choices(advice) -> gr.Dropdown:
+    """The last advice's recommendations that change the setup, the first one selected."""
+    labels = []
+    if advice is not None:
+        labels = [apply_label(i, r) for i, r in enumerate(advice.recommendations, 1) if r.after is not None]
+    return gr.Dropdown(choices=labels, value=labels[0] if labels else None)
+
+
+def apply_recommendation(advice, choice: str | None, source: str):
+    """(message, Size tab values, Profile tab values, rule id) that load a recommendation's change into
+    the shared spec. Values are keyed like the tabs' widgets; empty dicts change nothing. Only a
+    stored run can be re-run with the rule: its id goes to the re-run box, else None clears it (a rule
+    of the Size tab's setup left there failed the next run's re-run: "did not fire")."""
+    if advice is None:
+        return "Press **Advise** first.", {}, {}, None
+    picked = [r for i, r in enumerate(advice.recommendations, 1) if apply_label(i, r) == choice]
+    if not picked:
+        return "Pick a recommendation to apply (one that changes the setup).", {}, {}, None
+    rec = picked[0]
+    if rec.after is None:
+        return f"`{rec.rule.id}` has no change to apply here: {rec.action_note or 'advice only'}", {}, {}, None
+    stored = source == "stored run"
+    profile = profile_values(rec.after, rec.options_after if stored else None)
+    return applied_message(rec, source), size_values(rec.after), profile, rec.rule.id if stored else None
+
+
+def _empty_verify():
+    return (pd.DataFrame(columns=VERIFY_COLUMNS),)
+
+
+@guarded("Cannot verify", "The re-run", _empty_verify)
+def verify_view(run_id: str | None, rule_id: str | None, progress=gr.Progress()):  # noqa: B008 (Gradio injects it)
+    """Re-run a stored run with a recommendation applied: (message, predicted vs measured table)."""
+    if not run_id:
+        return "Verification re-runs a stored run: pick one first.", *_empty_verify()
+    rule_id = (rule_id or "").strip() or None
+    v = verify(run_id, rule_id, common.store(), on_progress=lambda d, t, m: progress((d, t), desc=m))
+    return verify_message(v), verify_table(v)
+
+
+def _inputs() -> dict:
+    w = {"source": gr.Radio(SOURCES, value="Size tab setup", label="Advise on", elem_id="advice-source")}
+    w["runs"] = run_dropdown("Stored run", elem_id="advice-run-choice")
+    w["upload"] = gr.File(label=TRACE_LABEL, file_types=TRACE_TYPES, type="filepath")
+    w["button"] = gr.Button("Advise", variant="primary", elem_id="advice-run")
+    gr.Markdown("#### Apply a recommendation")
+    w["apply_choice"] = gr.Dropdown(choices=[], label="Recommendation", elem_id="advice-apply-choice")
+    w["apply"] = gr.Button("Apply to the current setup", elem_id="advice-apply")
+    gr.Markdown("#### Verify by re-running (stored runs)")
+    w["rule"] = gr.Textbox(label="Rule id (empty: the top one that can re-run here)", max_lines=1)
+    w["verify"] = gr.Button("Re-run with the recommendation applied", elem_id="advice-verify")
+    return w
+
+
+def _outputs() -> dict:
+    w = {"summary": gr.Markdown("Pick what to advise on and press Advise.", elem_id="advice-summary")}
+    w["table"] = gr.Dataframe(pd.DataFrame(columns=ADVICE_COLUMNS), label="Recommendations", interactive=False)
+    w["apply_msg"] = gr.Markdown(elem_id="advice-apply-result")
+    w["verify_msg"] = gr.Markdown(elem_id="advice-verify-result")
+    w["verify_table"] = gr.Dataframe(
+        pd.DataFrame(columns=VERIFY_COLUMNS), label="Predicted vs measured", interactive=False
+    )
+    w["files"] = gr.File(label="Report (Markdown, JSON)", file_count="multiple", interactive=False)
+    with gr.Accordion("Full report", open=False):
+        w["report"] = gr.Markdown()
+    return w
+
+
+def build_advice_tab(size_inputs: list) -> dict:
+    """The Advice tab; returns its parts by name for the app to wire across tabs."""
+    with gr.Row():
+        with gr.Column(scale=1, min_width=300):
+            parts = _inputs()
+        with gr.Column(scale=2):
+            parts |= _outputs()
+    parts["state"] = gr.State(None)
+    parts["advise_inputs"] = [parts["source"], parts["runs"], parts["upload"], *size_inputs]
+    parts["outputs"] = [parts[k] for k in ("summary", "table", "report", "files", "state")]
+    parts["button"].click(advice_view, parts["advise_inputs"], parts["outputs"], api_name="advise").then(
+        apply_choices, parts["state"], parts["apply_choice"], api_visibility="undocumented"
+    ).then(lambda: "", None, parts["rule"], api_visibility="undocumented")  # a new advice: no rule carried over
+    parts["verify"].click(
+        verify_view,
+        [parts["runs"], parts["rule"]],
+        [parts["verify_msg"], parts["verify_table"]],
+        api_name="verify",
+        concurrency_limit=1,
+        concurrency_id="device",
+    )
+    return parts

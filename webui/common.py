@@ -1,0 +1,250 @@
+"""What every tab shares: the run store, widget coercion, the long jobs and their Cancel, one error
+decorator for every handler, and the figures two tabs draw (a step timeline, a roofline)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+import gradio as gr
+
+from advisor.analysis.roofline import trace_roofline
+from advisor.errors import AdvisorError
+from advisor.present.charts import timeline_figure
+from advisor.store.runstore import RunStore
+
+log = logging.getLogger("advisor.app")
+
+TRACE_TYPES = [".json", ".gz", ".zip", ".sqlite"]
+TRACE_LABEL = "Trace: Kineto .json/.json.gz, .zip of rank files, or nsys .sqlite"
+ROOFLINE_LABEL = "Roofline: achieved FLOP/s against FLOP/byte (log-log; marker area: time)"
+
+
+def store() -> RunStore:
+    """The run store (``$ADVISOR_TRACES_DIR`` or ``traces/``), read afresh on each call."""
+    return RunStore()
+
+
+# --- Errors --------------------------------------------------------------------------------------
+
+
+def guarded(title: str, what: str, rest: Callable[[], tuple] | None = None) -> Callable:
+    """Decorate a handler so no exception reaches the server: an AdvisorError (bad input, a damaged
+    file) shows as ``### {title}`` and its message, anything else is logged with its traceback and
+    shows as an internal error naming ``what`` failed. ``rest()`` gives the handler's other outputs
+    in their empty state (None: the message is the only output). Works on generator handlers too."""
+
+    def shown(message: str):
+        return (message, *rest()) if rest is not None else message
+
+    def on_error(fn: Callable, err: Exception):
+        if isinstance(err, AdvisorError):
+            return shown(f"### {title}\n{err}")
+        log.error("%s failed", fn.__name__, exc_info=err)
+        return shown(f"### Internal error\n{what} failed unexpectedly; see the server log.")
+
+    def wrap(fn: Callable) -> Callable:
+        if inspect.isgeneratorfunction(fn):
+
+            @functools.wraps(fn)
+            def gen_handler(*args, **kwargs):
+                try:
+                    yield from fn(*args, **kwargs)
+                except Exception as err:
+                    yield on_error(fn, err)
+
+            return gen_handler
+
+        @functools.wraps(fn)
+        def handler(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as err:
+                return on_error(fn, err)
+
+        return handler
+
+    return wrap
+
+
+# --- Widgets -------------------------------------------------------------------------------------
+
+
+def as_int(value: float | str | None) -> int | None:
+    """Gradio numbers arrive as float or None and dropdown degrees as text; integral values become ints,
+    the rest stay for the spec's validation to reject with a clear message."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return value  # type: ignore[return-value]
+    return int(number) if number.is_integer() else value  # type: ignore[return-value]
+
+
+def degree_dropdown(choices: list[int], value: int, label: str, **kwargs) -> gr.Dropdown:
+    """A parallel degree as text choices: gradio_client documents dropdown values as strings, and
+    as_int turns them back into integers (an integer from a Python caller works too)."""
+    return gr.Dropdown([str(c) for c in choices], value=str(value), label=label, **kwargs)
+
+
+def block_count(value: int, label: str, *, info: str | None = None, elem_id: str | None = None) -> gr.Number:
+    """A count of transformer blocks (recompute or offload N blocks a stage), as the Size and Profile
+    tabs both ask for it."""
+    return gr.Number(value=value, precision=0, minimum=0, label=label, info=info, elem_id=elem_id)
+
+
+def run_dropdown(label: str, **kwargs) -> gr.Dropdown:
+    """A stored-run picker. Its choices are filled per browser session on page load, so without a custom
+    value an API caller (who never loads the page) or a run profiled after the load would be refused
+    as "not in the list of choices"; the handlers validate every run id against the store instead."""
+    return gr.Dropdown(choices=[], label=label, interactive=True, allow_custom_value=True, **kwargs)
+
+
+def run_choices(index: int = 0, measured: bool = True) -> gr.Dropdown:
+    """The stored runs, newest first, with the ``index``-th newest selected (0: the tab opens on the
+    latest run; 1 on the History tab's run A, so A and B start as the two latest). ``measured``: count
+    only runs that finished ok (where there are enough), so a tab does not open on a cancelled or
+    failed run with nothing to show ("has no trace", "cannot compare")."""
+    runs, _ = store().list_runs()
+    ids = [r.run_id for r in runs]
+    # Measured runs first, newest first, then the others: the index-th differs for every index.
+    ok = [r.run_id for r in runs if r.status == "ok"]
+    pool = ok + [r.run_id for r in runs if r.status != "ok"] if measured else ids
+    return gr.Dropdown(choices=ids, value=pool[index] if len(pool) > index else None)
+
+
+def follow_value(component: gr.components.Component, value):
+    """``value`` as ``component`` takes it, or gr.skip() where it has no such choice (fp8 on the
+    Profile tab) or is out of its range (a global batch of 0 on the Plan tab)."""
+    if value is None:
+        return gr.skip()
+    if isinstance(component, gr.CheckboxGroup):
+        value = [value]
+    choices = getattr(component, "choices", None)
+    if choices is not None and isinstance(component, gr.Radio | gr.Dropdown | gr.CheckboxGroup):
+        allowed = {v for _, v in choices}
+        if not set(value if isinstance(value, list) else [value]) <= allowed:
+            return gr.skip()
+    if isinstance(component, gr.Number):
+        low, high = getattr(component, "minimum", None), getattr(component, "maximum", None)
+        if (low is not None and value < low) or (high is not None and value > high):
+            return gr.skip()
+    return value
+
+
+# --- Long jobs -----------------------------------------------------------------------------------
+
+
+class Jobs:
+    """The long jobs in flight, one per (kind, browser session), each with its own cancel Event: a
+    Cancel reaches only the caller's own job, never another user's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: dict[tuple[str, str], threading.Event] = {}
+
+    @staticmethod
+    def _key(kind: str, request: gr.Request | None) -> tuple[str, str]:
+        return kind, getattr(request, "session_hash", None) or "local"
+
+    def start(self, kind: str, request: gr.Request | None) -> threading.Event:
+        """A fresh cancel Event for the caller's new job of this kind."""
+        event = threading.Event()
+        with self._lock:
+            self._events[self._key(kind, request)] = event
+        return event
+
+    def finish(self, kind: str, request: gr.Request | None, event: threading.Event) -> None:
+        with self._lock:
+            if self._events.get(self._key(kind, request)) is event:
+                del self._events[self._key(kind, request)]
+
+    def cancel(self, kind: str, request: gr.Request | None) -> bool:
+        """Cancel the caller's running job of this kind; False when it has none."""
+        with self._lock:
+            event = self._events.get(self._key(kind, request))
+        if event is None:
+            return False
+        event.set()
+        return True
+
+
+JOBS = Jobs()
+
+
+def _run_job(job, updates: queue.Queue, cancel: threading.Event, result: dict) -> None:
+    """The worker thread's body: the job's value, or a message where it raised (an AdvisorError's own,
+    or a short one for a crash, whose traceback goes to the log)."""
+    try:
+        result["value"] = job(lambda *p: updates.put(p), cancel)
+    except AdvisorError as err:
+        result["value"] = str(err)
+    except Exception:
+        log.exception("background job failed")
+        result["value"] = "Internal error: the job failed unexpectedly; see the server log."
+    finally:
+        updates.put(None)
+
+
+def in_background(kind: str, request: gr.Request | None, job, progress_view):
+    """Run ``job(on_progress, cancel)`` in a thread as the caller's job of this ``kind`` (its Cancel
+    button sets ``cancel``: see Jobs), yielding ``progress_view(done, total, message)`` for each
+    progress report; returns the job's result, or a message where it raised. The server never sees
+    the raise. If the page goes away (Gradio stops the generator), the job is cancelled and waited
+    for, so the device is free before the next queued job starts."""
+    updates: queue.Queue = queue.Queue()
+    result: dict = {}
+    cancel = JOBS.start(kind, request)
+    thread = threading.Thread(target=_run_job, args=(job, updates, cancel, result), daemon=True)
+    thread.start()
+    try:
+        while (item := updates.get()) is not None:
+            yield progress_view(*item)
+    except GeneratorExit:
+        cancel.set()
+        thread.join()
+        raise
+    finally:
+        JOBS.finish(kind, request, cancel)
+    return result["value"]
+
+
+def cancel_message(kind: str, request: gr.Request | None, cancelling: str, nothing: str) -> str:
+    """What a Cancel button shows: ``cancelling`` when the caller has a job of this kind running."""
+    return cancelling if JOBS.cancel(kind, request) else nothing
+
+
+# --- Figures two tabs draw -----------------------------------------------------------------------
+
+
+def timeline_of(table):
+    """The step-timeline figure of an event table's last step on rank 0; None where it has none
+    (a trace with no events) or it fails (logged: the rest of the view still shows)."""
+    from advisor.analysis.timeline import step_timeline
+
+    try:
+        return timeline_figure(step_timeline(table))
+    except AdvisorError:
+        return None
+    except Exception:
+        log.exception("step timeline failed")
+        return None
+
+
+def roofline_of(path: str, table):
+    """(Roofline, "") of the trace at ``path`` whose event table is ``table``, or (None, why) where it
+    cannot be made; the rest of a view still shows. Our own runs are judged against the measured
+    ceilings stored for their device where there are any (as ``advisor.analysis.summary.analyze_path``
+    does), uploads against the datasheet."""
+    try:
+        return trace_roofline(path, table, ceilings="auto" if table.attrs.get("own_run") else None), ""
+    except AdvisorError as err:
+        return None, f"Roofline skipped: {err}"
+    except Exception:
+        log.exception("roofline failed")
+        return None, "Roofline skipped: it failed unexpectedly; see the server log."

@@ -1,0 +1,95 @@
+"""The current setup across tabs: a shared widget changed on one tab follows on the others, a model
+pick fits the sequence length and kernels it allows, and Apply loads a recommendation everywhere."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gradio as gr
+
+from advisor.spec.presets import MODELS
+from webui.advice import apply_recommendation
+from webui.common import follow_value
+from webui.profile import PROFILE_KEYS
+from webui.size import SIZE_KEYS
+
+SHARED_KEYS = ("model", "gpu", "gpus", "seq", "micro_batch", "global_batch", "precision", "recompute")
+SHARED_KEYS += ("optimizer", "optimizer_impl")
+"""Widgets that mean the same on every tab that has them: a user's change on one tab is copied to
+the others (the Profile tab keeps its own device: it runs on this machine)."""
+_QUIET = {"api_visibility": "undocumented", "show_progress": "hidden", "queue": False}
+
+
+def fit_seq_to_model(model: str | None, seq: float | None):
+    """The sequence length a newly picked preset can take: its learned positions' count where ``seq``
+    runs past them (GPT-2's 1024 against the default 8192, which failed the estimate at once), else
+    gr.skip()."""
+    make = MODELS.get(model or "")
+    if make is None or seq is None:
+        return gr.skip()
+    spec = make()
+    if spec.position == "learned" and seq > spec.max_positions:
+        return spec.max_positions
+    return gr.skip()
+
+
+def fit_impl_to_optimizer(optimizer: str | None, impl: str | None):
+    """Optimizer kernels the picked optimizer has: Adafactor has no fused kernel, so a fused choice
+    becomes foreach (the next fastest) instead of an error; else gr.skip()."""
+    return "foreach" if optimizer == "adafactor" and impl == "fused" else gr.skip()
+
+
+def wire_model_limits(*tabs: dict) -> None:
+    """On each tab: a preset picked clears a loaded config.json (which would go on winning over the
+    dropdown, unseen), and the sequence length and optimizer kernels follow what the pick allows."""
+    configs = [tab["config_file"] for tab in tabs if "config_file" in tab]
+    for tab in tabs:
+        if configs:  # a preset picked on any tab reaches the Size tab by link_tabs, which fires no .input there
+            tab["model"].input(lambda: [None] * len(configs) if len(configs) > 1 else None, None, configs, **_QUIET)
+        if "seq" in tab:
+            tab["model"].change(fit_seq_to_model, [tab["model"], tab["seq"]], tab["seq"], **_QUIET)
+        if "optimizer" in tab and "optimizer_impl" in tab:
+            pair = [tab["optimizer"], tab["optimizer_impl"]]
+            tab["optimizer"].change(fit_impl_to_optimizer, pair, tab["optimizer_impl"], **_QUIET)
+
+
+def _copier(targets: list) -> Callable:
+    """The event function that copies a value to ``targets``: a list of values for several, the bare
+    value for one (Gradio reads a one-output function's list as the value itself: the GPU count of
+    the Size tab arrived on the Plan tab as [64])."""
+    if len(targets) == 1:
+        return lambda v, _c=targets[0]: follow_value(_c, v)
+    return lambda v, _t=targets: [follow_value(c, v) for c in _t]
+
+
+def link_tabs(*tabs: dict) -> None:
+    """Copy each user change of a shared widget to the same widget on the other tabs. ``.input``
+    fires on user changes only, so a copied value does not echo back."""
+    for key in SHARED_KEYS:
+        members = [tab[key] for tab in tabs if key in tab]
+        for source in members:
+            targets = [c for c in members if c is not source]
+            if targets and not isinstance(source, gr.CheckboxGroup):  # several precisions to try do not make one
+                source.input(_copier(targets), source, targets, **_QUIET)
+
+
+def _followed(widgets: dict, keys, values: dict) -> list:
+    """Each value as its widget takes it (gr.skip() where the widget lacks it or it is absent): a stored
+    run's steps over the widget's maximum, or a degree the dropdown lacks, would fail the next click."""
+    return [follow_value(widgets[k], values[k]) if k in values else gr.skip() for k in keys]
+
+
+def wire_apply(advice: dict, size: dict, profile: dict, plan: dict) -> None:
+    """Apply on the Advice tab: the recommendation's setup goes to every tab's widgets (the Size tab
+    re-estimates on the change) and its rule id to the re-run box."""
+    size_keys = [k for k in SIZE_KEYS if k != "config_file"]
+    outputs = [advice["apply_msg"], advice["rule"]]
+    outputs += [size[k] for k in size_keys] + [profile[k] for k in PROFILE_KEYS] + [plan[k] for k in plan]
+
+    def on_apply(state, choice, source):
+        msg, size_vals, profile_vals, rule_id = apply_recommendation(state, choice, source)
+        values = [msg, rule_id or "", *_followed(size, size_keys, size_vals)]
+        return values + _followed(profile, PROFILE_KEYS, profile_vals) + _followed(plan, list(plan), size_vals)
+
+    inputs = [advice["state"], advice["apply_choice"], advice["source"]]
+    advice["apply"].click(on_apply, inputs, outputs, api_visibility="undocumented")

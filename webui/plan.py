@@ -1,0 +1,111 @@
+"""The Plan tab: every layout of a model on N devices searched, the best ranked by tokens/s."""
+
+from __future__ import annotations
+
+import functools
+
+import gradio as gr
+import pandas as pd
+
+from advisor.analysis.commbw import link_for
+from advisor.estimate.planner import PlanRequest, plan
+from advisor.present.charts import plan_scatter_figure
+from advisor.present.views import PLAN_COLUMNS, plan_summary, plan_table
+from advisor.spec.defaults import DEFAULTS
+from advisor.spec.presets import HARDWARE, MODELS, get_hardware, get_model
+from advisor.spec.specs import PRECISIONS
+from advisor.store.runstore import RunStore
+from webui import common
+from webui.common import as_int, guarded
+
+PLAN_KEYS = ("model", "gpu", "gpus", "seq", "global_batch", "precision")
+"""The Plan tab's widgets that follow the shared spec (``precision``: the precisions to try)."""
+PLAN_BATCH = 64
+"""The Plan tab's starting global batch, 8 sequences per data-parallel rank on DEFAULTS' 8 GPUs: the
+planner splits a batch it is given (``advisor plan`` requires --global-batch), where the shared spec's
+0 means "no accumulation" and leaves this tab's value alone."""
+
+
+@functools.lru_cache(maxsize=16)
+def _measured_link(store_root: str, hardware_name: str, newest_run: str):
+    """The newest distributed run's measured collective bandwidth on this device (advisor.analysis.commbw),
+    read once per store state (``newest_run`` changes when a run is added)."""
+    return link_for(RunStore(store_root), get_hardware(hardware_name))
+
+
+def _link(gpu: str):
+    store = common.store()
+    runs, _ = store.list_runs()
+    return _measured_link(str(store.root), gpu, runs[0].run_id if runs else "")
+
+
+def _no_plan():
+    return pd.DataFrame(columns=PLAN_COLUMNS), "", None
+
+
+@guarded("Cannot plan", "The planner", _no_plan)
+def plan_view(
+    model: str,
+    gpu: str,
+    gpus: float,
+    seq: float,
+    global_batch: float,
+    precisions: list,
+    offload: bool,
+    measured_comm: bool = True,
+):
+    """Plan tab: (summary, ranked layouts, explanation, memory vs tokens/s figure of every layout that
+    fits) for a model on N devices; with ``measured_comm``, collectives run at the bandwidth measured by
+    this device's newest distributed run, where the store has one."""
+    req = PlanRequest(
+        model=get_model(model),
+        hardware=get_hardware(gpu),
+        measured_link=_link(gpu) if measured_comm else None,
+        gpus=as_int(gpus),
+        seq_len=as_int(seq),
+        global_batch=as_int(global_batch),
+        precisions=tuple(precisions or ()),
+        allow_offload=bool(offload),
+    )
+    result = plan(req)
+    figure = plan_scatter_figure(result) if result.points else None
+    return plan_summary(result), plan_table(result), result.explain(), figure
+
+
+def _inputs(d: dict) -> dict:
+    w = {"model": gr.Dropdown(list(MODELS), value=d["model"], label="Model preset", elem_id="plan-model")}
+    with gr.Row():
+        w["gpu"] = gr.Dropdown(list(HARDWARE), value=d["gpu"], label="Device")
+        w["gpus"] = gr.Number(value=d["gpus"], precision=0, minimum=1, label="GPUs")
+    with gr.Row():
+        w["seq"] = gr.Number(value=d["seq"], precision=0, minimum=1, label="Sequence length")
+        # The planner needs a batch to split: the shared spec's 0 ("no accumulation") stays off this tab.
+        w["global_batch"] = gr.Number(value=PLAN_BATCH, precision=0, minimum=1, label="Global batch (sequences)")
+    w["precision"] = gr.CheckboxGroup(list(PRECISIONS), value=[d["precision"]], label="Precisions to try")
+    w["offload"] = gr.Checkbox(value=True, label="Try CPU offload")
+    w["measured"] = gr.Checkbox(
+        value=True, label="Communication at the bandwidth a stored distributed run measured on this device"
+    )
+    return w
+
+
+def build_plan_tab() -> dict:
+    """The Plan tab; returns its widgets that follow the shared spec (PLAN_KEYS), starting on DEFAULTS."""
+    with gr.Row():
+        with gr.Column(scale=1, min_width=300):
+            w = _inputs(DEFAULTS)
+            button = gr.Button("Plan", variant="primary", elem_id="plan-run")
+        with gr.Column(scale=2):
+            summary = gr.Markdown("Pick a model, a device and a GPU count, then press Plan.", elem_id="plan-summary")
+            table = gr.Dataframe(
+                pd.DataFrame(columns=PLAN_COLUMNS),
+                label="Best layouts",
+                interactive=False,
+                wrap=True,
+                column_widths=["7%", "43%", "11%", "10%", "9%", "11%", "9%"],
+            )
+            scatter = gr.Plot(label="Every layout that fits: memory per GPU vs tokens/s")
+            explain = gr.Markdown()
+    inputs = [w[k] for k in ("model", "gpu", "gpus", "seq", "global_batch", "precision", "offload", "measured")]
+    button.click(plan_view, inputs, [summary, table, explain, scatter], api_name="plan")
+    return {k: w[k] for k in PLAN_KEYS}
