@@ -297,6 +297,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from advisor.analysis.summary import analyze_path, format_report
     from advisor.spec.ceilings import load_ceilings
     from advisor.spec.presets import get_hardware
+    from advisor.store.ceilings import ceilings_lookup, run_ceilings
     from advisor.trace.kineto import ANALYSIS_FILE, METRICS_SUFFIX, is_own_output
 
     path = Path(args.path)
@@ -304,7 +305,12 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if not args.max_mb > 0:  # also refuses NaN
         raise AdvisorError(f"--max-mb={args.max_mb:g}: must be > 0 (MiB of decompressed trace)")
     hardware = get_hardware(args.gpu) if args.gpu else None
-    ceilings = load_ceilings(args.ceilings_file) if args.ceilings_file else "auto" if args.ceilings else None
+    # Our own runs are judged against their device's stored roofs; --ceilings looks them up for any trace.
+    ceilings = run_ceilings(path)
+    if args.ceilings_file:
+        ceilings = load_ceilings(args.ceilings_file)
+    elif args.ceilings and ceilings is None:
+        ceilings = ceilings_lookup()
     max_bytes = max(1, int(args.max_mb * 2**20))
     report = analyze_path(path, path.name, max_bytes=max_bytes, hardware=hardware, ceilings=ceilings)
     if path.is_dir() and not (path / "run.json").is_file():
@@ -467,7 +473,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     hardware = get_hardware(args.gpu)
     link = None
     if args.measured_comm == "auto":
-        from advisor.analysis.commbw import link_for
+        from advisor.advice.commlinks import link_for
 
         # The store only refines the plan: a missing one is said, not an error.
         store = _existing_store(args.traces, required=False)

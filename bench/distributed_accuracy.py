@@ -12,7 +12,7 @@ rank by rank:
   for a pipeline rank, a middle one's where it is the fullest) and ``dry_run_distributed(setup)``
   (data-parallel layouts only), on the setup as the run recorded it in run.json;
 - communication: calls and bytes per step of the collectives the layout's formula counts, measured
-  from the trace (``collectives.collective_calls`` with sizes from ``read_collective_sizes``: the
+  from the trace (``collectives.collective_calls`` with sizes from ``collective_sizes``: the
   tensor shapes record_shapes wrote), against the formula (module docstring of ``analytic_comm``);
 - bubble: ``collectives.pipeline_bubble`` against (p-1)/m.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from advisor.analysis.collectives import collective_calls, pipeline_bubble, read_collective_sizes
+from advisor.analysis.collectives import collective_calls, collective_sizes, pipeline_bubble
 from advisor.analysis.summary import load_trace
 from advisor.estimate.estimator import estimate
 from advisor.run.dryrun import dry_run_distributed
@@ -154,7 +154,7 @@ def run_layout(model: str | ModelSpec, layout: str, store: RunStore) -> Result:
     result = Result(name, layout, recorded, time.perf_counter() - start, run.metrics() or {})
     result.memory = memory_rows(recorded, result.metrics)
     table = load_trace(run.path)
-    calls = collective_calls(table, read_collective_sizes(run.path))
+    calls = collective_calls(table, collective_sizes(table))
     result.comm = comm_summary(recorded, table, calls)
     if recorded.parallel.pp > 1:
         result.bubble = pipeline_bubble(table, recorded)
@@ -350,7 +350,7 @@ def main() -> None:
         "## Communication per rank and step",
         "",
         "Measured = collectives that start inside the rank's `step` range, of the kinds the formula counts,",
-        "with bytes = the full buffer of each call from the shapes in the trace (`read_collective_sizes`), mean",
+        "with bytes = the full buffer of each call from the shapes in the trace (`collective_sizes`), mean",
         "over the ranks. Bytes ratio = measured / analytic (`analytic_comm`). Wire = bytes a rank sends under",
         "ring algorithms (all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n of the full buffer, send 1),",
         "with the algorithm gloo ran (its range's name) against the formula's. Exposed share = exposed time /",

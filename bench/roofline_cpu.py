@@ -21,7 +21,7 @@ from advisor.run.ceilings import measure_ceilings
 from advisor.run.launcher import profile_run
 from advisor.spec.options import RunOptions
 from advisor.spec.setup import make_setup
-from advisor.store.ceilings import store_ceilings
+from advisor.store.ceilings import run_ceilings, store_ceilings
 from advisor.store.runstore import RunStore
 
 
@@ -46,7 +46,7 @@ def main() -> int:
         if run.status != "ok":
             print(f"run {run.status}: {run.record.get('message')}")
             return 1
-        report = analyze_path(run.path)
+        report = analyze_path(run.path, ceilings=run_ceilings(run.path))
         table, m = report.tables["roofline"], report.metrics
         big = table[(table["category"] == "gemm") & (table["flops"] / table["calls"] > 1e9)]
         print(f"\n{args.model}, {args.layers} layer(s), seq {args.seq} x micro {args.micro_batch}, fp32 on the CPU")

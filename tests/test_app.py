@@ -290,13 +290,14 @@ def test_analyze_tab_on_a_stored_cpu_run_and_on_bad_input(tmp_path):
 def test_analyze_tab_draws_the_roofline_of_a_stored_cpu_run():
     from advisor.analysis.roofline import trace_roofline
     from advisor.analysis.summary import load_trace
+    from advisor.store.ceilings import ceilings_lookup
     from advisor.store.runstore import RunStore
 
     updates = list(analyze_tab.analyze_job(None, SAMPLE_RUNS[0]))
     assert {len(u) for u in updates} == {9}  # stages as progress, then the view: every output each time
     summary, *_, roofline, table = updates[-1]
     run_dir = RunStore().path(SAMPLE_RUNS[0])
-    backend = trace_roofline(run_dir, load_trace(run_dir), ceilings="auto").table
+    backend = trace_roofline(load_trace(run_dir), ceilings=ceilings_lookup(run_dir.parent)).table
     assert "Roofline verdict: compute-bound" in summary
     assert {"aten::mm", "aten::linear"} <= _points(roofline)
     # The head's weight gradient, aten::mm [256, 8192] x [8192, 256] twice: 2 x 2*256*8192*256 FLOPs

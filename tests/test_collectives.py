@@ -28,9 +28,9 @@ from advisor.analysis.collectives import (
     KINDS,
     collective_calls,
     collective_kind,
+    collective_sizes,
     collective_table,
     pipeline_bubble,
-    read_collective_sizes,
 )
 from advisor.analysis.summary import load_trace
 from advisor.errors import AdvisorError
@@ -67,7 +67,7 @@ def runs(tmp_path_factory) -> dict:
         run = profile_run(make_setup(**BASE, **overrides), RunOptions(device="cpu", steps=1, warmup=0, nproc=2), store)
         assert run.status == "ok", run.record["message"]
         table = load_trace(run.path)
-        out[name] = (run.path, table, collective_calls(table, read_collective_sizes(run.path)), run.record["setup"])
+        out[name] = (run.path, table, collective_calls(table, collective_sizes(table)), run.record["setup"])
     return out
 
 
@@ -107,7 +107,7 @@ def test_kinds_from_op_range_and_kernel_names():
 @needs_gloo
 def test_ddp_all_reduces_each_bucket_once_and_the_last_one_is_exposed(runs):
     run_dir, table, calls, _ = runs["ddp"]
-    summary = collective_table(table, read_collective_sizes(run_dir))
+    summary = collective_table(table, collective_sizes(table))
     assert summary["kind"].tolist() == ["all_reduce", "all_reduce"]  # DDP issues nothing else
     assert summary["calls"].tolist() == [3, 3]  # two buckets, then the logged loss
     assert summary["bytes"].tolist() == [4 * TINY_N + 4] * 2
@@ -128,8 +128,8 @@ def test_ddp_all_reduces_each_bucket_once_and_the_last_one_is_exposed(runs):
 
 @needs_gloo
 def test_fsdp_zero3_gathers_every_unit_twice_and_scatters_once(runs):
-    run_dir, table, calls, _ = runs["zero3"]
-    summary = collective_table(table, read_collective_sizes(run_dir)).set_index(["rank", "kind"])
+    _, table, calls, _ = runs["zero3"]
+    summary = collective_table(table, collective_sizes(table)).set_index(["rank", "kind"])
     for rank in (0, 1):
         assert summary.loc[(rank, "all_gather"), "calls"] == 10  # 5 units x (forward, backward)
         assert summary.loc[(rank, "reduce_scatter"), "calls"] == 5
@@ -183,7 +183,7 @@ def test_pipeline_sends_activations_and_measures_its_bubble(runs):
 def test_nccl_sendrecv_kernels_take_their_kind_from_the_launching_op():
     path = KINETO / "trace_filter"
     table = load_trace(path)
-    summary = collective_table(table, read_collective_sizes(path)).set_index(["rank", "kind"])
+    summary = collective_table(table, collective_sizes(table)).set_index(["rank", "kind"])
     # Every NCCL kernel in this trace is ncclKernel_SendRecv; the c10d op around each launch says what
     # it is: per rank 4 alltoall_base_, 4 allreduce_, 2 _allgather_base_ (counted in the JSON).
     assert summary["calls"].to_dict() == {
@@ -213,7 +213,7 @@ def test_nccl_sendrecv_kernels_take_their_kind_from_the_launching_op():
 def test_nccl_kernel_message_sizes_and_exposure_on_an_a100_trace():
     path = KINETO / "nccl_parser_config"
     table = load_trace(path)
-    summary = collective_table(table, read_collective_sizes(path)).set_index("kind")
+    summary = collective_table(table, collective_sizes(table)).set_index("kind")
     raw = [e for e in _raw_events(path / "nccl_data.json.gz") if e.get("cat") == "kernel" and "ncclKernel" in e["name"]]
     for kind, prefix in (("all_reduce", "ncclKernel_AllReduce"), ("broadcast", "ncclKernel_Broadcast")):
         mine = [e for e in raw if e["name"].startswith(prefix)]

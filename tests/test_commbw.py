@@ -12,15 +12,9 @@ import pandas as pd
 import pytest
 import torch.distributed as dist
 
-from advisor.analysis.collectives import collective_calls, read_collective_sizes
-from advisor.analysis.commbw import (
-    MIN_CALL_BYTES,
-    MeasuredLink,
-    bus_factor,
-    link_for,
-    matched_calls,
-    measured_bus_bandwidth,
-)
+from advisor.advice.commlinks import link_for, measured_bus_bandwidth
+from advisor.analysis.collectives import collective_calls, collective_sizes
+from advisor.analysis.commbw import MIN_CALL_BYTES, MeasuredLink, bus_factor, matched_calls
 from advisor.analysis.summary import load_trace
 from advisor.cli import main
 from advisor.errors import AdvisorError, SpecError
@@ -106,7 +100,8 @@ def test_nccl_all_reduces_of_a_real_a100_trace_match_their_kernels_args():
     assert {e["args"]["Group size"] for e in kernels} == {2} and len(big) == 15
     expected = sum(4.0 * e["args"]["In msg nelems"] for e in big) / sum(e["dur"] / 1e6 for e in big)
 
-    m = matched_calls(collective_calls(load_trace(NCCL_TRACE), read_collective_sizes(NCCL_TRACE)), 2)
+    events = load_trace(NCCL_TRACE)
+    m = matched_calls(collective_calls(events, collective_sizes(events)), 2)
     used = m[(m["bytes"] >= MIN_CALL_BYTES) & (m["kind"] == "all_reduce")]
     assert len(used) == 15
     assert used["bus_bytes"].sum() / (used["dur_ns"].sum() / 1e9) == pytest.approx(expected, rel=1e-6)

@@ -23,15 +23,11 @@ NEVER = {"estimate": {"store", "run"}, "analysis": {"store", "run"}}
 store, no torch), however the stages are ranked."""
 KNOWN = {
     ("advisor/spec/specs.py", "advisor.estimate.estimator"),
-    ("advisor/analysis/roofline.py", "advisor.store.ceilings"),
-    ("advisor/analysis/roofline.py", "advisor.store.runstore"),
-    ("advisor/analysis/summary.py", "advisor.store.runstore"),
-    ("advisor/analysis/commbw.py", "advisor.store.runstore"),
 }
 """Backward imports not yet removed (issue 19, item 2): the spec's offload check asks the estimator for
-the pipeline's split; the roofline and the summary find a stored run's trace, setup and measured roofs
-themselves, and commbw reads the store for measured links. Each entry must still occur (the test says
-when one can be struck off) and no new one may appear."""
+the pipeline's split. Each entry must still occur (the test says when one can be struck off) and no new
+one may appear. (The roofline, the summary and commbw read the store no more: the trace loader brings a
+run's context, the callers the store's ceilings lookup, advisor/advice/commlinks.py the runs.)"""
 
 
 def _stage(module: str) -> str:

@@ -6,18 +6,19 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from advisor.advice.advise import advise_trace
 from advisor.analysis.roofline import (
     kernel_roofline,
     op_roofline,
+    op_shapes,
     op_work,
-    read_op_shapes,
-    read_trace_work,
     step_roofline_summary,
     total_flops,
     trace_roofline,
+    trace_work,
 )
 from advisor.analysis.summary import analyze_path, load_trace
 from advisor.errors import AdvisorError, TraceError
@@ -25,7 +26,7 @@ from advisor.run.ceilings import measure_ceilings
 from advisor.spec.ceilings import Ceilings, load_ceilings
 from advisor.spec.presets import get_hardware, hardware_for_trace, tiny
 from advisor.spec.specs import HardwareSpec
-from advisor.store.ceilings import ceilings_path, store_ceilings, stored_ceilings
+from advisor.store.ceilings import ceilings_lookup, ceilings_path, store_ceilings, stored_ceilings
 from tests.shared import SHARED_TRACES, needs_shared_traces
 
 RUN = Path(__file__).resolve().parent.parent / "traces" / "20261130-165248-tiny-6bcb2f"
@@ -34,7 +35,7 @@ MATMUL_OPS = ("aten::mm", "aten::linear", "aten::matmul")
 
 @pytest.fixture(scope="module")
 def ops():
-    return read_op_shapes(RUN / "trace.json.gz")
+    return op_shapes(load_trace(RUN / "trace.json.gz"))
 
 
 @pytest.fixture(scope="module")
@@ -137,9 +138,9 @@ def test_measured_ceilings_override_the_spec(ops, hardware):
 
 def test_damaged_trace_is_refused(tmp_path):
     bad = tmp_path / "trace.json.gz"
-    bad.write_bytes(b"not gzip")
+    bad.write_bytes(b"\x1f\x8b" + b"not gzip after its magic")
     with pytest.raises(TraceError, match=r"trace\.json\.gz is damaged or not gzip"):
-        read_op_shapes(bad)
+        load_trace(bad)
 
 
 def test_cpu_ceilings_measure_and_round_trip(tmp_path):
@@ -190,12 +191,12 @@ def test_all_flops_of_a_cpu_step_match_the_analytic_count():
 
 def test_own_run_uses_its_device_and_stored_ceilings(tmp_path):
     events = load_trace(RUN)
-    r = trace_roofline(RUN, events)
+    r = trace_roofline(events)
     assert r.hardware.kind == "cpu" and "the device the run used" in r.roofs_note and r.ceilings is None
     c = Ceilings(r.hardware.name, {"fp32": 1e11}, 5e10, "2026-11-30T00:00:00+00:00", "test")
     store_ceilings(c, tmp_path)
     assert stored_ceilings(r.hardware.name, tmp_path) == c
-    measured = trace_roofline(RUN, events, ceilings="auto", store_root=tmp_path)
+    measured = trace_roofline(events, ceilings=ceilings_lookup(tmp_path))
     assert measured.ceilings == c and "roofs measured 2026-11-30" in measured.roofs_note
     assert measured.table.attrs["roofs"] == {
         "peak_flops_per_s": {"fp32": 1e11},
@@ -231,14 +232,14 @@ A100_HOST_BOUND = TRACES / "kineto" / "nccl_parser_config" / "nccl_data.json.gz"
 def test_kernels_link_to_their_launching_ops():
     # Every kernel's correlation id leads to a runtime call inside an op on the same thread.
     for path, share in ((V100, 1.0), (A100_HOST_BOUND, 1.0), (A100_SHAPES, 0.98)):
-        work = read_trace_work(path)
+        work = trace_work(load_trace(path))
         assert (work.kernels["launch_op"] >= 0).mean() >= share, path.name
-    assert read_trace_work(V100).gpus == [("Tesla V100-SXM2-32GB", 34079637504)]
+    assert trace_work(load_trace(V100)).gpus == [("Tesla V100-SXM2-32GB", 34079637504)]
 
 
 @needs_traces
 def test_gemm_kernels_take_flops_from_their_ops_shapes():
-    work = read_trace_work(A100_SHAPES)
+    work = trace_work(load_trace(A100_SHAPES))
     hw, how = hardware_for_trace(work.gpus, work.kernels["name"])
     assert hw.name == "A100 SXM 80GB" and "guessed from kernel names" in how  # no deviceProperties here
     table = kernel_roofline(work, hw)
@@ -309,15 +310,36 @@ def test_roofline_rules_fire_on_the_real_traces():
     assert v100["roof-fuse-memory-bound"].gain.gain_pct == pytest.approx(100 * 0.315 / 2, abs=0.5)
 
 
-def test_a_trace_too_large_for_the_roofline_is_still_analyzed(monkeypatch, capsys):
-    import advisor.analysis.roofline as roofline
+def test_the_roofline_reads_no_file_the_loader_did_not(tmp_path):
+    # Parse once: the loader keeps the modelled ops' arguments beside the table, so the roofline of a
+    # trace whose file is gone after loading is the same as the one made while it was there.
+    copy = tmp_path / "trace.json.gz"
+    copy.write_bytes((RUN / "trace.json.gz").read_bytes())
+    events = load_trace(copy)
+    before = trace_roofline(events).table
+    copy.unlink()
+    after = trace_roofline(events)
+    pd.testing.assert_frame_equal(after.table, before)
+    assert len(events.attrs["event_args"]) > 0 and (after.table["basis"] == "shapes").any()
+    # A table loaded without the arguments says how to load it, rather than judging no shapes.
+    from advisor.trace.load import load_trace as bare_load
 
-    monkeypatch.setattr(roofline, "ROOFLINE_MAX_BYTES", 1000)
+    with pytest.raises(TraceError, match=r"load it with advisor\.analysis\.summary\.load_trace"):
+        trace_roofline(bare_load(RUN))
+
+
+def test_a_trace_whose_roofline_cannot_be_made_is_still_analyzed(monkeypatch, capsys):
+    import advisor.analysis.summary as summary
+
+    def refuse(*args, **kwargs):
+        raise TraceError("trace.json.gz holds no cpu_op events to judge")
+
+    monkeypatch.setattr(summary, "trace_roofline", refuse)
     report = analyze_path(RUN)
     assert "roofline" not in report.tables and report.metrics.roofline_bound is None
     assert report.metrics.step_time_ms is not None  # the rest of the analysis is there
     err = capsys.readouterr().err
-    assert "roofline skipped: trace.json.gz decompresses to over 0.000954 MiB; refusing it (raise the limit" in err
+    assert "roofline skipped: trace.json.gz holds no cpu_op events to judge" in err
     # On stderr: analyze --json keeps its standard output JSON.
     from advisor.cli import main
 
@@ -336,7 +358,7 @@ def test_convolution_flops_equal_the_profilers_own_count(tmp_path):
         conv(x).sum().backward()
     prof.export_chrome_trace(str(tmp_path / "conv.json"))
     own = {e.key: e.flops for e in prof.key_averages() if e.flops}
-    table = op_roofline(tmp_path / "conv.json", tiny_cpu())
+    table = op_roofline(op_shapes(load_trace(tmp_path / "conv.json")), tiny_cpu())
     fwd = table[table["name"] == "aten::conv2d"].iloc[0]
     bwd = table[table["name"] == "aten::convolution_backward"].iloc[0]
     # Output 16x16 (stride 2, padding 1): 2 x N x 16 x 16 x numel(weight) = 2*4*256*(32*16*9).
@@ -349,7 +371,7 @@ def test_convolution_flops_equal_the_profilers_own_count(tmp_path):
 
 
 def test_the_profilers_own_flop_count_wins_where_present():
-    ops = read_op_shapes(RUN / "trace.json.gz").head(0).copy()
+    ops = op_shapes(load_trace(RUN / "trace.json.gz")).head(0).copy()
     row = {"name": "aten::mm", "tid": 1, "start_us": 0.0, "dur_us": 100.0, "input_dims": [[8, 4], [4, 2]]}
     row |= {"input_types": ["float", "float"], "concrete_inputs": ["", ""], "flops": 999.0}
     ops.loc[0] = row
@@ -365,7 +387,7 @@ def test_a_zip_of_rank_files_gives_rank_0s_roofline(tmp_path):
     with zipfile.ZipFile(archive, "w") as z:
         for f in sorted((TRACES / "kineto" / "trace_filter").glob("*.json.gz")):
             z.write(f, f"job/{f.name}")
-    zipped, plain = read_trace_work(archive), read_trace_work(A100_SHAPES)
+    zipped, plain = trace_work(load_trace(archive)), trace_work(load_trace(A100_SHAPES))
     assert zipped.file == "sampled_rank-0.json.gz"
     assert zipped.ops.drop(columns="tid").equals(plain.ops.drop(columns="tid"))
     assert zipped.kernels.equals(plain.kernels)
@@ -436,7 +458,7 @@ def test_an_op_and_the_modelled_op_it_calls_are_counted_once(tmp_path):
         _kernel("void at::native::vectorized_elementwise_kernel<4, FillFunctor<float>>", 1, 200, 300),
         _kernel("void nll_loss_backward_reduce_cuda_kernel_2d<float, long>", 2, 510, 10),
     ]
-    work = read_trace_work(_kineto(tmp_path, events))
+    work = trace_work(load_trace(_kineto(tmp_path, events)))
     assert work.kernels["launch_op"].tolist() == [1, 0]  # innermost op around each launch
     table = kernel_roofline(work, get_hardware("h100"))
     outer_bytes = n * v * 4 + n * 8  # the full gradient written once, the targets read
@@ -453,7 +475,7 @@ def test_triton_kernels_launched_through_the_driver_api_are_linked(tmp_path):
         _launch(9, 10, cat="cuda_driver"),
         _kernel("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT", 9, 100, 500),
     ]
-    table = kernel_roofline(read_trace_work(_kineto(tmp_path, events)), get_hardware("h100"))
+    table = kernel_roofline(trace_work(load_trace(_kineto(tmp_path, events))), get_hardware("h100"))
     row = table.iloc[0]
     assert row["basis"] == "shapes" and row["flops"] == 2 * 4096**3
     # fp32 tensors on a tensor-core kernel run as TF32: judged against H100's TF32 roof, not FP32's.
@@ -463,7 +485,7 @@ def test_triton_kernels_launched_through_the_driver_api_are_linked(tmp_path):
 def test_a_copy_of_unknown_size_is_not_called_compute_bound(tmp_path):
     events = [{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": 7,
                "ts": 0, "dur": 500, "args": {"correlation": 3, "bytes": 0}}]  # fmt: skip
-    table = kernel_roofline(read_trace_work(_kineto(tmp_path, events)), get_hardware("h100"))
+    table = kernel_roofline(trace_work(load_trace(_kineto(tmp_path, events))), get_hardware("h100"))
     assert table["bound"].iloc[0] == "memory" and math.isnan(table["headroom_frac"].iloc[0])
 
 

@@ -240,17 +240,17 @@ def test_the_standard_library_parser_reads_the_same_table(tmp_path, monkeypatch)
     # orjson is an optional speed-up (a GPU box's image may lack it): without it the standard
     # library's json reads the same events, and bad input still fails clearly.
     from advisor.analysis import collectives
+    from advisor.analysis.summary import load_trace
     from advisor.trace import kineto as trace_kineto
 
     sample = Path(__file__).resolve().parents[1] / "traces" / "20261130-165248-tiny-6bcb2f" / "trace.json.gz"
     # Collective sizes: a real 2-rank NCCL trace where ../shared is here (our sample run has none).
     comm = KINETO / "trace_filter" if KINETO.is_dir() else sample
-    fast, fast_sizes = load_kineto(sample, block_bytes=4096), collectives.read_collective_sizes(comm)
+    fast, fast_sizes = load_kineto(sample, block_bytes=4096), collectives.collective_sizes(load_trace(comm))
     assert len(fast_sizes) > 0 or comm == sample
     monkeypatch.setattr(trace_kineto, "json_loads", json.loads)
-    monkeypatch.setattr(collectives, "json_loads", json.loads)
     pd.testing.assert_frame_equal(fast, load_kineto(sample, block_bytes=4096))
-    pd.testing.assert_frame_equal(fast_sizes, collectives.read_collective_sizes(comm))
+    pd.testing.assert_frame_equal(fast_sizes, collectives.collective_sizes(load_trace(comm)))
     bad = tmp_path / "bad.json"
     bad.write_bytes(b'{"traceEvents": [{"ph": "X", "name": "\xff\xfe", "ts": 1}, {"ph": "X",, }]}')
     with pytest.raises(TraceError, match="is not valid JSON"):
@@ -288,3 +288,26 @@ def test_a_folder_leaves_out_saved_analyses_and_skips_other_json(tmp_path):
     words = f"folder {other} holds no Kineto trace: config.json is JSON without a traceEvents array"
     with pytest.raises(TraceError, match=re.escape(words)):
         load_kineto(other)
+
+
+def test_the_loader_keeps_the_args_asked_for_and_they_follow_the_table(tmp_path):
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 10,
+         "args": {"Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"]}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::view", "pid": 1, "tid": 1, "ts": 11, "dur": 1,
+         "args": {"Input Dims": [[6]]}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::conv2d", "pid": 1, "tid": 1, "ts": 13, "dur": 5,
+         "args": {"flops": 1234}},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce", "pid": 0, "tid": 7, "ts": 20, "dur": 4,
+         "args": {"In msg nelems": 8, "dtype": "Float", "device": 0, "stream": 7}},
+    ]  # fmt: skip
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    table = load_kineto(path, keep_args=lambda name: name in ("aten::mm", "ncclDevKernel_AllReduce"))
+    kept = table.attrs["event_args"]
+    # Asked for by name: mm and the NCCL kernel; the conv by its FLOP count; the view not at all.
+    assert [table.loc[i, "name"] for i, _ in kept.items()] == ["aten::mm", "aten::conv2d", "ncclDevKernel_AllReduce"]
+    assert kept.get(0)["Input Dims"] == [[2, 3], [3, 4]] and kept.get(1) == {}
+    # pandas deep-copies attrs on every operation: the holder is shared, not copied.
+    assert table[table["kind"] == "cpu_op"].attrs["event_args"] is kept
+    assert "event_args" not in load_kineto(path).attrs  # nobody asked: nothing kept

@@ -87,7 +87,7 @@ def analyze_view(upload: str | None, run_id: str | None, on_stage=None, cancel: 
         stage(0, f"loading {label}")
         table = load_trace(path)
         stage(1, f"analyzing {len(table):,} events")
-        roofline, skipped = common.roofline_of(path, table)
+        roofline, skipped = common.roofline_of(table)
         report = analyze(table, run_id=label, roofline=roofline)
         stage(2, "drawing")
     except _Cancelled:

@@ -15,6 +15,7 @@ import gradio as gr
 from advisor.analysis.roofline import trace_roofline
 from advisor.errors import AdvisorError
 from advisor.present.charts import timeline_figure
+from advisor.store.ceilings import ceilings_lookup
 from advisor.store.runstore import RunStore
 
 log = logging.getLogger("advisor.app")
@@ -236,13 +237,14 @@ def timeline_of(table):
         return None
 
 
-def roofline_of(path: str, table):
-    """(Roofline, "") of the trace at ``path`` whose event table is ``table``, or (None, why) where it
-    cannot be made; the rest of a view still shows. Our own runs are judged against the measured
-    ceilings stored for their device where there are any (as ``advisor.analysis.summary.analyze_path``
-    does), uploads against the datasheet."""
+def roofline_of(table):
+    """(Roofline, "") of a trace's event table, or (None, why) where it cannot be made; the rest of a
+    view still shows. Our own runs are judged against the measured ceilings stored for their device
+    where there are any (as ``advisor analyze`` does), uploads against the datasheet."""
+    run = table.attrs.get("run")
+    ceilings = ceilings_lookup(run["store_root"]) if run else None
     try:
-        return trace_roofline(path, table, ceilings="auto" if table.attrs.get("own_run") else None), ""
+        return trace_roofline(table, ceilings=ceilings), ""
     except AdvisorError as err:
         return None, f"Roofline skipped: {err}"
     except Exception:

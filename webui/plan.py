@@ -7,7 +7,7 @@ import functools
 import gradio as gr
 import pandas as pd
 
-from advisor.analysis.commbw import link_for
+from advisor.advice.commlinks import link_for
 from advisor.estimate.planner import PlanRequest, plan
 from advisor.present.charts import plan_scatter_figure
 from advisor.present.views import PLAN_COLUMNS, plan_summary, plan_table

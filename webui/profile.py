@@ -65,7 +65,7 @@ def _run_trace_figures(run_dir: str, trace_mtime_ns: int):
         table = load_trace(run_dir)
     except AdvisorError:  # an unreadable trace: the run's own numbers still show
         return None, None
-    roofline, _ = common.roofline_of(run_dir, table)
+    roofline, _ = common.roofline_of(table)
     return common.timeline_of(table), roofline_figure(roofline.table) if roofline else None
 
 

@@ -297,8 +297,9 @@ def advise_run(run_id: str, store: Any = None, *, calibration: Any = None) -> Ad
 def advise_trace(path: str | Path) -> Advice:
     """Advice for a trace file or folder (no spec: rules that need one are listed as not applicable)."""
     from advisor.analysis.summary import analyze_path
+    from advisor.store.ceilings import run_ceilings
 
-    report = analyze_path(path, Path(path).name)
+    report = analyze_path(path, Path(path).name, ceilings=run_ceilings(path))
     return advise(report.metrics, source=str(path))
 
 

@@ -14,28 +14,22 @@ What the traces hold (our gloo runs under torch 2.13; the NCCL traces in ../shar
   the ``c10d::*`` op around the runtime call that launched it (older NCCL names every kernel
   ``SendRecv``: in trace_filter they are all-reduces, all-gathers and all-to-alls), else from the
   kernel's name.
-- Sizes: the event table keeps no tensor shapes or NCCL message sizes (the Kineto loader keeps no
-  ``args`` beyond bytes, device, stream and correlation), so ``bytes`` is NaN unless the sizes are read
-  from the trace files with :func:`read_collective_sizes`, an edge that reads the raw JSON.
+- Sizes: tensor shapes and NCCL message sizes are in the Kineto ``args`` the loader keeps for these
+  events (``advisor.analysis.summary.load_trace``, ``advisor.trace.table.EventArgs``), read by
+  :func:`collective_sizes`; ``bytes`` is NaN without them (an Nsight Systems export).
 """
 
 from __future__ import annotations
 
-import gzip
 import math
 import re
-import zlib
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from advisor.errors import AdvisorError, TraceError
+from advisor.errors import AdvisorError
 from advisor.spec.specs import Setup
-
-# The Kineto loader's own rank and time conversions, so that sizes join the event table exactly.
-from advisor.trace.kineto import DEFAULT_MAX_BYTES, _rank, _to_ns, json_loads, trace_files
-from advisor.trace.table import kind_mask
+from advisor.trace.table import EventArgs, kind_mask
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send", "recv", "broadcast", "all_to_all", "barrier", "other")
 # Name fragments (lower case, underscores removed) in the order they are tried: reduce-scatter before
@@ -100,7 +94,7 @@ def collective_calls(table: pd.DataFrame, sizes: pd.DataFrame | None = None) -> 
     input, the tensor sent, received or broadcast, an all-to-all's larger side: the largest tensor or
     NCCL message the trace records for the call or the op that issued it, times its element size.
 
-    ``sizes``: :func:`read_collective_sizes` of the same trace.
+    ``sizes``: :func:`collective_sizes` of the same table.
     """
     return _calls_and_busy(table, sizes)[0]
 
@@ -111,7 +105,7 @@ def collective_table(table: pd.DataFrame, sizes: pd.DataFrame | None = None) -> 
     - ``time_ms``: summed duration of the collectives' own events: NCCL kernels on a GPU, ``gloo:*``
       ranges on the CPU (which run from the work's start to its completion, waiting for peers included).
     - ``bytes``: summed full buffers of the calls (see :func:`collective_calls`); NaN unless ``sizes``
-      (:func:`read_collective_sizes`) is given, as the event table keeps no shapes.
+      (:func:`collective_sizes`) is given.
     - ``exposed_ms``: the length of the union of the kind's calls during which the rank's compute was
       not running. GPU: compute = the rank's kernels that are not NCCL kernels (HTA's definition; copies
       and sets are not compute), on any stream. CPU: compute = the training thread (the thread of the
@@ -140,42 +134,34 @@ def collective_table(table: pd.DataFrame, sizes: pd.DataFrame | None = None) -> 
     return out.sort_values(["rank", "kind"]).reset_index(drop=True).astype({"kind": "str"})
 
 
-def read_collective_sizes(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> pd.DataFrame:
-    """Sizes of the communication events of a Kineto trace (a file, a folder of rank files, or one of
-    our run directories), read from the raw JSON: one row per NCCL kernel, ``gloo:*`` / ``nccl:*``
-    range and ``c10d::*`` / ``_c10d_functional::*`` op, with ``rank``, ``name``, ``start_ns`` (as in
-    the event table), ``numel`` (the largest tensor or NCCL message of the event, in elements; NaN
-    where the trace records none, e.g. without record_shapes) and ``elem_bytes`` (NaN where unknown).
+def wants_args(name: str) -> bool:
+    """The events whose recorded arguments the collectives read (their tensors' or NCCL messages'
+    sizes): NCCL kernels, ``gloo:*`` / ``nccl:*`` ranges and ``c10d::*`` / ``_c10d_functional::*`` ops."""
+    return _COMM_KERNEL.search(name.lower()) is not None or name.startswith(("gloo:", "nccl:")) or _is_issue_op(name)
 
-    An edge that reads files: it belongs beside the Kineto loader, which could keep these sizes in the
-    event table. Each file is read whole (decompressed size capped at ``max_bytes``). Raises TraceError.
-    """
-    p = Path(path)
-    if p.is_dir() and (p / "run.json").is_file():
-        p = p / "ranks" if (p / "ranks").is_dir() else p / "trace.json.gz"
-    ranks, names, ts, numel, elem = [], [], [], [], []
-    for i, f in enumerate(trace_files(p)):
-        data = _read_json(f, max_bytes)
-        rank = _rank(data, f, i)
-        for e in data.get("traceEvents") or []:
-            if not isinstance(e, dict) or e.get("ph") != "X":
-                continue
-            name = str(e.get("name", ""))
-            if not _is_sized(name, str(e.get("cat", ""))):
-                continue
-            n, b = _size_of(e.get("args") or {})
-            ranks.append(rank)
-            names.append(name)
-            ts.append(e.get("ts", 0))
-            numel.append(n)
-            elem.append(b)
+
+def collective_sizes(table: pd.DataFrame) -> pd.DataFrame | None:
+    """Sizes of the communication events of a Kineto event table, from the arguments its loader kept
+    (``advisor.analysis.summary.load_trace``): one row per NCCL kernel, ``gloo:*`` / ``nccl:*`` range
+    and ``c10d::*`` / ``_c10d_functional::*`` op, with ``rank``, ``name``, ``start_ns``, ``numel`` (the
+    largest tensor or NCCL message of the event, in elements; NaN where the trace records none, e.g.
+    without record_shapes) and ``elem_bytes`` (NaN where unknown). None for a table without kept
+    arguments (an Nsight Systems export records no shapes)."""
+    kept = EventArgs.of(table)
+    if kept is None:
+        return None
+    names = table["name"].astype(str)
+    kernel = kind_mask(table, "kernel")
+    sized = np.array([_is_sized(n, "kernel" if k else "") for n, k in zip(names.tolist(), kernel, strict=True)])
+    rows = table[sized] if len(table) else table
+    sizes = [_size_of(kept.get(i)) for i in rows.index.tolist()]
     return pd.DataFrame(
         {
-            "rank": np.asarray(ranks, dtype=np.int32),
-            "name": pd.Series(names, dtype="str"),
-            "start_ns": _to_ns(ts) if ts else np.zeros(0, dtype=np.int64),
-            "numel": np.asarray(numel, dtype=np.float64),
-            "elem_bytes": np.asarray(elem, dtype=np.float64),
+            "rank": rows["rank"].to_numpy(dtype=np.int32),
+            "name": pd.Series(names[sized].tolist() if len(table) else [], dtype="str"),
+            "start_ns": rows["start_ns"].to_numpy(dtype=np.int64),
+            "numel": np.asarray([n for n, _ in sizes], dtype=np.float64),
+            "elem_bytes": np.asarray([b for _, b in sizes], dtype=np.float64),
         }
     )
 
@@ -496,23 +482,6 @@ def _size_of(args: dict) -> tuple[float, float]:
 
 def _is_shape(d: object) -> bool:
     return isinstance(d, list) and all(isinstance(x, int) for x in d)
-
-
-def _read_json(path: Path, max_bytes: int) -> dict:
-    try:
-        with gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb") as f:
-            raw = f.read(max_bytes + 1)
-    except (EOFError, OSError, zlib.error) as err:
-        raise TraceError(f"{path.name} is damaged or not gzip ({type(err).__name__}: {err})") from None
-    if len(raw) > max_bytes:
-        raise TraceError(f"{path.name} decompresses to over {max_bytes / 2**20:.0f} MiB; refusing it (limit max_bytes)")
-    try:
-        data = json_loads(raw)
-    except ValueError as err:
-        raise TraceError(f"{path.name} is not valid JSON ({err})") from None
-    if not isinstance(data, dict):
-        raise TraceError(f"{path.name}: the top level is not a JSON object; not a Kineto trace")
-    return data
 
 
 def _merged(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

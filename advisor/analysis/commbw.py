@@ -34,23 +34,16 @@ host the gloo threads share the cores with the model), which is what the planner
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import pandas as pd
 
-from advisor.analysis.collectives import collective_calls, collective_kind, read_collective_sizes
-from advisor.analysis.summary import load_trace
-from advisor.errors import AdvisorError, TraceError
+from advisor.analysis.collectives import collective_calls, collective_kind, collective_sizes
+from advisor.errors import AdvisorError
 from advisor.estimate.links import (
     MeasuredLink,
-    _device_key_of,
-    _host_key,
 )
 from advisor.spec.presets import device_key_for
-from advisor.spec.specs import HardwareSpec
-from advisor.store.runstore import RunStore
 
 MIN_CALL_BYTES = 2**20
 """Calls smaller than this (algorithm bytes) are not counted: per-call latency dominates them. 1 MiB is
@@ -114,70 +107,41 @@ def matched_calls(calls: pd.DataFrame, group_size: int) -> pd.DataFrame:
     return out[cols].reset_index(drop=True).astype({"ranks": "int64", "dur_ns": "int64"})
 
 
-def measured_bus_bandwidth(run_dir: str | Path) -> MeasuredLink | None:
-    """The bus bandwidth (bytes/s) of a distributed run's collectives, from its per-rank traces.
+def run_link(events: pd.DataFrame, record: dict, metrics: dict, run_id: str) -> MeasuredLink | None:
+    """The bus bandwidth (bytes/s) of a distributed run's collectives, from its per-rank event table
+    (``advisor.analysis.summary.load_trace``, which keeps the collectives' sizes) and its run.json
+    ``record`` and metrics.json ``metrics``.
 
-    None when the run is not a finished distributed run (status ok, ``world_size`` > 1 in
-    metrics.json), when its layout has more than one kind of process group (a call's group size is then
-    unknown), or when it has no sized collective of at least MIN_CALL_BYTES with a bus factor. Raises
-    TraceError for a damaged trace.
+    None when the run is not a finished distributed run (status ok, ``world_size`` > 1), when its
+    layout has more than one kind of process group (a call's group size is then unknown), or when it
+    has no sized collective of at least MIN_CALL_BYTES with a bus factor.
     """
-    d = Path(run_dir)
-    record, metrics = _read(d / "run.json"), _read(d / "metrics.json")
-    if record is None or metrics is None or record.get("status") != "ok":
+    if record.get("status") != "ok":
         return None
     world = int(metrics.get("world_size") or 1)
     if world < 2 or not _one_group(record, world):
         return None
-    calls = collective_calls(load_trace(d), read_collective_sizes(d))
-    table = matched_calls(calls, world)
+    table = matched_calls(collective_calls(events, collective_sizes(events)), world)
     used = table[(table["bytes"] >= MIN_CALL_BYTES) & table["bus_bytes"].notna()]
     if used.empty:
         return None
     seconds = used["dur_ns"].sum() / 1e9
-    bus_bw = float(used["bus_bytes"].sum() / seconds)
     kinds = ", ".join(f"{n} {k}" for k, n in used["kind"].value_counts().sort_index().items())
-    small = len(table) - len(used)
     basis = (
         f"{len(used)} collectives of {world} ranks ({kinds}; "
         f"{used['bytes'].min() / 2**20:.1f}-{used['bytes'].max() / 2**20:.1f} MiB each): "
         f"{used['bus_bytes'].sum() / 1e6:,.1f} MB of bus traffic in {seconds * 1e3:,.1f} ms, each call timed "
-        f"by its fastest rank (the others include waiting for it); {small} calls under 1 MiB or without a bus factor left out"
+        f"by its fastest rank (the others include waiting for it); {len(table) - len(used)} calls under 1 MiB "
+        "or without a bus factor left out"
     )
     return MeasuredLink(
-        run_id=d.name,
-        device_key=_device_key(record, metrics),
+        run_id=run_id,
+        device_key=run_device_key(record, metrics),
         world_size=world,
-        bus_bytes_per_s=bus_bw,
+        bus_bytes_per_s=float(used["bus_bytes"].sum() / seconds),
         n_calls=len(used),
         basis=basis,
     )
-
-
-def link_for(store: RunStore, hardware: HardwareSpec) -> MeasuredLink | None:
-    """The measured link of the newest distributed run in ``store`` on ``hardware``'s device (same
-    device key; on a CPU, any process count on this host); None when there is none. Runs that cannot be
-    measured (see :func:`measured_bus_bandwidth`) or whose trace is damaged are passed over."""
-    want = _host_key(_device_key_of(hardware))
-    runs, _damaged = store.list_runs()
-    for run in runs:  # newest first
-        if run.status != "ok":
-            continue
-        try:
-            metrics = run.metrics()
-        except AdvisorError:  # damaged since it was listed: an older run may still measure the link
-            continue
-        if not metrics or int(metrics.get("world_size") or 1) < 2:
-            continue
-        if _host_key(_device_key(run.record, metrics)) != want:
-            continue
-        try:
-            link = measured_bus_bandwidth(run.path)
-        except TraceError:  # a damaged trace: an older run may still measure the link
-            continue
-        if link is not None:
-            return link
-    return None
 
 
 # --- internals ---------------------------------------------------------------------------------------
@@ -191,17 +155,9 @@ def _one_group(record: dict, world: int) -> bool:
     return sorted(degrees) == [1, 1, 1, world] and ep in (1, world)
 
 
-def _device_key(record: dict, metrics: dict) -> str:
+def run_device_key(record: dict, metrics: dict) -> str:
     """The run's device key as the calibration names it: from its recorded setup, else its metrics."""
     try:
         return device_key_for(record)
     except AdvisorError:
         return device_key_for(metrics)
-
-
-def _read(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None

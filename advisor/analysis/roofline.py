@@ -1,8 +1,8 @@
 """The roofline view of a CPU trace: FLOPs and bytes of each op, and whether it is bound by compute,
 by memory bandwidth or by per-call latency against the machine's roofs.
 
-The event table (``advisor.trace.table``) drops the Kineto ``args``, so shapes are read here from the
-raw JSON (``read_op_shapes``). FLOPs and bytes come from the input shapes by formula; the counting
+The shapes come from the Kineto ``args`` the loader keeps for the modelled ops beside the event table
+(``advisor.trace.table.EventArgs``): the trace is parsed once. FLOPs and bytes come from the input shapes by formula; the counting
 conventions follow the roofline model (Williams, Waterman, Patterson, CACM 52(4), 2009): one
 multiply-add is 2 FLOPs, bytes are the compulsory traffic (every input read once, every output written
 once; cache reuse inside the op is the op's business). An op nested in another modelled op is counted
@@ -17,24 +17,17 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
-import tempfile
-import zipfile
-import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from advisor.analysis.breakdown import gemm_math, kernel_category
-from advisor.errors import TraceError
+from advisor.errors import AdvisorError, TraceError
 from advisor.spec.ceilings import Ceilings
 from advisor.spec.specs import HardwareSpec
-from advisor.store.runstore import run_trace
-from advisor.trace.kineto import DEFAULT_MAX_BYTES, copy_zip_member, gc_paused, stream_events, trace_files
-from advisor.trace.table import GPU_KINDS, kind_mask
+from advisor.trace.table import GPU_KINDS, EventArgs, kind_mask
 
 BOUNDS = ("compute", "memory", "latency", "communication")
 """Verdicts: against the compute roof, the memory roof, too short to reach either, or a collective
@@ -42,8 +35,6 @@ BOUNDS = ("compute", "memory", "latency", "communication")
 FUSABLE = ("elementwise", "reduction", "normalization")
 """Op classes a compiler fuses into one kernel when they are memory-bound: each fused chain reads its
 inputs and writes its output once instead of once per op."""
-_GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
-_RANK0 = re.compile(r"rank[-_]?0+(?!\d)", re.IGNORECASE)
 
 _ELEMENT_BYTES = {
     "float": 4,
@@ -169,115 +160,82 @@ class TraceWork:
     file: str = ""
 
 
-def _trace_file(path: Path, tmp: Path, max_bytes: int) -> Path:
-    """The one trace file to read: the file itself, the rank-0 (or first) file of a folder or of one
-    of our run directories, or the rank-0 (or first) .json/.json.gz member of a zip, copied into
-    ``tmp`` (never a path from the archive, and no larger than its header says or ``max_bytes``)."""
-    if path.is_dir():
-        if (path / "run.json").is_file():
-            path = run_trace(path)
-        if path.is_dir():
-            files = trace_files(path)
-            path = next((f for f in files if _RANK0.search(f.name)), files[0])
-    if not path.is_file():
-        raise TraceError(f"no trace file {path.name}")
-    try:
-        if not zipfile.is_zipfile(path):
-            return path
-        with zipfile.ZipFile(path) as z:
-            members = sorted(
-                (m for m in z.infolist() if m.filename.endswith((".json", ".json.gz"))), key=lambda m: m.filename
-            )
-            if not members:
-                raise TraceError(f"{path.name} holds no .json or .json.gz files")
-            m = next((m for m in members if _RANK0.search(m.filename)), members[0])
-            if m.file_size > max_bytes:
-                raise TraceError(f"{path.name}: {m.filename} is over the {max_bytes / 2**20:.0f} MiB limit")
-            out = tmp / Path(m.filename).name  # never a path from the archive
-            copy_zip_member(z, m, out, path.name)
-            return out
-    except (OSError, EOFError, zlib.error, zipfile.BadZipFile) as err:
-        raise TraceError(f"{path.name} cannot be read ({type(err).__name__}: {err})") from None
+def trace_work(events: pd.DataFrame) -> TraceWork:
+    """The ops, GPU events and devices of a Kineto event table's rank 0 (or its lowest rank), from the
+    table and the op arguments its loader kept (``advisor.analysis.summary.load_trace``): the trace is
+    parsed once. A kernel is linked to its op through its correlation id: the runtime call with the
+    same id (cudaLaunchKernel...) runs inside the op on the op's thread, so the innermost op that
+    spans that call launched it. An Nsight Systems table gives its kernels without ops (it records no
+    shapes). Raises TraceError on a table with neither ops nor GPU events, or without kept arguments."""
+    if events.attrs.get("source") == "nsys":
+        return _work_from_events(events)
+    kept = EventArgs.of(events)
+    if kept is None:
+        raise TraceError("the event table has no op arguments: load it with advisor.analysis.summary.load_trace")
+    rank = events["rank"].to_numpy()
+    r0 = 0 if (rank == 0).any() or not len(rank) else int(rank.min())
+    ev = events[rank == r0]
+    base = int(ev["start_ns"].min()) if len(ev) else 0  # small times: exact in float microseconds
+    kind = ev["kind"].astype(str).to_numpy()
+    ops = _ops_of(ev[kind == "cpu_op"], kept, base)
+    gpu = ev[kind_mask(ev, *GPU_KINDS)]
+    kernels = pd.DataFrame(
+        {
+            "name": gpu["name"].astype(str).to_numpy(),
+            "kind": gpu["kind"].astype(str).to_numpy(),
+            "start_us": (gpu["start_ns"].to_numpy() - base) / 1e3,
+            "dur_us": gpu["dur_ns"].to_numpy() / 1e3,
+            "bytes": gpu["bytes"].to_numpy(),
+        }
+    )
+    if ops.empty and kernels.empty:
+        raise TraceError(
+            f"{_file_of(events, r0)} holds no cpu_op or GPU events (was the profiler run without activities?)"
+        )
+    calls = ev[(kind == "runtime") & (ev["correlation"].to_numpy() >= 0)]
+    spans = zip(
+        calls["tid"].tolist(),
+        ((calls["start_ns"] - base) / 1e3).tolist(),
+        (calls["dur_ns"] / 1e3).tolist(),
+        strict=True,
+    )
+    runtime = dict(zip(calls["correlation"].tolist(), spans, strict=True))
+    kernels["launch_op"] = _launching_ops(ops, gpu["correlation"].tolist(), runtime)
+    host = (kind == "annotation") & (ev["tid"].to_numpy() != -1)
+    steps = int(ev["name"][host].astype(str).str.startswith("ProfilerStep#").sum())
+    device = (events.attrs.get("devices") or {}).get(r0)
+    return TraceWork(ops, kernels, [device] if device else [], steps, _file_of(events, r0))
 
 
-class _Collector:
-    """Keeps, from each block of parsed events, only what the roofline reads."""
-
-    def __init__(self) -> None:
-        self.ops: list[tuple] = []
-        self.gpu: list[tuple] = []
-        self.runtime: dict[int, tuple[int, float, float]] = {}
-        self.steps = 0
-
-    def add(self, events: list) -> None:
-        for e in events:
-            if not isinstance(e, dict) or e.get("ph") != "X":
-                continue
-            cat = e.get("cat")
-            a = e.get("args") or {}
-            if cat == "cpu_op":
-                name = sys.intern(str(e.get("name", "")))
-                # Only ops with a model keep their arguments (the rest, views and allocations, are most
-                # of a trace's ops): what is kept per op stays a few hundred bytes.
-                args = name in MODELLED_OPS or "flops" in a
-                self.ops.append(
-                    (
-                        name,
-                        _tid(e.get("tid")),
-                        float(e["ts"]),
-                        float(e.get("dur", 0.0)),
-                        a.get("Input Dims", []) if args else [],
-                        a.get("Input type", []) if args else [],
-                        a.get("Concrete Inputs", []) if args else [],
-                        float(a["flops"]) if isinstance(a.get("flops"), (int, float)) else math.nan,
-                    )
-                )
-            elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in a:  # cuLaunchKernel: Triton
-                self.runtime[a["correlation"]] = (_tid(e.get("tid")), float(e["ts"]), float(e.get("dur", 0.0)))
-            elif cat in _GPU_CATS:
-                self.gpu.append(
-                    (
-                        e.get("name", ""),
-                        _GPU_CATS[cat],
-                        float(e["ts"]),
-                        float(e.get("dur", 0.0)),
-                        int(a.get("bytes", 0) or 0),
-                        a.get("correlation", -1),
-                    )
-                )
-            elif cat == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#"):
-                self.steps += 1
+def _file_of(events: pd.DataFrame, rank: int) -> str:
+    """The trace file a rank's events came from, for messages."""
+    return (events.attrs.get("rank_files") or {}).get(rank) or f"rank {rank}"
 
 
-def read_trace_work(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> TraceWork:
-    """The ops, GPU events and devices of a Kineto trace (see ``TraceWork``). A folder, run directory
-    or zip of rank files gives its rank-0 file (or its first). The file is parsed block by block
-    (``advisor.trace.kineto.stream_events``), keeping only ops, runtime calls and GPU events. A kernel
-    is linked to its op through its correlation id: the runtime call with the same id
-    (cudaLaunchKernel...) runs inside the op on the op's thread, so the innermost op that spans that
-    call launched it. Raises TraceError on a file that is not a readable Kineto trace."""
-    keep = _Collector()
-    with tempfile.TemporaryDirectory(prefix="advisor-roofline-") as tmp:
-        file = _trace_file(Path(path), Path(tmp), max_bytes)
-        with gc_paused():
-            meta = stream_events(file, keep.add, max_bytes=max_bytes)
-    name = file.name
-    if not keep.ops and not keep.gpu:
-        raise TraceError(f"{name} holds no cpu_op or GPU events (was the profiler run without activities?)")
-    cols = ["name", "tid", "start_us", "dur_us", "input_dims", "input_types", "concrete_inputs", "flops"]
-    op_df = pd.DataFrame(keep.ops, columns=cols)
-    kcols = ["name", "kind", "start_us", "dur_us", "bytes", "correlation"]
-    k_df = pd.DataFrame(keep.gpu, columns=kcols)
-    k_df["launch_op"] = _launching_ops(op_df, k_df["correlation"].tolist(), keep.runtime)
-    devices = meta.get("deviceProperties") or []
-    gpus = [
-        (str(d["name"]), int(d.get("totalGlobalMem") or 0)) for d in devices if isinstance(d, dict) and d.get("name")
-    ]
-    return TraceWork(op_df, k_df.drop(columns="correlation"), gpus[:1], keep.steps, name)
+def _ops_of(rows: pd.DataFrame, kept: EventArgs, base: int) -> pd.DataFrame:
+    """TraceWork.ops of a rank's cpu_op rows: the argument columns for the ops in MODELLED_OPS and
+    those with a FLOP count (what the roofline reads), empty for the rest (views, allocations)."""
+    names = rows["name"].astype(str).tolist()
+    args = [kept.get(i) for i in rows.index.tolist()]
+    full = [n in MODELLED_OPS or "flops" in a for n, a in zip(names, args, strict=True)]
+    flops = [a.get("flops") for a in args]
+    return pd.DataFrame(
+        {
+            "name": names,
+            "tid": rows["tid"].to_numpy(),
+            "start_us": (rows["start_ns"].to_numpy() - base) / 1e3,
+            "dur_us": rows["dur_ns"].to_numpy() / 1e3,
+            "input_dims": [a.get("Input Dims", []) if k else [] for a, k in zip(args, full, strict=True)],
+            "input_types": [a.get("Input type", []) if k else [] for a, k in zip(args, full, strict=True)],
+            "concrete_inputs": [a.get("Concrete Inputs", []) if k else [] for a, k in zip(args, full, strict=True)],
+            "flops": [float(x) if isinstance(x, (int, float)) else math.nan for x in flops],
+        }
+    )
 
 
-def _tid(t: object) -> int:
-    return int(t) if isinstance(t, int) else hash(t)
+def wants_args(name: str) -> bool:
+    """The events whose recorded arguments the roofline reads: the ops it models."""
+    return name in MODELLED_OPS
 
 
 def _launching_ops(ops: pd.DataFrame, correlations: list, runtime: dict) -> np.ndarray:
@@ -304,10 +262,10 @@ def _launching_ops(ops: pd.DataFrame, correlations: list, runtime: dict) -> np.n
     return np.array([found.get(c, -1) for c in correlations], dtype=np.int64)
 
 
-def read_op_shapes(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> pd.DataFrame:
-    """The framework ops of a Kineto trace with their recorded shapes (``TraceWork.ops``);
+def op_shapes(events: pd.DataFrame) -> pd.DataFrame:
+    """The framework ops of a Kineto event table with their recorded shapes (``TraceWork.ops``);
     ``df.attrs['profiler_steps']`` counts the ProfilerStep#N ranges."""
-    work = read_trace_work(path, max_bytes)
+    work = trace_work(events)
     if work.ops.empty:
         raise TraceError(f"{work.file} holds no cpu_op events (was the profiler run without CPU activity?)")
     df = work.ops
@@ -545,7 +503,7 @@ def _group_precisions(df: pd.DataFrame, outer: np.ndarray) -> dict[int, str]:
 
 
 def op_roofline(
-    ops: pd.DataFrame | str | Path,
+    ops: pd.DataFrame,
     hardware: HardwareSpec,
     ceilings: Ceilings | None = None,
     *,
@@ -554,13 +512,13 @@ def op_roofline(
 ) -> pd.DataFrame:
     """The roofline of each (op, input shapes) of a CPU trace, most time first.
 
-    ``ops`` is ``read_op_shapes``' table or a trace path. Roofs: the peak FLOP/s for the op's
+    ``ops`` is ``op_shapes``' table (``TraceWork.ops``). Roofs: the peak FLOP/s for the op's
     precision and the memory bandwidth, from ``ceilings`` when given (measured; a precision it lacks
     falls back to the spec) else from ``hardware``. ``optimizer_params`` is the number of parameter
     elements a fused optimizer step updates (its tensor lists carry no shapes in the trace); 0 leaves
     the optimizer unmodelled. See ``ROOFLINE_COLUMNS`` for the columns.
     """
-    df = read_op_shapes(ops) if isinstance(ops, (str, Path)) else ops
+    df = ops
     work = _op_work_list(df, optimizer_params)
     modelled = np.array([w is not None for w in work], dtype=bool)
     outer = _outermost_of(df, modelled)
@@ -753,7 +711,7 @@ _OP_CLASSES = {"gemm": "gemm", "attention": "attention"}
 
 
 def kernel_roofline(
-    work: TraceWork | str | Path,
+    work: TraceWork,
     hardware: HardwareSpec,
     ceilings: Ceilings | None = None,
     *,
@@ -774,7 +732,6 @@ def kernel_roofline(
     ``record_shapes``) get the verdict of their class: GEMM, convolution and attention kernels
     compute, the rest memory, collectives communication; any of them under the latency cut latency.
     """
-    work = read_trace_work(work) if isinstance(work, (str, Path)) else work
     ops, k = work.ops, work.kernels
     work_of = _op_work_list(ops, optimizer_params) if len(ops) else []
     modelled = np.array([w is not None for w in work_of], dtype=bool)
@@ -947,12 +904,6 @@ def total_flops(roofline: pd.DataFrame, names: Sequence[str]) -> float:
     return float(roofline.loc[roofline["name"].isin(list(names)), "flops"].sum())
 
 
-ROOFLINE_MAX_BYTES = 2 * 2**30
-"""The largest trace file (decompressed) whose roofline is made. The file is streamed and only the
-modelled ops' arguments, the runtime calls and the GPU events are kept, but those still cost about as
-much memory as their JSON; a larger trace is analyzed without its roofline, and says why."""
-
-
 @dataclass(frozen=True)
 class Roofline:
     """The roofline of one trace: its table (``op_roofline``/``kernel_roofline``), the device whose
@@ -966,65 +917,33 @@ class Roofline:
 
 
 def trace_roofline(
-    path: str | Path,
     events: pd.DataFrame,
     *,
     hardware: HardwareSpec | None = None,
-    ceilings: Ceilings | str | None = None,
+    ceilings: Ceilings | Callable[[HardwareSpec], Ceilings | None] | None = None,
     optimizer_params: int | None = None,
-    store_root: str | Path | None = None,
 ) -> Roofline:
-    """The roofline of the trace at ``path`` whose event table (``advisor.analysis.summary.load_trace``) is
-        ``events``: kernels on a GPU trace, ops on a CPU trace.
+    """The roofline of a trace's event table (``advisor.analysis.summary.load_trace``): kernels on a
+    GPU trace, ops on a CPU trace.
 
-        ``hardware`` defaults to the device the trace names (or its kernel names give away; else the H100
-        datasheet, said in the note); for one of our run directories, the device it ran on. ``ceilings``:
-        measured roofs to use, or ``'auto'`` for the ones stored for that device when there are (our own
-        runs), looked up in the run store at ``store_root`` (default: the one a run directory sits in, else
-    ``advisor.store.runstore.default_root()``); None: the datasheet. ``optimizer_params`` defaults to the parameters a run directory's
-        metrics record (0 elsewhere: fused optimizer steps stay unmodelled)."""
-    from advisor.spec.presets import cpu_host, current_hardware, h100_sxm, hardware_for_trace
-
-    path = Path(path)
-    run = path if (path / "run.json").is_file() else None
+    ``hardware`` defaults to the device the trace names (or its kernel names give away; else the H100
+    datasheet, said in the note); for one of our run directories, the device it ran on (the table's
+    ``attrs["run"]``). ``ceilings``: measured roofs to use, or a lookup from the device found to its
+    stored roofs (``advisor.store.ceilings.ceilings_lookup``; None where it has none); None: the
+    datasheet. ``optimizer_params`` defaults to the parameters a run directory's metrics record (0
+    elsewhere: fused optimizer steps stay unmodelled)."""
+    run = events.attrs.get("run") or {}
     gpu = bool(kind_mask(events, *GPU_KINDS).any())
-    work = (
-        _work_from_events(events)
-        if events.attrs.get("source") == "nsys"
-        else read_trace_work(path, max_bytes=ROOFLINE_MAX_BYTES)
-    )
-    note = ""
-    if hardware is None and run is not None:
-        try:
-            setup = json.loads((run / "request.json").read_text(encoding="utf-8"))["setup"]
-            hardware = current_hardware(HardwareSpec(**setup["hardware"]))
-            note = f"{hardware.name}: the device the run used"
-        except (OSError, ValueError, KeyError, TypeError):
-            hardware = None
-    if hardware is None and gpu:
-        names = events.attrs.get("gpu_names") or []
-        names = list(names.values()) if isinstance(names, dict) else list(names)
-        gpus = work.gpus or [(str(n), 0) for n in names[:1]]
-        hardware, note = hardware_for_trace(gpus, work.kernels["name"].astype(str).unique())
-        if hardware is None:
-            hardware = h100_sxm()
-            note += "; H100 datasheet roofs used"
-    if hardware is None:
-        hardware = cpu_host()
-        note = f"{hardware.name}: this machine's CPU datasheet (the trace names no device)"
-    note = note or hardware.name
-    if isinstance(ceilings, str):
-        if ceilings != "auto":
-            raise ValueError(f"ceilings={ceilings!r}; allowed: a Ceilings, 'auto' or None")
-        from advisor.store.ceilings import stored_ceilings
-
-        ceilings = stored_ceilings(hardware.name, store_root or (run.parent if run is not None else None))
+    work = trace_work(events)
+    hardware, note = _device(events, work, gpu, hardware, run.get("hardware"))
+    if callable(ceilings):
+        ceilings = ceilings(hardware)
     if ceilings is not None:
         note += f"; roofs measured {ceilings.measured_utc or 'earlier'} on {ceilings.device_name}"
     else:
         note += "; datasheet roofs"
     if optimizer_params is None:
-        optimizer_params = _run_params(run) if run is not None else 0
+        optimizer_params = int(run.get("optimizer_params") or 0)
     if gpu:
         table = kernel_roofline(work, hardware, ceilings, optimizer_params=optimizer_params)
     else:
@@ -1036,16 +955,28 @@ def trace_roofline(
     return Roofline(table, hardware, ceilings, note)
 
 
-def _run_params(run: Path) -> int:
-    """Parameter elements the run's optimizer updated on rank 0: its parameter bytes over 4 (fp32
-    master weights), else the model's parameter count."""
-    try:
-        m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
-        if m.get("params_bytes"):
-            return int(m["params_bytes"]) // 4
-        return int(m.get("n_params") or 0)
-    except (OSError, ValueError, TypeError, AttributeError):  # a damaged file (a list, a text count): unmodelled
-        return 0
+def _device(
+    events: pd.DataFrame, work: TraceWork, gpu: bool, hardware: HardwareSpec | None, run_hardware: dict | None
+) -> tuple[HardwareSpec, str]:
+    """The device whose roofs judge the trace, and how it was found, in words."""
+    from advisor.spec.presets import cpu_host, current_hardware, h100_sxm, hardware_for_trace
+
+    if hardware is not None:
+        return hardware, hardware.name
+    if run_hardware is not None:
+        try:
+            found = current_hardware(HardwareSpec(**run_hardware))
+            return found, f"{found.name}: the device the run used"
+        except (AdvisorError, TypeError, ValueError):
+            pass
+    if gpu:
+        names = events.attrs.get("gpu_names") or []
+        names = list(names.values()) if isinstance(names, dict) else list(names)
+        gpus = work.gpus or [(str(n), 0) for n in names[:1]]
+        found, note = hardware_for_trace(gpus, work.kernels["name"].astype(str).unique())
+        return (found, note or found.name) if found is not None else (h100_sxm(), note + "; H100 datasheet roofs used")
+    found = cpu_host()
+    return found, f"{found.name}: this machine's CPU datasheet (the trace names no device)"
 
 
 def _work_from_events(events: pd.DataFrame) -> TraceWork:

@@ -1,88 +1,41 @@
-"""Analyze a trace end to end: load any supported file, run every analysis, summarise as StepMetrics.
-
-Supported inputs: a Kineto JSON file (``.json`` or ``.json.gz``), a folder of per-rank Kineto files,
-a ``.zip`` of them, an Nsight Systems SQLite export, or one of our run directories. The format is
-recognised from the file's first bytes, not trusted from its name.
+"""Analyze a trace end to end: load any supported file once (``advisor.trace.load``, with the
+arguments the analyses read), run every analysis, summarise as StepMetrics.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-import tempfile
-import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 
 from advisor.analysis import breakdown as A
-from advisor.analysis.collectives import collective_table
+from advisor.analysis.collectives import collective_sizes, collective_table
+from advisor.analysis.collectives import wants_args as collectives_wants_args
 from advisor.analysis.roofline import VERDICTS, Roofline, step_roofline_summary, trace_roofline
-from advisor.errors import AdvisorError, TraceError
+from advisor.analysis.roofline import wants_args as roofline_wants_args
+from advisor.errors import AdvisorError
 from advisor.spec.ceilings import Ceilings
 from advisor.spec.metrics import StepMetrics
 from advisor.spec.specs import HardwareSpec
-from advisor.store.runstore import run_trace
-from advisor.trace.kineto import DEFAULT_MAX_BYTES, copy_zip_member, load_kineto
-from advisor.trace.nsys import load_nsys_sqlite
+from advisor.trace.kineto import DEFAULT_MAX_BYTES
+from advisor.trace.load import load_trace as trace_load
 from advisor.trace.table import GPU_KINDS, kind_mask
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
-GZIP_MAGIC = b"\x1f\x8b"
-MAX_ZIP_MEMBERS = 1024
-FORMATS = "Kineto JSON (.json, .json.gz, a folder or .zip of rank files) or an Nsight Systems SQLite export"
+
+def wants_args(name: str) -> bool:
+    """The events whose recorded arguments an analysis reads: the roofline's modelled ops, the
+    collectives' communication events."""
+    return roofline_wants_args(name) or collectives_wants_args(name)
 
 
 def load_trace(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> pd.DataFrame:
-    """The event table of any supported trace at ``path`` (see the module docstring)."""
-    p = Path(path)
-    if p.is_dir():
-        if (p / "run.json").is_file():  # one of our run directories: one trace, or one per rank
-            inner = run_trace(p)
-            if not inner.exists():
-                raise TraceError(f"run {p.name} has no trace (its status says why)")
-            df = load_kineto(inner, max_bytes=max_bytes)
-            df.attrs["own_run"] = True
-            return df
-        return load_kineto(p, max_bytes=max_bytes)
-    if not p.is_file():
-        raise TraceError(f"no file or folder {p.name}")
-    with open(p, "rb") as f:
-        head = f.read(16)
-    if head.startswith(SQLITE_MAGIC):
-        return load_nsys_sqlite(p, max_bytes=max_bytes)
-    if zipfile.is_zipfile(p):
-        return _load_zip(p, max_bytes)
-    if head.startswith(GZIP_MAGIC) or head.lstrip()[:1] in (b"{", b"["):
-        return load_kineto(p, max_bytes=max_bytes)
-    raise TraceError(f"{p.name} is not a trace this tool reads; expected {FORMATS}")
-
-
-def _load_zip(path: Path, max_bytes: int) -> pd.DataFrame:
-    """Rank files from a zip: only .json/.json.gz members, no paths kept, total size capped."""
-    with zipfile.ZipFile(path) as z:
-        members = [m for m in z.infolist() if not m.is_dir() and m.filename.endswith((".json", ".json.gz"))]
-        if not members:
-            raise TraceError(f"{path.name} holds no .json or .json.gz files")
-        if len(members) > MAX_ZIP_MEMBERS:
-            raise TraceError(f"{path.name} holds {len(members)} trace files; at most {MAX_ZIP_MEMBERS}")
-        total = sum(m.file_size for m in members)
-        if total > max_bytes:
-            raise TraceError(
-                f"{path.name} unpacks to {total / 2**20:.0f} MiB, over the {max_bytes / 2**20:.0f} MiB limit"
-            )
-        with tempfile.TemporaryDirectory(prefix="advisor-zip-") as tmp:
-            names: set[str] = set()
-            for m in members:
-                name = Path(m.filename).name  # never a path from the archive
-                if name in names:
-                    raise TraceError(f"{path.name} holds two files named {name}")
-                names.add(name)
-                copy_zip_member(z, m, Path(tmp) / name, path.name)
-            df = load_kineto(tmp, max_bytes=max_bytes)
-    df.attrs["files"] = [path.name]
-    return df
+    """The event table of any supported trace at ``path`` (``advisor.trace.load.load_trace``), with
+    the arguments the analyses read kept beside it, so that the trace is parsed once."""
+    return trace_load(path, max_bytes=max_bytes, keep_args=wants_args)
 
 
 @dataclass(frozen=True)
@@ -127,7 +80,7 @@ def analyze(
         "rank_skew": A.rank_skew(df, phases=phases, temporal=temporal),
         "top_ops": host_ops.head(10),
         "gemm_precision": A.gemm_precision(df),
-        "collectives": collective_table(df),
+        "collectives": collective_table(df, collective_sizes(df)),
     }
     metrics = _summary(df, tables, run_id, host_self_ns=int(host_ops["time_ns"].sum()))
     if roofline is not None:
@@ -162,20 +115,18 @@ def analyze_path(
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     hardware: HardwareSpec | None = None,
-    ceilings: Ceilings | str | None = None,
+    ceilings: Ceilings | Callable[[HardwareSpec], Ceilings | None] | None = None,
     trim_last_step: bool = True,
 ) -> TraceReport:
     """``analyze`` of the trace at ``path`` with its roofline (see ``trace_roofline`` for
-    ``hardware`` and ``ceilings``; a run directory of ours uses its device's stored ceilings unless
-    told otherwise). A trace whose roofline cannot be made is still analyzed: the reason is printed and
-    the roofline left out."""
+    ``hardware`` and ``ceilings``: a run directory of ours is judged against its device's stored
+    ceilings when the caller passes the store's lookup, ``advisor.store.ceilings.run_ceilings``). A
+    trace whose roofline cannot be made is still analyzed: the reason is printed and the roofline
+    left out."""
     path = Path(path)
     df = load_trace(path, max_bytes=max_bytes)
-    own = bool(df.attrs.get("own_run"))
     try:
-        roofline = trace_roofline(
-            path, df, hardware=hardware, ceilings=ceilings if ceilings is not None or not own else "auto"
-        )
+        roofline = trace_roofline(df, hardware=hardware, ceilings=ceilings)
     except AdvisorError as err:
         print(f"roofline skipped: {err}", file=sys.stderr, flush=True)  # stdout may be --json
         roofline = None

@@ -117,7 +117,7 @@ class PlanRequest:
     """Share of the device's memory a listed layout may use: above 90 % a layout is 'tight', within
     the memory estimate's error of not fitting (advisor.estimate.efficiency.ERROR_BAND); 1.0 lists those too."""
     measured_link: MeasuredLink | None = None
-    """Bus bandwidth measured on a distributed run of this device (advisor.analysis.commbw.link_for); None: the
+    """Bus bandwidth measured on a distributed run of this device (advisor.advice.commlinks.link_for); None: the
     datasheet link. Collectives inside a node then run at it (advisor.estimate.links.with_measured_link)."""
 
     def __post_init__(self) -> None:
@@ -130,7 +130,7 @@ class PlanRequest:
         link = self.measured_link
         if link is not None and not isinstance(link, MeasuredLink):
             raise AdvisorError(
-                f"measured_link={link!r}: must be a MeasuredLink (advisor.analysis.commbw.link_for) or None"
+                f"measured_link={link!r}: must be a MeasuredLink (advisor.advice.commlinks.link_for) or None"
             )
         if link is not None and not same_device(link, self.hardware):
             raise SpecError(

@@ -368,6 +368,7 @@ def with_trace_analysis(metrics: StepMetrics, trace: Path, hardware: HardwareSpe
 def _with_trace_analysis(metrics: StepMetrics, trace: Path, hardware: HardwareSpec | None) -> StepMetrics:
     from advisor.analysis.roofline import trace_roofline
     from advisor.analysis.summary import analyze, load_trace
+    from advisor.store.ceilings import ceilings_lookup
 
     try:
         table = load_trace(trace)
@@ -375,13 +376,12 @@ def _with_trace_analysis(metrics: StepMetrics, trace: Path, hardware: HardwareSp
         print(f"trace analysis skipped: {err}", flush=True)
         return metrics
     try:
+        store_root = trace.parent.parent.parent  # <store>/.staging/<run id>/{trace.json.gz, ranks}
         roofline = trace_roofline(
-            trace,
             table,
             hardware=hardware,
-            ceilings="auto" if (metrics.world_size or 1) == 1 else None,
+            ceilings=ceilings_lookup(store_root) if (metrics.world_size or 1) == 1 else None,
             optimizer_params=(metrics.params_bytes or 0) // 4,
-            store_root=trace.parent.parent.parent,  # <store>/.staging/<run id>/{trace.json.gz, ranks}
         )
     except AdvisorError as err:
         print(f"roofline skipped: {err}", flush=True)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from advisor.errors import AdvisorError
 from advisor.spec.ceilings import CEILINGS_DIR, Ceilings, load_ceilings
-from advisor.store.runstore import default_root, write_json_atomic
+from advisor.spec.specs import HardwareSpec
+from advisor.store.runstore import default_root, is_run_dir, write_json_atomic
 
 
 def ceilings_path(device_name: str, root: str | Path | None = None) -> Path:
@@ -35,3 +37,17 @@ def stored_ceilings(device_name: str, root: str | Path | None = None) -> Ceiling
     if c.device_name != device_name:
         raise AdvisorError(f"ceilings file {path.name} is for {c.device_name!r}, not {device_name!r}")
     return c
+
+
+def ceilings_lookup(root: str | Path | None = None) -> Callable[[HardwareSpec], Ceilings | None]:
+    """A lookup of the ceilings stored for a device in the run store at ``root`` (default: the
+    default store), for ``advisor.analysis.roofline.trace_roofline``, which finds the device from the
+    trace and stays out of the store itself."""
+    return lambda hardware: stored_ceilings(hardware.name, root)
+
+
+def run_ceilings(path: str | Path) -> Callable[[HardwareSpec], Ceilings | None] | None:
+    """For one of our run directories, the lookup of ceilings in the store it sits in (our own runs
+    are judged against the roofs measured on their device); None for any other trace (datasheet)."""
+    p = Path(path)
+    return ceilings_lookup(p.parent) if is_run_dir(p) else None

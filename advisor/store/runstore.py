@@ -57,6 +57,31 @@ def run_trace(run_dir: Path) -> Path:
     return run_dir / "ranks" if (run_dir / "ranks").is_dir() else run_dir / "trace.json.gz"
 
 
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` is one of our run directories (it holds a run.json)."""
+    return (Path(path) / "run.json").is_file()
+
+
+def run_context(run_dir: Path) -> dict[str, Any]:
+    """What an analysis of a run's trace needs to know of the run beyond the trace: ``hardware``, the
+    HardwareSpec fields of the device it ran on (request.json's setup; None where unreadable), and
+    ``optimizer_params``, the parameter elements its optimizer updated on rank 0 (metrics.json's
+    parameter bytes over 4, fp32 master weights, else its parameter count; 0 where unreadable: fused
+    optimizer steps stay unmodelled). A damaged file gives the fallback, never an error."""
+    d = Path(run_dir)
+    try:
+        hardware = json.loads((d / "request.json").read_text(encoding="utf-8"))["setup"]["hardware"]
+        hardware = hardware if isinstance(hardware, dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        hardware = None
+    try:
+        m = json.loads((d / "metrics.json").read_text(encoding="utf-8"))
+        params = int(m["params_bytes"]) // 4 if m.get("params_bytes") else int(m.get("n_params") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):  # a damaged file (a list, a text count)
+        params = 0
+    return {"hardware": hardware, "optimizer_params": params, "store_root": str(d.parent)}
+
+
 def default_root() -> Path:
     """``$ADVISOR_TRACES_DIR``, else the checkout's ``traces/`` (``./traces`` for an installed package), absolute."""
     return Path(os.environ.get("ADVISOR_TRACES_DIR", DEFAULT_ROOT)).absolute()

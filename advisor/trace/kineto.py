@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import gzip
+import itertools
 import re
 import zipfile
 import zlib
@@ -32,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.errors import TraceError
-from advisor.trace.table import COPY_KINDS, HOST_MEM, KINDS, concat_tables, make_table
+from advisor.trace.table import COPY_KINDS, HOST_MEM, KINDS, EventArgs, concat_tables, make_table
 
 try:  # 3-5x faster than the standard library's parser on large traces
     from orjson import loads as json_loads
@@ -63,6 +64,7 @@ _CODE_KIND = np.array([*(KINDS.index(k) for k in _CAT_KIND.values()), KINDS.inde
 # GPU-stream events: their device and stream come from args and they have no host thread.
 _CODE_GPU = np.array([*(c in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation") for c in _CAT_KIND), False])
 _NO_ARGS: dict[str, Any] = {}
+_CPU_OP = KINDS.index("cpu_op")
 _COPY = re.compile(r"Memcpy (HtoD|DtoH|DtoD|HtoH|PtoP)(?: \((\w+) -> (\w+)\))?")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 ANALYSIS_FILE = "analysis.json"
@@ -108,7 +110,11 @@ def copy_zip_member(z: zipfile.ZipFile, member: zipfile.ZipInfo, dest: Path, arc
 
 
 def load_kineto(
-    path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES, block_bytes: int = BLOCK_BYTES
+    path: str | Path,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    block_bytes: int = BLOCK_BYTES,
+    keep_args: Callable[[str], bool] | None = None,
 ) -> pd.DataFrame:
     """The event table of one Kineto trace file or a folder of rank files.
 
@@ -116,13 +122,18 @@ def load_kineto(
     Kineto trace: damaged gzip, invalid JSON, another JSON schema, or a trace with no events. In a
     folder, a JSON file of another schema is skipped when other files are traces; the table's
     ``attrs["skipped_files"]`` names each with the reason.
+
+    ``keep_args(name)``: the event names whose recorded ``args`` the analyses read (shapes, literal
+    inputs, NCCL message sizes); those events' args, and every framework op's that carries a FLOP
+    count, go to ``attrs["event_args"]`` (``advisor.trace.table.EventArgs``), so no analysis parses the
+    file again. ``attrs["devices"]`` gives each rank's first device as (name, memory bytes).
     """
     files = trace_files(Path(path))
     tables, meta, skipped = [], [], []
     for f in files:
         try:
             with gc_paused():
-                table, info = _load_file(f, max_bytes, block_bytes, default_rank=len(tables))
+                table, info = _load_file(f, max_bytes, block_bytes, len(tables), keep_args)
         except NotKinetoError as err:
             if len(files) == 1:
                 raise
@@ -135,13 +146,57 @@ def load_kineto(
     ranks = [m["rank"] for m in meta]
     if len(set(ranks)) != len(ranks):
         raise TraceError(f"several files claim the same rank ({sorted(ranks)}); give one file per rank")
+    offsets = np.cumsum([0, *(len(t) for t in tables)]).tolist()
     df = concat_tables(tables)
-    # Only small values in attrs: pandas deep-copies them on nearly every operation on the table.
+    # Only small values in attrs: pandas deep-copies them on nearly every operation on the table
+    # (EventArgs, the large one, hands itself out as its copy).
     names = sorted({str(d.get("name")) for m in meta for d in m.get("deviceProperties") or [] if d.get("name")})
     df.attrs.update(
         source="kineto", files=[m["file"] for m in meta], ranks=sorted(ranks), gpu_names=names, skipped_files=skipped
     )
+    df.attrs["devices"] = {m["rank"]: _first_device(m) for m in meta if _first_device(m)}
+    df.attrs["rank_files"] = {m["rank"]: m["file"] for m in meta}
+    if keep_args is not None:
+        kept = {off + row: a for off, m in zip(offsets, meta, strict=False) for row, a in m.pop("args")}
+        df.attrs["event_args"] = EventArgs(kept)
     return df
+
+
+def _first_device(meta: dict) -> tuple[str, int] | None:
+    """(name, memory bytes) of the first device a file's deviceProperties names; None without one."""
+    devices = [d for d in meta.get("deviceProperties") or [] if isinstance(d, dict) and d.get("name")]
+    return (str(devices[0]["name"]), int(devices[0].get("totalGlobalMem") or 0)) if devices else None
+
+
+class _ArgKeeper:
+    """Picks, block by block, the events whose args a loader's caller wants kept: by name (judged
+    once per distinct name, then a vectorised lookup per block), and any framework op with a FLOP
+    count; records (row in the file, args)."""
+
+    def __init__(self, wanted: Callable[[str], bool]) -> None:
+        self._wanted = wanted
+        self._judged = np.zeros(1024, dtype=bool)
+        self._n_judged = 0
+        self._row = 0
+        self.kept: list[tuple[int, dict]] = []
+
+    def _judge_new(self, names: dict[str, int]) -> None:
+        new = len(names) - self._n_judged
+        if not new:
+            return
+        if len(names) > len(self._judged):
+            self._judged = np.resize(self._judged, 2 * len(names))
+        fresh = list(itertools.islice(reversed(names), new))[::-1]  # the names added since the last block
+        self._judged[self._n_judged : len(names)] = [self._wanted(n) for n in fresh]
+        self._n_judged = len(names)
+
+    def take(self, name: np.ndarray, kind: np.ndarray, args: list, names: dict[str, int]) -> None:
+        self._judge_new(names)
+        hit = self._judged[name]
+        ops = np.flatnonzero((kind == _CPU_OP) & ~hit).tolist()
+        hit[[i for i in ops if "flops" in args[i]]] = True
+        self.kept += [(self._row + i, args[i]) for i in np.flatnonzero(hit).tolist()]
+        self._row += len(name)
 
 
 @contextmanager
@@ -239,12 +294,15 @@ def stream_events(
     return _metadata(bytes(head) + bytes(tail), path)
 
 
-def _load_file(path: Path, max_bytes: int, block_bytes: int, default_rank: int) -> tuple[pd.DataFrame, dict]:
+def _load_file(
+    path: Path, max_bytes: int, block_bytes: int, default_rank: int, keep_args: Callable[[str], bool] | None
+) -> tuple[pd.DataFrame, dict]:
     parts: list[dict[str, np.ndarray]] = []
     names: dict[str, int] = {}
+    keeper = _ArgKeeper(keep_args) if keep_args is not None else None
 
     def columns(events: list) -> None:
-        if part := _events_to_columns(events, names, path):
+        if part := _events_to_columns(events, names, path, keeper):
             parts.append(part)
 
     meta = stream_events(path, columns, max_bytes=max_bytes, block_bytes=block_bytes)
@@ -269,6 +327,7 @@ def _load_file(path: Path, max_bytes: int, block_bytes: int, default_rank: int) 
         "file": path.name,
         "rank": rank,
         **{k: meta[k] for k in ("distributedInfo", "deviceProperties") if k in meta},
+        "args": keeper.kept if keeper is not None else [],
     }
 
 
@@ -348,7 +407,9 @@ def _last_event_end(buf: bytes) -> tuple[int, int | None]:
     return (int(done[-1]) + 1 if done.size else 0), array_end
 
 
-def _events_to_columns(events: list, names: dict[str, int], path: Path) -> dict[str, np.ndarray] | None:
+def _events_to_columns(
+    events: list, names: dict[str, int], path: Path, keeper: _ArgKeeper | None = None
+) -> dict[str, np.ndarray] | None:
     """The columns of the kept ones of ``events`` (parsed from traceEvents); new names get the next
     code in ``names``. The per-event Python work is one pass to pick the kept events, then one
     comprehension per field; the rest is numpy over the block."""
@@ -398,8 +459,11 @@ def _events_to_columns(events: list, names: dict[str, int], path: Path) -> dict[
         a = args[i]
         nbytes[i] = a.get("Bytes", 0)
         device[i] = int(a.get("Device Id", -1)) if a.get("Device Type") == 1 else -1
+    kind = _CODE_KIND[code]
+    if keeper is not None:
+        keeper.take(name, kind, args, names)
     return {
-        "kind": _CODE_KIND[code],
+        "kind": kind,
         "name": name,
         "start_ns": start_ns,
         "dur_ns": dur_ns,

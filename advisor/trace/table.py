@@ -126,3 +126,35 @@ def kind_mask(df: pd.DataFrame, *kinds: str) -> np.ndarray:
 def gpu_events(df: pd.DataFrame) -> pd.DataFrame:
     """Kernels, copies and sets: what runs on a GPU stream."""
     return df[kind_mask(df, *GPU_KINDS)]
+
+
+class EventArgs:
+    """The recorded arguments (Kineto's ``args``: shapes, types, literal inputs, FLOP counts, NCCL
+    message sizes) of the events an analysis asked the loader to keep, by the event's row label in
+    the table. Kept in ``table.attrs["event_args"]``: pandas deep-copies attrs on nearly every
+    operation on a table, so this read-only holder hands itself out as its own copy."""
+
+    def __init__(self, by_row: dict[int, dict] | None = None) -> None:
+        self._by_row = by_row or {}
+
+    def __deepcopy__(self, memo: dict) -> EventArgs:
+        return self
+
+    def __copy__(self) -> EventArgs:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._by_row)
+
+    def get(self, row: int) -> dict:
+        """The args of the event at row label ``row``; {} where none were kept."""
+        return self._by_row.get(row, {})
+
+    def items(self):
+        return self._by_row.items()
+
+    @staticmethod
+    def of(table: pd.DataFrame) -> EventArgs | None:
+        """The table's kept arguments; None where its loader kept none (an nsys export, a table made
+        without them)."""
+        return table.attrs.get("event_args")
