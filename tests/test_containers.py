@@ -263,7 +263,9 @@ def test_the_container_installs_the_package_as_the_makefile_does(container):
 def test_the_container_never_replaces_the_base_images_torch(container):
     lines = CONTAINERS[container]()
     written = files_written(lines)
-    for p in pip_installs(lines):
+    installs = pip_installs(lines)
+    assert any(p.package for p in installs) and any(p.requirement_files for p in installs), container
+    for p in installs:
         if p.package:
             assert p.no_deps, f"{container}: pip install {p.package} without --no-deps would resolve torch again"
         if p.requirement_files:
