@@ -519,7 +519,9 @@ def test_eager_bf16_is_autocast_over_fp32_parameters():
     n = get_model("llama-3.1-8b").n_params
     mem = _eager(precision="bf16", optimizer_impl="fused").memory
     assert (mem.weights_bytes, mem.optimizer_bytes) == (4 * n, 8 * n)  # no fp32 master copy
-    megatron = estimate(Setup(get_model("llama-3.1-8b"), TrainSpec(seq_len=128, micro_batch=2), ParallelSpec()))
+    megatron = estimate(
+        Setup(get_model("llama-3.1-8b"), TrainSpec(seq_len=128, micro_batch=2), ParallelSpec(), get_hardware("h100"))
+    )
     assert (megatron.memory.weights_bytes, megatron.memory.optimizer_bytes) == (2 * n, 12 * n)
 
 

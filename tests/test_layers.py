@@ -22,16 +22,14 @@ NEVER = {"estimate": {"store", "run"}, "analysis": {"store", "run"}}
 """Imports the order allows but the design does not: the estimate and the analyses stay pure (no run
 store, no torch), however the stages are ranked."""
 KNOWN = {
-    ("advisor/spec/specs.py", "advisor.estimate.estimator"),
     ("advisor/analysis/roofline.py", "advisor.store.ceilings"),
     ("advisor/analysis/roofline.py", "advisor.store.runstore"),
     ("advisor/analysis/summary.py", "advisor.store.runstore"),
     ("advisor/analysis/commbw.py", "advisor.store.runstore"),
 }
-"""Backward imports not yet removed (issue 19, item 2): the spec's offload check asks the estimator for
-the pipeline's split; the roofline and the summary find a stored run's trace, setup and measured roofs
-themselves, and commbw reads the store for measured links. Each entry must still occur (the test says
-when one can be struck off) and no new one may appear."""
+"""Backward imports not yet removed (issue 19, item 2): the roofline and the summary find a stored run's
+trace, setup and measured roofs themselves, and commbw reads the store for measured links. Each entry
+must still occur (the test says when one can be struck off) and no new one may appear."""
 
 
 def _stage(module: str) -> str:

@@ -43,6 +43,9 @@ from advisor.estimate.efficiency import (
     gemms_time_s,
 )
 from advisor.spec.specs import ModelSpec, Setup
+from advisor.spec.stages import head_in_blocks, stage_layers
+from advisor.spec.stages import megatron_stage_layers as megatron_stage_layers  # re-exported
+from advisor.spec.stages import pipeline_stage_layers as pipeline_stage_layers  # re-exported
 
 # Share of link bandwidth collectives reach (nccl-tests bus bandwidth on NVLink and InfiniBand is
 # typically ~80 % of the per-direction link rate).
@@ -319,77 +322,6 @@ def zero_model_state_bytes(
     )
 
 
-def _head_in_blocks(setup: Setup) -> float:
-    """The output head's training FLOPs in blocks: a block costs 6 x its matmul weights + 3 x its causal
-    attention forward (4 s q, halved by flash attention's causal skip) per token, plus the forward it
-    recomputes (all of it under full recompute, the attention under selective); the head 6 x vocab x
-    hidden, never recomputed."""
-    m, tr = setup.model, setup.train
-    attn_fwd = 4.0 * tr.seq_len * m.q_dim * (0.5 if tr.flash_attention else 1.0)
-    mm_fwd = 2.0 * (m.matmul_params_per_token() - m.vocab * m.hidden) / m.n_layers
-    recomputed = {"full": mm_fwd + attn_fwd, "selective": attn_fwd, "selective-op": mm_fwd / 2}.get(tr.recompute, 0.0)
-    return 6.0 * m.vocab * m.hidden / (3.0 * (mm_fwd + attn_fwd) + recomputed)
-
-
-def pipeline_stage_layers(setup: Setup) -> tuple[int, ...]:
-    """Blocks of each pipeline stage (pp x vpp of them, in stage order) as the eager step splits them
-    (``advisor.run.parallel.split_pipeline``): balanced by training FLOPs with the output head counted on
-    the last stage, each stage at least one block, as torchtitan's split counts the embedding and head
-    as layers and Megatron-LM's ``--decoder-last-pipeline-num-layers`` lightens the last stage.
-
-    A block costs 6 x its matmul weights + 3 x its causal attention forward (4 s q, halved by flash
-    attention's causal skip) per token, plus the forward it recomputes (all of it under full recompute,
-    the attention under selective); the head 6 x vocab x hidden (``_head_in_blocks``), about 2.1 blocks
-    for Llama-3.1-8B at sequence 8192 without recompute. The last stage takes the block count that
-    minimises the largest stage's cost (ties: the larger count), the other stages share the rest
-    evenly, the remainder going to the later ones (the first stages keep the most micro-batches'
-    activations in flight under 1F1B)."""
-    m, p = setup.model, setup.parallel
-    n = p.pp * p.vpp
-    if n == 1:
-        return (m.n_layers,)
-    return _balanced_stage_layers(m.n_layers, n, _head_in_blocks(setup))
-
-
-@functools.lru_cache(maxsize=4096)
-def _balanced_stage_layers(n_layers: int, n: int, head: float) -> tuple[int, ...]:
-    best: tuple[float, int] | None = None
-    for last in range(1, n_layers - (n - 1) + 1):
-        cost = max(-(-(n_layers - last) // (n - 1)), last + head)
-        if best is None or cost <= best[0]:
-            best = (cost, last)
-    last = best[1]
-    base, extra = divmod(n_layers - last, n - 1)
-    return (*(base + (i >= n - 1 - extra) for i in range(n - 1)), last)
-
-
-@functools.lru_cache(maxsize=4096)
-def megatron_stage_layers(n_layers: int, n_stages: int) -> tuple[int, ...]:
-    """Blocks of each of ``n_stages`` pipeline stages as Megatron-LM splits them: evenly where
-    ``n_layers`` divides (its default), else the ends one block lighter, as Llama 3 405B trained (126
-    blocks over 16 stages: 7, 8 x 14, 7; Megatron-LM's ``--decoder-first-pipeline-num-layers`` and
-    ``--decoder-last-pipeline-num-layers``): the first stage keeps the most micro-batches in flight,
-    the last the output head. The heavier stages are the middle ones, from the centre out."""
-    base, extra = divmod(n_layers, n_stages)
-    if extra == 0:
-        return (base,) * n_stages
-    middle = sorted(range(1, n_stages - 1), key=lambda i: (abs(2 * i - (n_stages - 1)), i))
-    heavy = set(middle[:extra])
-    if extra > len(middle):  # only with two stages, or nearly even splits: the last stage takes one
-        heavy.add(n_stages - 1)
-    return tuple(base + (i in heavy) for i in range(n_stages))
-
-
-def stage_layers(setup: Setup) -> tuple[int, ...]:
-    """Blocks of each pipeline stage (pp x vpp of them, in stage order): the eager step's cost-balanced
-    split (``pipeline_stage_layers``) for framework 'pytorch', else Megatron-LM's
-    (``megatron_stage_layers``)."""
-    p = setup.parallel
-    if setup.train.framework == "pytorch":
-        return pipeline_stage_layers(setup)
-    return megatron_stage_layers(setup.model.n_layers, p.pp * p.vpp)
-
-
 def _rank_layers(setup: Setup, first: bool, last: bool, rank: int | None = None) -> float:
     """Blocks held by pipeline rank ``rank`` (default: the first, or the last with ``last`` and not
     ``first``); a rank holds every pp-th stage under interleaving (``stage_layers``)."""
@@ -453,7 +385,7 @@ def _slowest_rank(setup: Setup) -> tuple[float, float, bool]:
     if p.pp == 1:
         return 1.0, 1.0, True
     n = setup.model.n_layers
-    head = _head_in_blocks(setup)
+    head = head_in_blocks(setup)
     layers = _per_rank(stage_layers(setup), p.pp)
     # The slowest rank: the last with the head, or the one with the most blocks (the first such).
     most = max(layers[:-1])
