@@ -11,9 +11,6 @@ from advisor.estimate.estimator import (
     COMM_EFFICIENCY_FRAC,
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
-    _activation_memory,
-    _group_bw,
-    _stage_params,
     activation_bytes_per_token,
     estimate,
     megatron_stage_layers,
@@ -23,6 +20,8 @@ from advisor.estimate.estimator import (
     stage_layers,
     zero_model_state_bytes,
 )
+from advisor.estimate.memory import _activation_memory, _stage_params
+from advisor.estimate.steptime import _group_bw
 from advisor.spec.presets import get_hardware, get_model
 from advisor.spec.setup import make_setup
 from advisor.spec.specs import ModelSpec, ParallelSpec, Setup, SpecError, TrainSpec
@@ -842,7 +841,7 @@ def test_middle_ranks_are_weighed_by_their_blocks_and_in_flight_micro_batches():
 
 
 def test_the_expert_data_parallel_group_counts_its_own_members_per_node():
-    from advisor.estimate.estimator import _expert_dp_bw
+    from advisor.estimate.steptime import _expert_dp_bw
 
     # EP groups are consecutive in DP x CP: Mixtral at DP 256 EP 2 keeps every other GPU of a node in
     # one expert-DP group (4 NICs, 200 GB/s on H100); Maverick at DP 512 CP 2 EP 32 only its CP pair.

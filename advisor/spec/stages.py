@@ -1,4 +1,4 @@
-"""The pipeline's split: how many transformer blocks each pipeline stage holds, from the specs alone.
+"""The pipeline's split: how many transformer blocks each pipeline stage, and each pipeline rank, holds.
 
 Owned by the spec stage because ``Setup`` checks per-stage block counts on construction
 (``recompute_layers``, ``offload_activations``); the estimator and the eager step's pipeline
@@ -8,6 +8,7 @@ Owned by the spec stage because ``Setup`` checks per-stage block counts on const
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # specs.py imports this module: the type only, no import circle at run time
@@ -83,3 +84,18 @@ def stage_layers(setup: Setup) -> tuple[int, ...]:
     if setup.train.framework == "pytorch":
         return pipeline_stage_layers(setup)
     return megatron_stage_layers(setup.model.n_layers, p.pp * p.vpp)
+
+
+@functools.lru_cache(maxsize=4096)
+def blocks_per_rank(stages: tuple[int, ...], pp: int) -> tuple[float, ...]:
+    """Blocks per pipeline rank: rank r holds stages r, r + pp, ..."""
+    return tuple(float(sum(stages[r::pp])) for r in range(pp))
+
+
+@functools.lru_cache(maxsize=4096)
+def moe_blocks_per_rank(stages: tuple[int, ...], pp: int, step: int) -> tuple[float, ...]:
+    """MoE blocks per pipeline rank: a stage of blocks [a, b) holds b // step - a // step of them (the
+    multiples of ``step`` in (a, b])."""
+    ends = tuple(itertools.accumulate(stages))
+    per_stage = [end // step - (end - n) // step for n, end in zip(stages, ends, strict=True)]
+    return tuple(float(sum(per_stage[r::pp])) for r in range(pp))
