@@ -928,3 +928,52 @@ def test_fused_loss_keeps_16_bit_logits_and_no_fp32_buffers():
     logits = 4096 * 128256
     assert plain.activations_bytes - fused.activations_bytes == pytest.approx(2 * logits)
     assert plain.buffers_bytes - fused.buffers_bytes == pytest.approx(8 * logits)
+
+
+# --- fast_init: the result records' __init__ ---
+
+
+def test_fast_init_builds_the_dataclass_s_own_object():
+    from dataclasses import FrozenInstanceError, dataclass, field
+
+    from advisor.estimate.frozen import fast_init
+
+    @dataclass(frozen=True, slots=True)
+    class Plain:
+        a: float
+        b: str = "x"
+
+    @fast_init
+    @dataclass(frozen=True, slots=True)
+    class Fast:
+        a: float
+        b: str = "x"
+
+    for args, kwargs in [((1.5,), {}), ((1.5, "y"), {}), ((), {"b": "z", "a": 2.0})]:
+        fast, plain = Fast(*args, **kwargs), Plain(*args, **kwargs)
+        assert (fast.a, fast.b) == (plain.a, plain.b) and repr(fast) == repr(plain).replace("Plain", "Fast")
+    assert Fast(1.0) == Fast(1.0) and hash(Fast(1.0)) == hash(Fast(1.0)) and replace(Fast(1.0), b="q").b == "q"
+    with pytest.raises(FrozenInstanceError):
+        Fast(1.0).a = 2.0  # type: ignore[misc]
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'a'"):
+        Fast()  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'c'"):
+        Fast(1.0, c=2)  # type: ignore[call-arg]
+
+    @dataclass(frozen=True, slots=True)
+    class Checked:
+        a: float
+
+        def __post_init__(self) -> None: ...
+
+    @dataclass(frozen=True, slots=True)
+    class Factory:
+        a: list = field(default_factory=list)
+
+    @dataclass(frozen=True)
+    class NoSlots:
+        a: float
+
+    for cls in (Checked, Factory, NoSlots):
+        with pytest.raises(TypeError, match="fast_init"):
+            fast_init(cls)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from advisor.estimate.efficiency import ERROR_BAND, FITTED, EfficiencyParams
+from advisor.estimate.frozen import fast_init
 from advisor.estimate.memory import (
     BUCKETS_IN_FLIGHT,
     DDP_BUCKET_BYTES,
@@ -85,6 +86,7 @@ __all__ = [
 TIGHT_FRAC = 0.90
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Estimate:
     """What a Setup costs: memory of the fullest GPU, step time, throughput and MFU."""

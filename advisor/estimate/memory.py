@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from advisor.estimate.frozen import fast_init
 from advisor.spec.specs import Setup
 from advisor.spec.stages import blocks_per_rank, moe_blocks_per_rank, stage_layers
 
@@ -36,6 +37,7 @@ DDP_FIRST_BUCKET_BYTES = 2**20
 BUCKETS_IN_FLIGHT = 2
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class MemoryBreakdown:
     """Memory of one GPU (one pipeline stage), in bytes."""

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from advisor.estimate.efficiency import EfficiencyParams, attention_frac, attention_impl, device_fit, gemms_time_s
+from advisor.estimate.frozen import fast_init
 from advisor.estimate.memory import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
@@ -64,6 +65,7 @@ CPU_ATTENTION_EFFICIENCY_FRAC = 0.50
 ELEMENTWISE_TRAFFIC_PER_SAVED_BYTE = 4
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TimeBreakdown:
     """One optimizer step on the slowest GPU, in milliseconds; components add up to total_ms."""
