@@ -492,13 +492,19 @@ class Setup:
     """The device; ``advisor.spec.presets.get_hardware`` builds one from a preset name."""
 
     def __post_init__(self) -> None:
-        _check_spec("model", self.model, ModelSpec, "get_model('llama-3.1-8b') from advisor.spec.presets builds one")
-        _check_spec("train", self.train, TrainSpec, "TrainSpec() takes the defaults")
-        _check_spec("parallel", self.parallel, ParallelSpec, "ParallelSpec() is one GPU")
-        _check_spec(
-            "hardware", self.hardware, HardwareSpec, "get_hardware('h100') from advisor.spec.presets builds one"
-        )
         m, t, p, hw = self.model, self.train, self.parallel, self.hardware
+        # One test on the way every planner candidate takes; the field-by-field messages only on failure.
+        kinds_ok = (
+            isinstance(m, ModelSpec)
+            and isinstance(t, TrainSpec)
+            and isinstance(p, ParallelSpec)
+            and isinstance(hw, HardwareSpec)
+        )
+        if not kinds_ok:
+            _check_spec("model", m, ModelSpec, "get_model('llama-3.1-8b') from advisor.spec.presets builds one")
+            _check_spec("train", t, TrainSpec, "TrainSpec() takes the defaults")
+            _check_spec("parallel", p, ParallelSpec, "ParallelSpec() is one GPU")
+            _check_spec("hardware", hw, HardwareSpec, "get_hardware('h100') from advisor.spec.presets builds one")
         if m.n_heads % p.tp:
             raise SpecError(
                 "parallel.tp",
