@@ -57,9 +57,9 @@ def test_a_measured_table_replaces_the_datasheet_rates_for_its_device_only(tmp_p
     monkeypatch.setattr(efficiency, "DEVICE_TABLES_DIR", tmp_path)
     device_table_path(H100.name, tmp_path).write_text(json.dumps(table))
     efficiency.device_fit.cache_clear()
-    from advisor.estimate import estimator
+    from advisor.estimate import steptime
 
-    estimator._rates.cache_clear()
+    steptime._rates.cache_clear()
     try:
         after = estimate(make_setup(gpu="h100", **llama))
         assert after.gemm_frac == pytest.approx(before.gemm_frac * 0.60 / 0.80, rel=0.02)
@@ -69,11 +69,11 @@ def test_a_measured_table_replaces_the_datasheet_rates_for_its_device_only(tmp_p
         # A damaged table is ignored, with a message, and the datasheet rates stand.
         device_table_path(H100.name, tmp_path).write_text("{not json")
         efficiency.device_fit.cache_clear()
-        estimator._rates.cache_clear()
+        steptime._rates.cache_clear()
         assert estimate(make_setup(gpu="h100", **llama)).step_time_ms == pytest.approx(before.step_time_ms)
     finally:
         efficiency.device_fit.cache_clear()
-        estimator._rates.cache_clear()
+        steptime._rates.cache_clear()
 
 
 def test_no_table_ships_for_a_device_that_was_not_measured():

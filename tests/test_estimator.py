@@ -11,9 +11,6 @@ from advisor.estimate.estimator import (
     COMM_EFFICIENCY_FRAC,
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
-    _activation_memory,
-    _group_bw,
-    _stage_params,
     activation_bytes_per_token,
     estimate,
     megatron_stage_layers,
@@ -23,6 +20,8 @@ from advisor.estimate.estimator import (
     stage_layers,
     zero_model_state_bytes,
 )
+from advisor.estimate.memory import _activation_memory, _stage_params
+from advisor.estimate.steptime import _group_bw
 from advisor.spec.presets import get_hardware, get_model
 from advisor.spec.setup import make_setup
 from advisor.spec.specs import ModelSpec, ParallelSpec, Setup, SpecError, TrainSpec
@@ -519,7 +518,9 @@ def test_eager_bf16_is_autocast_over_fp32_parameters():
     n = get_model("llama-3.1-8b").n_params
     mem = _eager(precision="bf16", optimizer_impl="fused").memory
     assert (mem.weights_bytes, mem.optimizer_bytes) == (4 * n, 8 * n)  # no fp32 master copy
-    megatron = estimate(Setup(get_model("llama-3.1-8b"), TrainSpec(seq_len=128, micro_batch=2), ParallelSpec()))
+    megatron = estimate(
+        Setup(get_model("llama-3.1-8b"), TrainSpec(seq_len=128, micro_batch=2), ParallelSpec(), get_hardware("h100"))
+    )
     assert (megatron.memory.weights_bytes, megatron.memory.optimizer_bytes) == (2 * n, 12 * n)
 
 
@@ -840,7 +841,7 @@ def test_middle_ranks_are_weighed_by_their_blocks_and_in_flight_micro_batches():
 
 
 def test_the_expert_data_parallel_group_counts_its_own_members_per_node():
-    from advisor.estimate.estimator import _expert_dp_bw
+    from advisor.estimate.steptime import _expert_dp_bw
 
     # EP groups are consecutive in DP x CP: Mixtral at DP 256 EP 2 keeps every other GPU of a node in
     # one expert-DP group (4 NICs, 200 GB/s on H100); Maverick at DP 512 CP 2 EP 32 only its CP pair.
@@ -927,3 +928,52 @@ def test_fused_loss_keeps_16_bit_logits_and_no_fp32_buffers():
     logits = 4096 * 128256
     assert plain.activations_bytes - fused.activations_bytes == pytest.approx(2 * logits)
     assert plain.buffers_bytes - fused.buffers_bytes == pytest.approx(8 * logits)
+
+
+# --- fast_init: the result records' __init__ ---
+
+
+def test_fast_init_builds_the_dataclass_s_own_object():
+    from dataclasses import FrozenInstanceError, dataclass, field
+
+    from advisor.estimate.frozen import fast_init
+
+    @dataclass(frozen=True, slots=True)
+    class Plain:
+        a: float
+        b: str = "x"
+
+    @fast_init
+    @dataclass(frozen=True, slots=True)
+    class Fast:
+        a: float
+        b: str = "x"
+
+    for args, kwargs in [((1.5,), {}), ((1.5, "y"), {}), ((), {"b": "z", "a": 2.0})]:
+        fast, plain = Fast(*args, **kwargs), Plain(*args, **kwargs)
+        assert (fast.a, fast.b) == (plain.a, plain.b) and repr(fast) == repr(plain).replace("Plain", "Fast")
+    assert Fast(1.0) == Fast(1.0) and hash(Fast(1.0)) == hash(Fast(1.0)) and replace(Fast(1.0), b="q").b == "q"
+    with pytest.raises(FrozenInstanceError):
+        Fast(1.0).a = 2.0  # type: ignore[misc]
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'a'"):
+        Fast()  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'c'"):
+        Fast(1.0, c=2)  # type: ignore[call-arg]
+
+    @dataclass(frozen=True, slots=True)
+    class Checked:
+        a: float
+
+        def __post_init__(self) -> None: ...
+
+    @dataclass(frozen=True, slots=True)
+    class Factory:
+        a: list = field(default_factory=list)
+
+    @dataclass(frozen=True)
+    class NoSlots:
+        a: float
+
+    for cls in (Checked, Factory, NoSlots):
+        with pytest.raises(TypeError, match="fast_init"):
+            fast_init(cls)

@@ -8,7 +8,7 @@ import pytest
 from advisor.errors import SpecError
 from advisor.spec.presets import HARDWARE, MODELS, get_hardware, get_model
 from advisor.spec.setup import build_parallel, make_setup
-from advisor.spec.specs import ParallelSpec, Setup, TrainSpec
+from advisor.spec.specs import ParallelSpec, Setup, TrainSpec, setup_from_dict, spec_to_dict
 
 # Published counts (model cards / sum of safetensors shapes); Llama-4 counts are the language model
 # alone, summed from config.json shapes by hand (see presets.py docstrings).
@@ -96,6 +96,8 @@ def _llama(**kw):
     return replace(get_model("llama-3.1-8b"), **kw)
 
 
+H100 = get_hardware("h100")
+
 # (what to build, the field the message must name, words the message must contain)
 BAD_INPUTS = [
     (lambda: _llama(n_layers=0), "model.n_layers=0", "integer >= 1"),
@@ -148,38 +150,61 @@ BAD_INPUTS = [
     (lambda: ParallelSpec(offload="optimizer+params", zero=2), "parallel.offload='optimizer+params'", "zero=3"),
     (lambda: ParallelSpec(offload="optimizer"), "parallel.offload='optimizer'", "zero >= 1"),
     (lambda: ParallelSpec(offload="disk", zero=3), "parallel.offload='disk'", "one of none, optimizer"),
-    (lambda: Setup(_llama(), parallel=ParallelSpec(tp=3)), "parallel.tp=3", "n_heads=32 must be divisible by tp"),
     (
-        lambda: Setup(get_model("llama-3.2-3b"), parallel=ParallelSpec(tp=3)),
+        lambda: Setup(_llama(), TrainSpec(), ParallelSpec(tp=3), H100),
+        "parallel.tp=3",
+        "n_heads=32 must be divisible by tp",
+    ),
+    (
+        lambda: Setup(get_model("llama-3.2-3b"), TrainSpec(), ParallelSpec(tp=3), H100),
         "parallel.tp=3",
         "n_kv_heads=8 must divide",
     ),
     (
-        lambda: Setup(_llama(), parallel=ParallelSpec(pp=33)),
+        lambda: Setup(_llama(), TrainSpec(), ParallelSpec(pp=33), H100),
         "parallel.pp=33",
         "pp x vpp=33 pipeline stages need at least one block each; model.n_layers=32 allows pp x vpp up to 32",
     ),
-    (lambda: Setup(_llama(), parallel=ParallelSpec(pp=4, vpp=9)), "parallel.pp=4", "pp x vpp=36"),
-    (lambda: Setup(_llama(), parallel=ParallelSpec(dp=8, ep=2)), "parallel.ep=2", "needs a MoE model"),
-    (lambda: Setup(get_model("mixtral-8x7b"), parallel=ParallelSpec(dp=12, ep=3)), "parallel.ep=3", "n_experts=8"),
-    (lambda: Setup(get_model("mixtral-8x7b"), parallel=ParallelSpec(dp=2, ep=4)), "parallel.ep=4", "dp x cp=2"),
-    (lambda: Setup(_llama(), TrainSpec(seq_len=4097), ParallelSpec(cp=2)), "train.seq_len=4097", "2 x cp=4"),
-    (lambda: Setup(get_model("gpt2-124m"), TrainSpec(seq_len=2048)), "train.seq_len=2048", "positions up to 1024"),
+    (lambda: Setup(_llama(), TrainSpec(), ParallelSpec(pp=4, vpp=9), H100), "parallel.pp=4", "pp x vpp=36"),
+    (lambda: Setup(_llama(), TrainSpec(), ParallelSpec(dp=8, ep=2), H100), "parallel.ep=2", "needs a MoE model"),
     (
-        lambda: Setup(_llama(), TrainSpec(global_batch=10), ParallelSpec(dp=4)),
+        lambda: Setup(get_model("mixtral-8x7b"), TrainSpec(), ParallelSpec(dp=12, ep=3), H100),
+        "parallel.ep=3",
+        "n_experts=8",
+    ),
+    (
+        lambda: Setup(get_model("mixtral-8x7b"), TrainSpec(), ParallelSpec(dp=2, ep=4), H100),
+        "parallel.ep=4",
+        "dp x cp=2",
+    ),
+    (lambda: Setup(_llama(), TrainSpec(seq_len=4097), ParallelSpec(cp=2), H100), "train.seq_len=4097", "2 x cp=4"),
+    (
+        lambda: Setup(get_model("gpt2-124m"), TrainSpec(seq_len=2048), ParallelSpec(), H100),
+        "train.seq_len=2048",
+        "positions up to 1024",
+    ),
+    (
+        lambda: Setup(_llama(), TrainSpec(global_batch=10), ParallelSpec(dp=4), H100),
         "train.global_batch=10",
         "micro_batch x dp=4",
     ),
     (
-        lambda: Setup(_llama(), TrainSpec(global_batch=6), ParallelSpec(dp=1, pp=4, vpp=2)),
+        lambda: Setup(_llama(), TrainSpec(global_batch=6), ParallelSpec(dp=1, pp=4, vpp=2), H100),
         "train.global_batch=6",
         "multiple of pp=4",
     ),
     (
-        lambda: Setup(_llama(), TrainSpec(precision="fp8"), hardware=get_hardware("a100")),
+        lambda: Setup(_llama(), TrainSpec(precision="fp8"), ParallelSpec(), get_hardware("a100")),
         "train.precision='fp8'",
         "no fp8",
     ),
+    (
+        lambda: Setup(_llama(), TrainSpec(), ParallelSpec(), None),
+        "hardware=None",
+        "must be a HardwareSpec, got None (get_hardware('h100')",
+    ),
+    (lambda: Setup(_llama(), TrainSpec(), ParallelSpec(), "h100"), "hardware='h100'", "HardwareSpec, got a str"),
+    (lambda: Setup("llama-3.1-8b", TrainSpec(), ParallelSpec(), H100), "model='llama-3.1-8b'", "must be a ModelSpec"),
     (lambda: build_parallel(8, 2, tp=2, pp=1), "gpus=8", "dp(2) * tp(2) * pp(1) * cp(1) = 4 != gpus(8)"),
     (lambda: build_parallel(6, None, tp=4), "gpus=6", "multiple of tp x pp x cp = 4"),
     (lambda: get_model("gpt-5"), "model='gpt-5'", "unknown preset"),
@@ -207,10 +232,28 @@ def test_specs_are_frozen():
         m.n_layers = 8  # type: ignore[misc]
 
 
+def test_setup_needs_hardware_no_device_is_assumed():
+    # A setup without hardware used to be sized for an H100 unasked; now it is not a setup at all.
+    with pytest.raises(TypeError, match="'hardware'"):
+        Setup(_llama())  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'hardware'"):
+        Setup(_llama(), TrainSpec(), ParallelSpec())  # type: ignore[call-arg]
+
+
+def test_setup_round_trips_through_a_dict_hardware_included():
+    s = Setup(
+        get_model("mixtral-8x7b"), TrainSpec(seq_len=4096), ParallelSpec(dp=8, ep=4, zero=1), get_hardware("gb200")
+    )
+    d = spec_to_dict(s)
+    assert d["hardware"]["name"] == s.hardware.name and setup_from_dict(d) == s
+    with pytest.raises(SpecError, match=r"^setup='KeyError': not a setup dictionary"):
+        setup_from_dict({k: v for k, v in d.items() if k != "hardware"})
+
+
 def test_setup_derives_batch_and_accumulation():
-    s = Setup(_llama(), TrainSpec(micro_batch=2, global_batch=64), ParallelSpec(dp=4, tp=2))
+    s = Setup(_llama(), TrainSpec(micro_batch=2, global_batch=64), ParallelSpec(dp=4, tp=2), H100)
     assert (s.gpus, s.grad_accum, s.tokens_per_step) == (8, 8, 64 * 2048)
-    assert Setup(_llama(), TrainSpec(micro_batch=2), ParallelSpec(dp=4)).global_batch == 8
+    assert Setup(_llama(), TrainSpec(micro_batch=2), ParallelSpec(dp=4), H100).global_batch == 8
 
 
 @pytest.mark.parametrize(

@@ -332,7 +332,7 @@ def _plan_pointer(setup: Setup | None) -> str:
     """For a setup that does not fit: where to find one that does. Each recommendation is one change
     (70B on 8 H100s: ZeRO-1 takes 1,218 GiB to 493 GiB, still 6x the device), while the planner
     searches every layout of the model on its GPUs."""
-    if setup is None or setup.hardware is None:
+    if setup is None:
         return ""
     est = estimate(setup)
     if est.fits:

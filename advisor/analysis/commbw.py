@@ -6,7 +6,7 @@ the group size n, over the call's time. The factor turns the bytes of the call i
 rank's link carries in the ring algorithm, so it is comparable across collectives and group sizes and
 with the link's own rate (NVIDIA/nccl-tests, doc/PERFORMANCE.md: all-reduce 2(n-1)/n, reduce-scatter and
 all-gather (n-1)/n, broadcast 1; src/alltoall.cu (n-1)/n, src/sendrecv.cu 1). The estimator's ring
-formulas (``advisor.estimate.estimator._ring_all_reduce_s``, ``_ring_gather_s``) are the same factors over
+formulas (``advisor.estimate.steptime._ring_all_reduce_s``, ``_ring_gather_s``) are the same factors over
 ``link x COMM_EFFICIENCY_FRAC``, so that product is a bus bandwidth and a measured one can replace it.
 
 Three choices, and why:

@@ -47,7 +47,6 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from advisor.errors import AdvisorError, SpecError
-from advisor.estimate.estimator import pipeline_stage_layers
 from advisor.run.model import Block, Transformer, build_model, lm_loss
 from advisor.run.ranges import phase
 from advisor.run.step import (
@@ -60,6 +59,7 @@ from advisor.run.step import (
     check_step_options,
 )
 from advisor.spec.specs import Setup
+from advisor.spec.stages import pipeline_stage_layers
 
 MESH_DIMS = ("pp", "dp", "tp")
 """Mesh dimensions, outermost first: Megatron-LM's rank order (TP innermost, so a TP group shares a
@@ -283,7 +283,7 @@ def stage_bounds(setup: Setup) -> list[int]:
 def split_pipeline(model: Transformer, setup: Setup, info: ParallelInfo) -> list[tuple[int, Transformer]]:
     """This rank's pipeline stages as (stage index, model holding only that stage's blocks): the
     layers split over pp x vpp stages balanced with the head's cost on the last one
-    (``estimator.pipeline_stage_layers``), the embedding on the first, final norm and head on the
+    (``advisor.spec.stages.pipeline_stage_layers``), the embedding on the first, final norm and head on the
     last. With vpp > 1 rank r holds stages r, r + pp, ... (interleaved 1F1B, Narayanan et al. 2021)."""
     p = setup.parallel
     n_stages = p.pp * p.vpp

@@ -7,9 +7,10 @@ the value and what is allowed. :class:`Setup` holds one of each and runs the cro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from advisor.errors import SpecError
+from advisor.spec.stages import stage_layers
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 FP8_RECIPES = ("tensorwise", "rowwise")  # torchao's float8 scaling recipes (advisor.run.fp8)
@@ -38,6 +39,12 @@ def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> None
 def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise SpecError(name, value, f"must be one of {', '.join(allowed)}")
+
+
+def _check_spec(name: str, value: object, kind: type, hint: str) -> None:
+    if not isinstance(value, kind):
+        got = "None" if value is None else f"a {type(value).__name__}"
+        raise SpecError(name, value, f"must be a {kind.__name__}, got {got} ({hint})")
 
 
 def _check_positive(name: str, value: object, *, zero_ok: bool = False) -> None:
@@ -471,20 +478,33 @@ class HardwareSpec:
 
 @dataclass(frozen=True, slots=True)
 class Setup:
-    """A model trained with a step spec under a parallel layout on hardware; cross-field checks run here."""
+    """A model trained with a step spec under a parallel layout on hardware; cross-field checks run here.
+
+    All four are required: what a setup costs depends on each, so none is filled in silently (a
+    default device would size every estimate for one the user may not have). Build one from plain
+    values with ``advisor.spec.setup.make_setup``; the defaults there are the front ends' own.
+    """
 
     model: ModelSpec
-    train: TrainSpec = field(default_factory=TrainSpec)
-    parallel: ParallelSpec = field(default_factory=ParallelSpec)
-    hardware: HardwareSpec | None = None
+    train: TrainSpec
+    parallel: ParallelSpec
+    hardware: HardwareSpec
+    """The device; ``advisor.spec.presets.get_hardware`` builds one from a preset name."""
 
     def __post_init__(self) -> None:
-        m, t, p = self.model, self.train, self.parallel
-        if self.hardware is None:
-            from advisor.spec.presets import get_hardware
-
-            object.__setattr__(self, "hardware", get_hardware("h100"))
-        hw = self.hardware
+        m, t, p, hw = self.model, self.train, self.parallel, self.hardware
+        # One test on the way every planner candidate takes; the field-by-field messages only on failure.
+        kinds_ok = (
+            isinstance(m, ModelSpec)
+            and isinstance(t, TrainSpec)
+            and isinstance(p, ParallelSpec)
+            and isinstance(hw, HardwareSpec)
+        )
+        if not kinds_ok:
+            _check_spec("model", m, ModelSpec, "get_model('llama-3.1-8b') from advisor.spec.presets builds one")
+            _check_spec("train", t, TrainSpec, "TrainSpec() takes the defaults")
+            _check_spec("parallel", p, ParallelSpec, "ParallelSpec() is one GPU")
+            _check_spec("hardware", hw, HardwareSpec, "get_hardware('h100') from advisor.spec.presets builds one")
         if m.n_heads % p.tp:
             raise SpecError(
                 "parallel.tp",
@@ -553,7 +573,7 @@ class Setup:
         """recompute_layers and offload_activations count blocks per pipeline stage: each at most the
         smallest stage's, and offload only of blocks that do not recompute."""
         m, t, p = self.model, self.train, self.parallel
-        fewest = m.n_layers if p.pp * p.vpp == 1 else _fewest_stage_blocks(self)
+        fewest = min(stage_layers(self))  # the pipeline's split (advisor.spec.stages)
         for name, n in (
             ("train.recompute_layers", t.recompute_layers),
             ("train.offload_activations", t.offload_activations),
@@ -600,13 +620,6 @@ class Setup:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.train.seq_len
-
-
-def _fewest_stage_blocks(setup: Setup) -> int:
-    """Blocks of the smallest pipeline stage (the pipeline's split, ``estimator.stage_layers``)."""
-    from advisor.estimate.estimator import stage_layers
-
-    return min(stage_layers(setup))
 
 
 def spec_to_dict(spec: object) -> dict:
