@@ -682,7 +682,9 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profile", help="profile a short real training step in a child process; files a run")
     add_setup_args(prof)
     # PROFILE_DEFAULTS' setup, as the Profile tab's; --precision: this machine's fast path unless given.
-    prof.set_defaults(**{k: v for k, v in PROFILE_DEFAULTS.items() if k in DEFAULTS or k == "fp8_recipe"})
+    flags = {k: CLI_FLAGS[k][2:].replace("-", "_") for k in PROFILE_DEFAULTS if k in CLI_FLAGS and k != "gpus"}
+    # (--no-flash sets the opposite of its field: PROFILE_DEFAULTS leaves flash attention to DEFAULTS.)
+    prof.set_defaults(**{dest: PROFILE_DEFAULTS[k] for k, dest in flags.items() if k != "flash_attention"})
     prof.set_defaults(default_gpus=PROFILE_DEFAULTS["gpus"], func=None)
     pd_ = PROFILE_DEFAULTS
     r = prof.add_argument_group("run")
