@@ -28,7 +28,7 @@ from advisor.spec.specs import (
     RECOMPUTE_MODES,
     Setup,
 )
-from advisor.store.runstore import RUN_ID_RE, STATUSES, RunStore, read_metrics
+from advisor.store.runstore import RUN_ID_RE, STATUSES, RunStore, is_run_dir, read_metrics
 
 CHILD_COMMAND = "_child"
 """The CLI command the profiling child runs (``advisor.run.launcher.CHILD_COMMAND``, the same string: the
@@ -215,7 +215,7 @@ def _check_trace_path(path: Path, command: str) -> None:
         raise AdvisorError(f"{command} {path}: no such file or folder")
     if not (path.is_file() or path.is_dir()):
         raise AdvisorError(f"{command} {path}: not a regular file or folder; expected a trace file or folder")
-    if (path / "run.json").is_file():
+    if is_run_dir(path):
         read_metrics(path)
 
 
@@ -313,7 +313,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         ceilings = ceilings_lookup()
     max_bytes = max(1, int(args.max_mb * 2**20))
     report = analyze_path(path, path.name, max_bytes=max_bytes, hardware=hardware, ceilings=ceilings)
-    if path.is_dir() and not (path / "run.json").is_file():
+    if path.is_dir() and not is_run_dir(path):
         own = sorted(f.name for f in path.iterdir() if is_own_output(f))
         if own:
             print(f"note: left out {', '.join(own)}: written by analyze --save, not traces", file=sys.stderr)

@@ -4,7 +4,6 @@ for the planner and the estimate (``advisor.estimate.links``). The measurement i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from advisor.analysis.commbw import run_device_key, run_link
@@ -12,14 +11,14 @@ from advisor.analysis.summary import load_trace
 from advisor.errors import AdvisorError, TraceError
 from advisor.estimate.links import MeasuredLink, _device_key_of, _host_key
 from advisor.spec.specs import HardwareSpec
-from advisor.store.runstore import RunStore
+from advisor.store.runstore import RunStore, read_run
 
 
 def measured_bus_bandwidth(run_dir: str | Path) -> MeasuredLink | None:
     """``run_link`` of the run directory ``run_dir`` (None where it is not a finished distributed run
     with sized collectives; see there). Raises TraceError for a damaged trace."""
     d = Path(run_dir)
-    record, metrics = _read(d / "run.json"), _read(d / "metrics.json")
+    record, metrics = read_run(d)
     if record is None or metrics is None or record.get("status") != "ok":
         return None
     if int(metrics.get("world_size") or 1) < 2:
@@ -51,11 +50,3 @@ def link_for(store: RunStore, hardware: HardwareSpec) -> MeasuredLink | None:
         if link is not None:
             return link
     return None
-
-
-def _read(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None

@@ -62,6 +62,21 @@ def is_run_dir(path: Path) -> bool:
     return (Path(path) / "run.json").is_file()
 
 
+def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """A run directory's run.json and metrics.json as dicts; None for each that is missing, unreadable
+    or not a JSON object (never raises: a caller that scans runs passes a damaged one over)."""
+
+    def read(f: Path) -> dict[str, Any] | None:
+        try:
+            data = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    d = Path(run_dir)
+    return read(d / "run.json"), read(d / "metrics.json")
+
+
 def run_context(run_dir: Path) -> dict[str, Any]:
     """What an analysis of a run's trace needs to know of the run beyond the trace: ``hardware``, the
     HardwareSpec fields of the device it ran on (request.json's setup; None where unreadable), and
