@@ -150,15 +150,19 @@ def collective_sizes(table: pd.DataFrame) -> pd.DataFrame | None:
     kept = EventArgs.of(table)
     if kept is None:
         return None
-    names = table["name"].astype(str)
-    kernel = kind_mask(table, "kernel")
-    sized = np.array([_is_sized(n, "kernel" if k else "") for n, k in zip(names.tolist(), kernel, strict=True)])
-    rows = table[sized] if len(table) else table
+    # Judged once per distinct name (a categorical column), as a kernel and as any other event.
+    names = table["name"].cat
+    # A trailing False for code -1 (a missing name).
+    as_kernel = np.array([*(_is_sized(str(n), "kernel") for n in names.categories), False], dtype=bool)
+    as_other = np.array([*(_is_sized(str(n), "") for n in names.categories), False], dtype=bool)
+    codes = names.codes.to_numpy()
+    sized = np.where(kind_mask(table, "kernel"), as_kernel[codes], as_other[codes])
+    rows = table[sized]
     sizes = [_size_of(kept.get(i)) for i in rows.index.tolist()]
     return pd.DataFrame(
         {
             "rank": rows["rank"].to_numpy(dtype=np.int32),
-            "name": pd.Series(names[sized].tolist() if len(table) else [], dtype="str"),
+            "name": pd.Series(rows["name"].astype(str).tolist(), dtype="str"),
             "start_ns": rows["start_ns"].to_numpy(dtype=np.int64),
             "numel": np.asarray([n for n, _ in sizes], dtype=np.float64),
             "elem_bytes": np.asarray([b for _, b in sizes], dtype=np.float64),

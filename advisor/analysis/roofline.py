@@ -176,8 +176,7 @@ def trace_work(events: pd.DataFrame) -> TraceWork:
     r0 = 0 if (rank == 0).any() or not len(rank) else int(rank.min())
     ev = events[rank == r0]
     base = int(ev["start_ns"].min()) if len(ev) else 0  # small times: exact in float microseconds
-    kind = ev["kind"].astype(str).to_numpy()
-    ops = _ops_of(ev[kind == "cpu_op"], kept, base)
+    ops = _ops_of(ev[kind_mask(ev, "cpu_op")], kept, base)
     gpu = ev[kind_mask(ev, *GPU_KINDS)]
     kernels = pd.DataFrame(
         {
@@ -192,7 +191,7 @@ def trace_work(events: pd.DataFrame) -> TraceWork:
         raise TraceError(
             f"{_file_of(events, r0)} holds no cpu_op or GPU events (was the profiler run without activities?)"
         )
-    calls = ev[(kind == "runtime") & (ev["correlation"].to_numpy() >= 0)]
+    calls = ev[kind_mask(ev, "runtime") & (ev["correlation"].to_numpy() >= 0)]
     spans = zip(
         calls["tid"].tolist(),
         ((calls["start_ns"] - base) / 1e3).tolist(),
@@ -201,7 +200,7 @@ def trace_work(events: pd.DataFrame) -> TraceWork:
     )
     runtime = dict(zip(calls["correlation"].tolist(), spans, strict=True))
     kernels["launch_op"] = _launching_ops(ops, gpu["correlation"].tolist(), runtime)
-    host = (kind == "annotation") & (ev["tid"].to_numpy() != -1)
+    host = kind_mask(ev, "annotation") & (ev["tid"].to_numpy() != -1)
     steps = int(ev["name"][host].astype(str).str.startswith("ProfilerStep#").sum())
     device = (events.attrs.get("devices") or {}).get(r0)
     return TraceWork(ops, kernels, [device] if device else [], steps, _file_of(events, r0))

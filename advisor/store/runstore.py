@@ -62,19 +62,20 @@ def is_run_dir(path: Path) -> bool:
     return (Path(path) / "run.json").is_file()
 
 
+def _json_object(f: Path) -> dict[str, Any] | None:
+    """The JSON object in ``f``; None where it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """A run directory's run.json and metrics.json as dicts; None for each that is missing, unreadable
     or not a JSON object (never raises: a caller that scans runs passes a damaged one over)."""
-
-    def read(f: Path) -> dict[str, Any] | None:
-        try:
-            data = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            return None
-        return data if isinstance(data, dict) else None
-
     d = Path(run_dir)
-    return read(d / "run.json"), read(d / "metrics.json")
+    return _json_object(d / "run.json"), _json_object(d / "metrics.json")
 
 
 def run_context(run_dir: Path) -> dict[str, Any]:
@@ -84,15 +85,13 @@ def run_context(run_dir: Path) -> dict[str, Any]:
     parameter bytes over 4, fp32 master weights, else its parameter count; 0 where unreadable: fused
     optimizer steps stay unmodelled). A damaged file gives the fallback, never an error."""
     d = Path(run_dir)
+    setup = (_json_object(d / "request.json") or {}).get("setup")
+    hardware = setup.get("hardware") if isinstance(setup, dict) else None
+    hardware = hardware if isinstance(hardware, dict) else None
+    m = _json_object(d / "metrics.json") or {}
     try:
-        hardware = json.loads((d / "request.json").read_text(encoding="utf-8"))["setup"]["hardware"]
-        hardware = hardware if isinstance(hardware, dict) else None
-    except (OSError, ValueError, KeyError, TypeError):
-        hardware = None
-    try:
-        m = json.loads((d / "metrics.json").read_text(encoding="utf-8"))
         params = int(m["params_bytes"]) // 4 if m.get("params_bytes") else int(m.get("n_params") or 0)
-    except (OSError, ValueError, TypeError, AttributeError):  # a damaged file (a list, a text count)
+    except (ValueError, TypeError):  # a damaged count (text, a list)
         params = 0
     return {"hardware": hardware, "optimizer_params": params, "store_root": str(d.parent)}
 

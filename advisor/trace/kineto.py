@@ -154,7 +154,7 @@ def load_kineto(
     df.attrs.update(
         source="kineto", files=[m["file"] for m in meta], ranks=sorted(ranks), gpu_names=names, skipped_files=skipped
     )
-    df.attrs["devices"] = {m["rank"]: _first_device(m) for m in meta if _first_device(m)}
+    df.attrs["devices"] = {m["rank"]: d for m in meta if (d := _first_device(m))}
     df.attrs["rank_files"] = {m["rank"]: m["file"] for m in meta}
     if keep_args is not None:
         kept = {off + row: a for off, m in zip(offsets, meta, strict=False) for row, a in m.pop("args")}
