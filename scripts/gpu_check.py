@@ -47,7 +47,7 @@ from advisor.spec.options import RunOptions
 from advisor.spec.presets import device_slug
 from advisor.spec.setup import make_setup
 from advisor.store.ceilings import store_ceilings
-from advisor.store.runstore import RunStore
+from advisor.store.runstore import RunFiles, RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -259,7 +259,7 @@ def _profile(
     data_parallel = local.parallel.tp == 1 and local.parallel.pp == 1
     row = _row(label, run, est, *(_dry_run_peak(local) if data_parallel and dry else (None, "")))
     if row["status"] != "ok":
-        log = run.path / "log.txt"
+        log = RunFiles(run.path).log
         tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:] if log.is_file() else []
         row["log_tail"] = tail
         print(f"  {row['status']}: {row['message']}\n    " + "\n    ".join(tail), flush=True)

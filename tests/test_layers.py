@@ -133,3 +133,54 @@ def test_only_the_app_and_webui_import_gradio_and_the_core_never_imports_webui()
     assert "gradio" in ui["app.py"] and "gradio" in ui["webui/common.py"]
     # The tabs go through webui/common and the core; none imports app.py (the entry point on top).
     assert {f for f, mods in ui.items() if "app" in mods} == set()
+
+
+RUN_FILE = re.compile(
+    r"(^|/)((run|request|metrics|environment|child_status|top_ops|nvml)\.json|log\.txt|trace\.json\.gz)$|\.trace\.json\.gz$"
+)
+"""A run directory's file names (advisor/store/runstore.py::RunFiles) as a path would end with them;
+messages that mention a file ("see log.txt") do not match."""
+
+
+def _spelled_run_files(source: str) -> list[str]:
+    """The string literals of ``source``, docstrings left out, that name a run-directory file."""
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and RUN_FILE.search(node.value)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("source", "expect"),
+    [
+        ('f = run_dir / "metrics.json"', ["metrics.json"]),
+        ('p = f"{d}/ranks/rank-{r}.trace.json.gz"', [".trace.json.gz"]),
+        ('raise ValueError("the child failed; see log.txt")', []),
+        ('def f():\n    """Writes metrics.json."""', []),
+    ],
+)
+def test_the_run_file_walk_sees_paths_and_leaves_messages(source, expect):
+    assert _spelled_run_files(source) == expect
+
+
+def test_only_the_run_store_spells_run_directory_file_names():
+    files = [*PKG.rglob("*.py"), *(ROOT / "webui").glob("*.py"), ROOT / "app.py", *(ROOT / "scripts").glob("*.py")]
+    spelled = {
+        f.relative_to(ROOT).as_posix(): names
+        for f in files
+        if (names := _spelled_run_files(f.read_text(encoding="utf-8")))
+    }
+    assert set(spelled) == {"advisor/store/runstore.py"}, spelled

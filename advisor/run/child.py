@@ -38,6 +38,7 @@ from advisor.run.unified_memory import managed_memory
 from advisor.spec.metrics import StepMetrics
 from advisor.spec.options import RunOptions
 from advisor.spec.specs import HardwareSpec, Setup
+from advisor.store.runstore import RunFiles
 
 
 def proxy_setup(setup: Setup, layers: int) -> Setup:
@@ -117,6 +118,7 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
     """
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return _run_distributed(setup, options, run_dir, run_id)
+    files = RunFiles(run_dir)
     full = setup
     setup = proxy_setup(setup, options.layers)
     device = resolve_device(options.device)
@@ -142,18 +144,18 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
             delay_ms=options.data_delay_ms,
         )
         sampler = _sampler(options, device)
-        measured = _profile_steps(trainer, iter(loader), options, device, run_dir / "trace.json.gz", progress=True)
+        measured = _profile_steps(trainer, iter(loader), options, device, files.trace, progress=True)
         sampler.stop()
-    write_top_ops(measured.prof, run_dir / "top_ops.json", device.type)
-    (run_dir / "nvml.json").write_text(
+    write_top_ops(measured.prof, files.top_ops, device.type)
+    files.nvml.write_text(
         json.dumps({"summary": sampler.summary(), "samples": sampler.samples}, indent=1), encoding="utf-8"
     )
     ranks = [_rank_result(trainer, measured, options)]
     metrics = _metrics(full, setup, options, ranks, sampler.summary(), sampler.device_name, run_id, device)
     if um_record:
         metrics = replace(metrics, unified_memory=um_record)
-    metrics = with_trace_analysis(metrics, run_dir / "trace.json.gz", setup.hardware)
-    metrics.save(run_dir / "metrics.json")
+    metrics = with_trace_analysis(metrics, files.trace, setup.hardware)
+    metrics.save(files.metrics)
     return metrics
 
 
@@ -168,6 +170,7 @@ def _run_distributed(setup: Setup, options: RunOptions, run_dir: Path, run_id: s
     if options.layers:
         raise AdvisorError("layers: proxy mode is for a single process; profile the full depth with --nproc")
     device_type = resolve_device(options.device).type
+    files = RunFiles(run_dir)
     info = init_parallel(setup, device_type)
     try:
         device = info.device
@@ -177,9 +180,8 @@ def _run_distributed(setup: Setup, options: RunOptions, run_dir: Path, run_id: s
             delay_ms=options.data_delay_ms,
         )  # fmt: skip
         sampler = _sampler(options, device)
-        ranks_dir = run_dir / "ranks"
-        ranks_dir.mkdir(exist_ok=True)
-        trace = ranks_dir / f"rank-{info.rank}.trace.json.gz"
+        files.ranks.mkdir(exist_ok=True)
+        trace = files.rank_trace(info.rank)
         measured = _profile_steps(trainer, iter(loader), options, device, trace, progress=info.rank == 0)
         sampler.stop()
         mine = _rank_result(trainer, measured, options, info.rank) | {"nvml": sampler.summary()}
@@ -191,16 +193,16 @@ def _run_distributed(setup: Setup, options: RunOptions, run_dir: Path, run_id: s
             # active exception", seen once in CI on FSDP2).
             dist.barrier()
             return None
-        write_top_ops(measured.prof, run_dir / "top_ops.json", device.type)
-        (run_dir / "nvml.json").write_text(
+        write_top_ops(measured.prof, files.top_ops, device.type)
+        files.nvml.write_text(
             json.dumps(
                 {"summary": sampler.summary(), "samples": sampler.samples, "ranks": [r["nvml"] for r in gathered]}
             ),
             encoding="utf-8",
         )
         metrics = _metrics(setup, setup, options, gathered, sampler.summary(), sampler.device_name, run_id, device)
-        metrics = with_trace_analysis(metrics, ranks_dir, setup.hardware)
-        metrics.save(run_dir / "metrics.json")
+        metrics = with_trace_analysis(metrics, files.ranks, setup.hardware)
+        metrics.save(files.metrics)
         dist.barrier()
         return metrics
     finally:

@@ -31,7 +31,7 @@ from advisor.run.unified_memory import NSYS_UM_FLAGS, um_refusal
 from advisor.spec.options import RunOptions
 from advisor.spec.presets import local_hardware
 from advisor.spec.specs import Setup, setup_from_dict, spec_to_dict
-from advisor.store.runstore import RunInfo, RunStore, add_owner, new_run_id, write_json_atomic
+from advisor.store.runstore import RunFiles, RunInfo, RunStore, add_owner, new_run_id, write_json_atomic
 
 CHILD_COMMAND = "_child"
 """The CLI command the profiling child runs (``python -m advisor _child --run-dir DIR``); not in the help."""
@@ -119,7 +119,7 @@ def launcher(options: RunOptions) -> list[str]:
 def _child_command(run_dir: Path, options: RunOptions) -> list[str]:
     cmd = [*launcher(options), "-m", "advisor", CHILD_COMMAND, "--run-dir", str(run_dir)]
     if options.nsys:
-        cmd = nsys_prefix(run_dir / "nsys", options.unified_memory) + cmd
+        cmd = nsys_prefix(RunFiles(run_dir).nsys, options.unified_memory) + cmd
     return cmd
 
 
@@ -242,10 +242,9 @@ def profile_run(
     run_dir = store.staging_dir(run_id)
     cmd = _child_command(run_dir, options)
     record = _new_record(run_id, setup, options)
-    write_json_atomic(
-        run_dir / "request.json", {"run_id": run_id, "setup": record["setup"], "options": record["options"]}
-    )
-    write_json_atomic(run_dir / "run.json", record)
+    files = RunFiles(run_dir)
+    write_json_atomic(files.request, {"run_id": run_id, "setup": record["setup"], "options": record["options"]})
+    write_json_atomic(files.record, record)
 
     t0 = time.perf_counter()
     status, message = _watch(cmd, run_dir, options.timeout_s, on_progress, cancel)
@@ -256,10 +255,9 @@ def profile_run(
         wall_s=round(time.perf_counter() - t0, 3),
         files=sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".")),
     )
-    env_file = run_dir / "environment.json"
-    if env_file.is_file():
-        record["environment"] = json.loads(env_file.read_text(encoding="utf-8"))
-    write_json_atomic(run_dir / "run.json", record)
+    if files.environment.is_file():
+        record["environment"] = json.loads(files.environment.read_text(encoding="utf-8"))
+    write_json_atomic(files.record, record)
     store.commit(run_id)
     return store.load(run_id)
 
@@ -301,9 +299,9 @@ def _file_refused(setup: Setup, options: RunOptions, store: RunStore, reason: st
         "message": reason,
         "finished_utc": now,
         "wall_s": 0.0,
-        "files": ["run.json"],
+        "files": [RunFiles(run_dir).record.name],
     }
-    write_json_atomic(run_dir / "run.json", record)
+    write_json_atomic(RunFiles(run_dir).record, record)
     store.commit(run_id)
     return store.load(run_id)
 
@@ -314,7 +312,8 @@ def _watch(
     """Run the child to its end, the timeout or a cancel; returns (status, message)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     env.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    log = open(run_dir / "log.txt", "w", encoding="utf-8")  # noqa: SIM115 - closed after the reader thread
+    files = RunFiles(run_dir)
+    log = open(files.log, "w", encoding="utf-8")  # noqa: SIM115 - closed after the reader thread
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, env=env, start_new_session=True
     )
@@ -355,8 +354,8 @@ def _watch(
     log.close()
     if outcome:
         return outcome
-    child = run_dir / "child_status.json"
-    if proc.returncode == 0 and (run_dir / "metrics.json").is_file():
+    child = files.child_status
+    if proc.returncode == 0 and files.metrics.is_file():
         return "ok", ""
     if child.is_file():
         info = json.loads(child.read_text(encoding="utf-8"))
@@ -364,7 +363,7 @@ def _watch(
     if proc.returncode < 0:
         name = signal.Signals(-proc.returncode).name
         return "crashed", f"the child died with {name}; see log.txt"
-    return "crashed", f"the child exited with status {proc.returncode}; see log.txt: {_tail(run_dir / 'log.txt')}"
+    return "crashed", f"the child exited with status {proc.returncode}; see log.txt: {_tail(files.log)}"
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -386,8 +385,9 @@ def child_main(run_dir: Path) -> int:
 
     from advisor.run.child import environment, run_profile
 
-    request = json.loads((run_dir / "request.json").read_text(encoding="utf-8"))
-    write_json_atomic(run_dir / "environment.json", environment())
+    files = RunFiles(run_dir)
+    request = json.loads(files.request.read_text(encoding="utf-8"))
+    write_json_atomic(files.environment, environment())
     try:
         setup = setup_from_dict(request["setup"])
         options = RunOptions(**request["options"])
@@ -414,4 +414,4 @@ def child_main(run_dir: Path) -> int:
 
 
 def _child_status(run_dir: Path, status: str, message: str) -> None:
-    write_json_atomic(run_dir / "child_status.json", {"status": status, "message": message})
+    write_json_atomic(RunFiles(run_dir).child_status, {"status": status, "message": message})

@@ -51,15 +51,84 @@ _REQUIRED_METRICS = tuple(f.name for f in fields(StepMetrics) if f.default is MI
 _NUMERIC_METRICS = frozenset(f.name for f in fields(StepMetrics) if str(f.type) in ("int | None", "float | None"))
 
 
+@dataclass(frozen=True)
+class RunFiles:
+    """The files of one run directory, by what they hold: the only place their names are spelled. The
+    launcher and the profiling child write them through this, the store and the readers read them
+    through it."""
+
+    dir: Path
+
+    @property
+    def record(self) -> Path:
+        """run.json: spec, options, status, message, environment, file list (the launcher's)."""
+        return self.dir / "run.json"
+
+    @property
+    def request(self) -> Path:
+        """request.json: what the child is asked to run (run id, setup, options)."""
+        return self.dir / "request.json"
+
+    @property
+    def metrics(self) -> Path:
+        """metrics.json: the StepMetrics record."""
+        return self.dir / "metrics.json"
+
+    @property
+    def environment(self) -> Path:
+        """environment.json: the child's versions, device and host."""
+        return self.dir / "environment.json"
+
+    @property
+    def child_status(self) -> Path:
+        """child_status.json: a handled failure's status and message, written by the child."""
+        return self.dir / "child_status.json"
+
+    @property
+    def log(self) -> Path:
+        """log.txt: the child's stdout and stderr."""
+        return self.dir / "log.txt"
+
+    @property
+    def top_ops(self) -> Path:
+        """top_ops.json: ops by self time."""
+        return self.dir / "top_ops.json"
+
+    @property
+    def nvml(self) -> Path:
+        """nvml.json: NVML samples over the step and their summary."""
+        return self.dir / "nvml.json"
+
+    @property
+    def trace(self) -> Path:
+        """trace.json.gz: a single-process run's Kineto trace (opens in Perfetto)."""
+        return self.dir / "trace.json.gz"
+
+    @property
+    def ranks(self) -> Path:
+        """ranks/: a distributed run's traces, one per rank."""
+        return self.dir / "ranks"
+
+    def rank_trace(self, rank: int) -> Path:
+        """ranks/rank-<r>.trace.json.gz: rank ``rank``'s trace."""
+        return self.ranks / f"rank-{rank}.trace.json.gz"
+
+    @property
+    def nsys(self) -> Path:
+        """nsys: the output stem of an Nsight Systems capture (nsys adds .nsys-rep and .sqlite)."""
+        return self.dir / "nsys"
+
+
 def run_trace(run_dir: Path) -> Path:
     """Where a run directory keeps its trace: ``ranks/`` (one file per rank) for a distributed run,
     else ``trace.json.gz`` (the path may not exist: a run that failed before tracing)."""
-    return run_dir / "ranks" if (run_dir / "ranks").is_dir() else run_dir / "trace.json.gz"
+    files = RunFiles(Path(run_dir))
+    return files.ranks if files.ranks.is_dir() else files.trace
 
 
 def is_run_dir(path: Path) -> bool:
     """Whether ``path`` is one of our run directories (it holds a run.json)."""
-    return (Path(path) / "run.json").is_file()
+    return RunFiles(Path(path)).record.is_file()
 
 
 def _json_object(f: Path) -> dict[str, Any] | None:
@@ -74,8 +143,8 @@ def _json_object(f: Path) -> dict[str, Any] | None:
 def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """A run directory's run.json and metrics.json as dicts; None for each that is missing, unreadable
     or not a JSON object (never raises: a caller that scans runs passes a damaged one over)."""
-    d = Path(run_dir)
-    return _json_object(d / "run.json"), _json_object(d / "metrics.json")
+    files = RunFiles(Path(run_dir))
+    return _json_object(files.record), _json_object(files.metrics)
 
 
 def run_context(run_dir: Path) -> dict[str, Any]:
@@ -85,10 +154,11 @@ def run_context(run_dir: Path) -> dict[str, Any]:
     parameter bytes over 4, fp32 master weights, else its parameter count; 0 where unreadable: fused
     optimizer steps stay unmodelled). A damaged file gives the fallback, never an error."""
     d = Path(run_dir)
-    setup = (_json_object(d / "request.json") or {}).get("setup")
+    files = RunFiles(d)
+    setup = (_json_object(files.request) or {}).get("setup")
     hardware = setup.get("hardware") if isinstance(setup, dict) else None
     hardware = hardware if isinstance(hardware, dict) else None
-    m = _json_object(d / "metrics.json") or {}
+    m = _json_object(files.metrics) or {}
     try:
         params = int(m["params_bytes"]) // 4 if m.get("params_bytes") else int(m.get("n_params") or 0)
     except (ValueError, TypeError):  # a damaged count (text, a list)
@@ -141,18 +211,19 @@ class RunInfo:
 
     def top_ops(self) -> list[dict[str, Any]]:
         """top_ops.json's rows (ops by self time, as the child wrote them); [] where the run has none."""
-        f = self.path / "top_ops.json"
+        f = RunFiles(self.path).top_ops
         return json.loads(f.read_text(encoding="utf-8")) if f.is_file() else []
 
     def nvml_samples(self) -> list[dict[str, Any]]:
         """nvml.json's samples (utilisation, power, memory over the step); [] where the run has none."""
-        f = self.path / "nvml.json"
+        f = RunFiles(self.path).nvml
         return json.loads(f.read_text(encoding="utf-8"))["samples"] if f.is_file() else []
 
     def trace_file(self) -> Path | None:
         """The one trace file to offer for download: the run's own, or rank 0's of a distributed run;
         None where the run has no trace (it failed before tracing)."""
-        for f in (self.path / "trace.json.gz", self.path / "ranks" / "rank-0.trace.json.gz"):
+        files = RunFiles(self.path)
+        for f in (files.trace, files.rank_trace(0)):
             if f.is_file():
                 return f
         return None
@@ -161,7 +232,7 @@ class RunInfo:
 def read_metrics(run_dir: Path) -> dict[str, Any] | None:
     """A run directory's metrics.json, checked; None where it has none; AdvisorError naming the file and
     what is wrong with it (the listing calls such a run damaged: see :meth:`RunStore.list_runs`)."""
-    f = Path(run_dir) / "metrics.json"
+    f = RunFiles(Path(run_dir)).metrics
     if not f.is_file():
         return None
     metrics = _load_metrics(f)
@@ -220,7 +291,7 @@ class RunStore:
         """Move the staged run into the store in one rename; returns its final directory."""
         src = self.root / STAGING / check_run_id(run_id)
         dst = self.root / run_id
-        if not (src / "run.json").is_file():
+        if not RunFiles(src).record.is_file():
             raise AdvisorError(f"run {run_id} has no run.json; refusing to commit a half-written run")
         (src / OWNER_FILE).unlink(missing_ok=True)
         os.replace(src, dst)
@@ -293,7 +364,8 @@ class RunStore:
 
 def _read_record(d: Path) -> dict[str, Any] | str:
     """run.json as a dict, or the reason it cannot be read."""
-    f = d / "run.json"
+    files = RunFiles(d)
+    f = files.record
     if not f.is_file():
         return "run.json is missing"
     try:
@@ -302,10 +374,10 @@ def _read_record(d: Path) -> dict[str, Any] | str:
         return f"run.json is unreadable ({type(err).__name__})"
     if not isinstance(record, dict) or record.get("status") not in STATUSES:
         return "run.json has no valid status"
-    if record["status"] == "ok" and not (d / "metrics.json").is_file():
+    if record["status"] == "ok" and not files.metrics.is_file():
         return "status ok but metrics.json is missing"
-    if (d / "metrics.json").is_file():
-        fault = _load_metrics(d / "metrics.json")
+    if files.metrics.is_file():
+        fault = _load_metrics(files.metrics)
         if isinstance(fault, str):
             return f"metrics.json {fault}"
     return record
