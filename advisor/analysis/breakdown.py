@@ -424,7 +424,11 @@ def kernel_breakdown(df: pd.DataFrame, top: int = 10) -> tuple[pd.DataFrame, pd.
 TINY_KERNEL_NS = 10_000  # kernels shorter than 10 us cannot hide a ~5-10 us launch: launch-bound territory
 SYNC_RE = re.compile(
     r"^(?:cuda|hip)(?:DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|Memset)(?!Async|Peer)"
+    r"|^cu(?:CtxSynchronize|StreamSynchronize|EventSynchronize)"  # the driver API's, where it is traced
 )
+# Synchronization records of cudaStreamWaitEvent: a GPU stream waits for an event, the host goes on
+# (nsys' ENUM_CUPTI_SYNC_TYPE label "Stream wait sync", Kineto's "Stream Wait Event").
+STREAM_WAIT_RE = _case_insensitive(r"^stream wait")
 PHASES = ("step", "data", "forward", "backward", "optimizer")
 SORTED_PHASES = tuple(sorted(PHASES))
 PROFILER_STEP_RE = re.compile(r"^ProfilerStep#\d+$")
@@ -501,14 +505,122 @@ def memcpy_summary(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("time_ns", ascending=False).reset_index(drop=True)
 
 
-def sync_calls(df: pd.DataFrame) -> pd.DataFrame:
-    """Host calls that block until the GPU catches up (device/stream/event synchronize, blocking
-    cudaMemcpy/cudaMemset), and nsys synchronization records: count and total time per name."""
-    rows = np.flatnonzero(kind_mask(df, "runtime", "sync"))
-    hit = kind_mask(df, "sync")[rows] | _per_name(df["name"], rows, lambda n: bool(SYNC_RE.search(n)), bool)
-    names, time_ns, count = _totals_by_name(df["name"], rows[hit], df["dur_ns"].to_numpy()[rows[hit]])
-    out = pd.DataFrame({"name": pd.Series(names, dtype="str"), "count": count, "time_ns": time_ns})
-    return out.sort_values("time_ns", ascending=False)
+SYNC_WAIT_COLUMNS = ["rank", "tid", "name", "start_ns", "dur_ns", "blocking"]
+
+
+def _inside(starts: np.ndarray, ends: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Whether each interval [s, e) lies inside one of the intervals [starts, ends)."""
+    if starts.size == 0:
+        return np.zeros(s.size, dtype=bool)
+    order = np.argsort(starts, kind="stable")
+    starts, reach = starts[order], np.maximum.accumulate(ends[order])  # reach: the furthest end so far
+    pos = np.searchsorted(starts, s, side="right") - 1
+    return (pos >= 0) & (reach[np.maximum(pos, 0)] >= e)
+
+
+def sync_waits(df: pd.DataFrame, *, launches: dict[int, LaunchCalls] | None = None) -> pd.DataFrame:
+    """Every wait of the host for the GPU, each once: ``rank``, ``tid`` (-1 where a record names no host
+    thread), ``name``, ``start_ns``, ``dur_ns`` and ``blocking`` (whether the host waited).
+
+    Two sources record the same waits: the runtime calls that block (``SYNC_RE``: device, stream and
+    event synchronize, blocking cudaMemcpy/cudaMemset) and the synchronization records CUPTI writes for
+    them (nsys CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, Kineto ``cuda_sync``). A record belongs to the call
+    of its rank that has its correlation id (ids are per process) or, without an id, to a blocking
+    call of its rank around it; the call is kept, with its host thread, and the record dropped, so the
+    record of a call that does not block (cudaEventQuery polls) goes with that call. A record that no
+    call accounts for (its API call not traced) is a blocking wait of its own. Stream-wait records
+    (cudaStreamWaitEvent) are kept with ``blocking`` False: a GPU stream waits there, not the host.
+    ``launches`` takes launch_calls(df) already computed."""
+    launches = launch_calls(df) if launches is None else launches
+    rank, tid, start, dur, corr = (df[c].to_numpy() for c in ("rank", "tid", "start_ns", "dur_ns", "correlation"))
+    runtime = np.flatnonzero(kind_mask(df, "runtime"))
+    calls = runtime[_per_name(df["name"], runtime, lambda n: SYNC_RE.search(n) is not None, bool)]
+    records = np.flatnonzero(kind_mask(df, "sync"))
+    stream_wait = _per_name(df["name"], records, lambda n: _search(STREAM_WAIT_RE, n), bool)
+    own = np.ones(records.size, dtype=bool)  # no call accounts for the record
+    for r in np.unique(rank[records]).tolist():
+        mine = rank[records] == r
+        with_id = mine & (corr[records] >= 0)
+        own[with_id] = ~launches.get(int(r), _NO_CALLS).find(corr[records[with_id]])[0]
+        without = mine & (corr[records] < 0)
+        if without.any():
+            around = calls[rank[calls] == r]
+            lo, hi = start[records[without]], start[records[without]] + dur[records[without]]
+            own[without] = ~_inside(start[around], start[around] + dur[around], lo, hi)
+    kept = own | stream_wait
+    rows = np.concatenate([calls, records[kept]])
+    out = pd.DataFrame(
+        {
+            "rank": rank[rows],
+            "tid": tid[rows],
+            "name": df["name"].iloc[rows].to_numpy(),
+            "start_ns": start[rows],
+            "dur_ns": dur[rows],
+            "blocking": np.concatenate([np.ones(calls.size, dtype=bool), ~stream_wait[kept]]),
+        },
+        columns=SYNC_WAIT_COLUMNS,
+    )
+    return out.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
+
+
+def sync_calls(df: pd.DataFrame, waits: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per name of the waits of ``sync_waits`` (the blocking host calls, the synchronization records no
+    call accounts for, the stream waits): whether it is ``blocking``, its ``count`` and summed
+    ``time_ns``, largest first. ``waits`` takes sync_waits(df) already computed."""
+    waits = sync_waits(df) if waits is None else waits
+    names = waits["name"].astype("category")
+    codes, labels = names.cat.codes.to_numpy().astype(np.int64), names.cat.categories
+    keys, time_ns, count = _totals(codes * 2 + waits["blocking"].to_numpy(), waits["dur_ns"].to_numpy())
+    out = pd.DataFrame(
+        {
+            "name": pd.Series([_label(labels, k // 2) for k in keys.tolist()], dtype="str"),
+            "blocking": (keys % 2).astype(bool),
+            "count": count.astype(np.int64),
+            "time_ns": time_ns.astype(np.int64),
+        }
+    )
+    return out.sort_values("time_ns", ascending=False, kind="stable").reset_index(drop=True)
+
+
+SYNC_TIME_COLUMNS = [
+    "rank",
+    "span_ns",
+    "blocking_calls",
+    "blocking_ns",
+    "blocking_pct",
+    "stream_waits",
+    "stream_wait_ns",
+]
+
+
+def sync_time(df: pd.DataFrame, waits: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per rank: its capture span (``span_ns``: its first event's start to its last one's end), its
+    blocking waits (``blocking_calls``), the time its host was blocked (``blocking_ns``: the union of the
+    blocking waits of all its host threads, so two threads blocked at once count once; at most the
+    span) and that time's share of the span (``blocking_pct``), and its stream waits (count and summed
+    ``stream_wait_ns``). ``waits`` takes sync_waits(df) already computed."""
+    waits = sync_waits(df) if waits is None else waits
+    ranks, start = df["rank"].to_numpy(), df["start_ns"].to_numpy()
+    if ranks.size == 0:
+        return pd.DataFrame(columns=SYNC_TIME_COLUMNS)
+    low = int(ranks.min())
+    at = ranks - low  # ranks are small integers: each one's slot in the per-rank arrays
+    first = np.full(int(at.max()) + 1, np.iinfo(np.int64).max)
+    last = np.full(first.size, np.iinfo(np.int64).min)
+    np.minimum.at(first, at, start)
+    np.maximum.at(last, at, start + df["dur_ns"].to_numpy())
+    w_rank, blocking = waits["rank"].to_numpy(), waits["blocking"].to_numpy()
+    w_start, w_dur = waits["start_ns"].to_numpy(), waits["dur_ns"].to_numpy()
+    rows = []
+    for slot in np.flatnonzero(np.bincount(at)).tolist():
+        r = slot + low
+        mine = w_rank == r
+        b, w = mine & blocking, mine & ~blocking
+        blocked = union_ns(w_start[b], w_start[b] + w_dur[b])
+        span = int(last[slot] - first[slot])
+        pct = 100 * blocked / span if span else float("nan")
+        rows.append((r, span, int(b.sum()), blocked, pct, int(w.sum()), int(w_dur[w].sum())))
+    return pd.DataFrame(rows, columns=SYNC_TIME_COLUMNS)
 
 
 def phase_breakdown(df: pd.DataFrame) -> pd.DataFrame:
