@@ -5,11 +5,14 @@ import shutil
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from advisor.analysis.breakdown import launch_stats
 from advisor.analysis.summary import analyze, format_report, load_trace
 from advisor.cli import main
 from advisor.errors import TraceError
+from advisor.trace.table import make_table
 from tests.shared import SHARED_TRACES, needs_shared_traces
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -255,3 +258,28 @@ def test_rocm_names_are_understood(tmp_path):
     # Overlap: the GEMM runs 10-110 us, the collective 50-150 us: 60 of its 100 us overlap.
     assert report.metrics.comm_overlap_pct == pytest.approx(60.0)
     assert report.metrics.sync_calls == 1 and report.metrics.sync_time_ms == pytest.approx(0.03)
+
+
+def test_kernels_of_a_cuda_graph_stay_out_of_the_launch_delay():
+    # One cudaGraphLaunch (0-10 us) runs three kernels at 20, 1000 and 2000 us, all carrying its
+    # correlation id 1; a cudaLaunchKernel (3000-3005 us) launches one at 3010 us: a 5 us delay.
+    us = 1000
+    table = make_table(
+        {
+            "rank": 0,
+            "kind": ["runtime", "kernel", "kernel", "kernel", "runtime", "kernel"],
+            "name": ["cudaGraphLaunch", "k_a", "k_b", "k_c", "cudaLaunchKernel", "k_d"],
+            "start_ns": np.array([0, 20, 1000, 2000, 3000, 3010]) * us,
+            "dur_ns": np.array([10, 50, 50, 50, 5, 50]) * us,
+            "device": [-1, 0, 0, 0, -1, 0],
+            "stream": [-1, 7, 7, 7, -1, 7],
+            "tid": [1, -1, -1, -1, 1, -1],
+            "correlation": [1, 1, 1, 1, 2, 2],
+        }
+    )
+    (row,) = launch_stats(table).itertuples()
+    assert (row.kernels, row.graph_kernels) == (4, 3)
+    # With the graph's kernels: delays of 10, 990, 1990 and 5 us (a mean of 748.75 us), calls of 8.75 us.
+    assert row.launch_delay_mean_us == pytest.approx(5.0) and row.launch_delay_p95_us == pytest.approx(5.0)
+    assert row.launch_call_mean_us == pytest.approx(5.0)
+    assert row.kernel_mean_us == pytest.approx(50.0)  # every kernel still counts as a kernel

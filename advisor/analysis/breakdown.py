@@ -242,14 +242,19 @@ def comm_comp_overlap(df: pd.DataFrame, sweeps: dict | None = None) -> pd.DataFr
     return pd.DataFrame(rows, columns=["rank", "comm_ns", "overlap_ns", "overlap_pct"])
 
 
+GRAPH_LAUNCH_RE = re.compile(r"^(?:cuda|cu|hip)GraphLaunch")
+
+
 @dataclass(frozen=True)
 class LaunchCalls:
     """One rank's runtime calls that launched GPU work: per correlation id (ascending), the start and
-    duration of the first runtime call in the table with that id."""
+    duration of the first runtime call in the table with that id, and whether that call is a CUDA
+    graph launch (one call whose correlation id every kernel of the graph carries)."""
 
     correlation: np.ndarray
     start_ns: np.ndarray
     dur_ns: np.ndarray
+    graph: np.ndarray
 
     def find(self, correlation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(whether each id has a call, the position of its call where it has one)."""
@@ -259,7 +264,7 @@ class LaunchCalls:
         return self.correlation[np.minimum(pos, self.correlation.size - 1)] == correlation, pos
 
 
-_NO_CALLS = LaunchCalls(*(np.zeros(0, dtype=np.int64) for _ in range(3)))  # a rank that launched nothing
+_NO_CALLS = LaunchCalls(*(np.zeros(0, dtype=np.int64) for _ in range(3)), np.zeros(0, dtype=bool))  # launched nothing
 
 
 def launch_calls(df: pd.DataFrame) -> dict[int, LaunchCalls]:
@@ -269,12 +274,13 @@ def launch_calls(df: pd.DataFrame) -> dict[int, LaunchCalls]:
     rows = np.flatnonzero(kind_mask(df, "runtime") & (corr >= 0))
     ranks, corr = df["rank"].to_numpy()[rows], corr[rows]
     start, dur = df["start_ns"].to_numpy()[rows], df["dur_ns"].to_numpy()[rows]
+    graph = _per_name(df["name"], rows, lambda n: GRAPH_LAUNCH_RE.match(n) is not None, bool)
     out = {}
     for rank in np.unique(ranks).tolist():
         in_rank = np.flatnonzero(ranks == rank)
         ids, first = np.unique(corr[in_rank], return_index=True)  # first: each id's first occurrence
         call = in_rank[first]
-        out[int(rank)] = LaunchCalls(ids, start[call], dur[call])
+        out[int(rank)] = LaunchCalls(ids, start[call], dur[call], graph[call])
     return out
 
 
@@ -441,8 +447,11 @@ def launch_stats(
     """Per rank: kernel launch statistics from runtime calls joined to kernels by correlation id.
 
     launch delay = kernel start minus the end of the runtime call that launched it (0 when the GPU
-    started it before the call returned); tiny kernels are shorter than ``tiny_ns``. Many tiny kernels
-    with the GPU mostly idle waiting for the host is the launch-bound signature. ``launches`` takes
+    started it before the call returned), in us; tiny kernels are shorter than ``tiny_ns``. Many tiny
+    kernels with the GPU mostly idle waiting for the host is the launch-bound signature. Kernels of a
+    CUDA graph (``graph_kernels``) all carry the correlation id of their one cudaGraphLaunch, so a
+    delay from that call says nothing about any one launch: they count among the kernels and tiny
+    kernels but stay out of the launch delay and launch call figures. ``launches`` takes
     launch_calls(df) already computed.
     """
     launches = launch_calls(df) if launches is None else launches
@@ -454,14 +463,18 @@ def launch_stats(
         k_dur = dur[sel]
         calls = launches.get(int(rank), _NO_CALLS)
         found, pos = calls.find(corr[sel])
-        call = pos[found]
+        graph = np.zeros(found.size, dtype=bool)
+        graph[found] = calls.graph[pos[found]]
+        single = found & ~graph  # a kernel launched by a call of its own
+        call = pos[single]
         call_dur = calls.dur_ns[call]
-        delay = np.maximum(0, start[sel][found] - calls.start_ns[call] - call_dur)
+        delay = np.maximum(0, start[sel][single] - calls.start_ns[call] - call_dur)
         tiny = k_dur < tiny_ns
         rows.append(
             {
                 "rank": int(rank),
                 "kernels": int(sel.sum()),
+                "graph_kernels": int(graph.sum()),
                 "kernel_mean_us": k_dur.mean() / 1e3,
                 "tiny_kernel_frac": tiny.mean(),
                 "tiny_kernel_time_frac": k_dur[tiny].sum() / max(k_dur.sum(), 1),
