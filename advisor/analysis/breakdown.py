@@ -486,31 +486,52 @@ def launch_stats(
     return pd.DataFrame(rows)
 
 
+MEMCPY_COLUMNS = [
+    "copy_kind",
+    "host_mem",
+    "count",
+    "unknown_size_count",
+    "bytes",
+    "time_ns",
+    "bandwidth_gbps",
+    "pageable",
+]
+
+
 def memcpy_summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Copies by direction and host memory kind: count, bytes, time, bandwidth, and whether the host side
-    is pageable (a host<->device copy from pageable memory is staged and synchronous)."""
+    """Copies by direction and host memory kind: count, copies whose size the trace does not give
+    (bytes 0: ``unknown_size_count``), bytes, time in ns, bandwidth in GB/s, and whether the host side
+    is pageable (a host<->device copy from pageable memory is staged and synchronous).
+
+    The bandwidth is that of the copies of known size (their bytes over their time): NaN where none
+    has a size, as a copy of unknown size moved an unknown number of bytes, not zero."""
     copy_kind, host_mem = df["copy_kind"], df["host_mem"]
     kind_code, mem_code = copy_kind.cat.codes.to_numpy(), host_mem.cat.codes.to_numpy()
     copies = kind_mask(df, "memcpy") & (kind_code >= 0) & (mem_code >= 0)  # groupby drops missing keys
     if not copies.any():
-        return pd.DataFrame(
-            columns=["copy_kind", "host_mem", "count", "bytes", "time_ns", "bandwidth_gbps", "pageable"]
-        )
+        return pd.DataFrame(columns=MEMCPY_COLUMNS)
     # Groups in category-code order, as groupby on categoricals sorts them.
     n_mem = len(host_mem.cat.categories)
     key = kind_code[copies].astype(np.int64) * n_mem + mem_code[copies]
-    keys, nbytes, count = _totals(key, df["bytes"].to_numpy()[copies])
-    _, time_ns, _ = _totals(key, df["dur_ns"].to_numpy()[copies])
+    copy_bytes, dur = df["bytes"].to_numpy()[copies], df["dur_ns"].to_numpy()[copies]
+    sized = copy_bytes > 0
+    keys, nbytes, count = _totals(key, copy_bytes)
+    _, time_ns, _ = _totals(key, dur)
+    sized_time_ns = np.zeros(keys.size, dtype=dur.dtype)
+    np.add.at(sized_time_ns, np.searchsorted(keys, key[sized]), dur[sized])
+    unknown = np.bincount(np.searchsorted(keys, key[~sized]), minlength=keys.size)
     kinds = pd.Categorical.from_codes(keys // n_mem, dtype=copy_kind.dtype)
     mems = pd.Categorical.from_codes(keys % n_mem, dtype=host_mem.dtype)
+    bandwidth = np.where(unknown < count, nbytes / np.maximum(sized_time_ns, 1), np.nan)  # bytes/ns = GB/s
     out = pd.DataFrame(
         {
             "copy_kind": kinds,
             "host_mem": mems,
             "count": count,
+            "unknown_size_count": unknown,
             "bytes": nbytes,
             "time_ns": time_ns,
-            "bandwidth_gbps": nbytes / np.maximum(time_ns, 1),
+            "bandwidth_gbps": bandwidth,
             "pageable": (np.asarray(mems.astype(str)) == "pageable")
             & np.isin(np.asarray(kinds.astype(str)), ("HtoD", "DtoH")),
         }
