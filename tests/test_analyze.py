@@ -1,15 +1,21 @@
 """Analyze any trace end to end: format sniffing, zips, run directories, the StepMetrics summary, CLI."""
 
 import json
+import math
 import shutil
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from advisor.analysis.breakdown import launch_stats, memcpy_summary
+from advisor.analysis.roofline import UNKNOWN_SIZE, trace_roofline
 from advisor.analysis.summary import analyze, format_report, load_trace
 from advisor.cli import main
 from advisor.errors import TraceError
+from advisor.present.views import roofline_rows
+from advisor.trace.table import make_table
 from tests.shared import SHARED_TRACES, needs_shared_traces
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -255,3 +261,70 @@ def test_rocm_names_are_understood(tmp_path):
     # Overlap: the GEMM runs 10-110 us, the collective 50-150 us: 60 of its 100 us overlap.
     assert report.metrics.comm_overlap_pct == pytest.approx(60.0)
     assert report.metrics.sync_calls == 1 and report.metrics.sync_time_ms == pytest.approx(0.03)
+
+
+def test_kernels_of_a_cuda_graph_stay_out_of_the_launch_delay():
+    # One cudaGraphLaunch (0-10 us) runs three kernels at 20, 1000 and 2000 us, all carrying its
+    # correlation id 1; a cudaLaunchKernel (3000-3005 us) launches one at 3010 us: a 5 us delay.
+    us = 1000
+    table = make_table(
+        {
+            "rank": 0,
+            "kind": ["runtime", "kernel", "kernel", "kernel", "runtime", "kernel"],
+            "name": ["cudaGraphLaunch", "k_a", "k_b", "k_c", "cudaLaunchKernel", "k_d"],
+            "start_ns": np.array([0, 20, 1000, 2000, 3000, 3010]) * us,
+            "dur_ns": np.array([10, 50, 50, 50, 5, 50]) * us,
+            "device": [-1, 0, 0, 0, -1, 0],
+            "stream": [-1, 7, 7, 7, -1, 7],
+            "tid": [1, -1, -1, -1, 1, -1],
+            "correlation": [1, 1, 1, 1, 2, 2],
+        }
+    )
+    (row,) = launch_stats(table).itertuples()
+    assert (row.kernels, row.graph_kernels) == (4, 3)
+    # With the graph's kernels: delays of 10, 990, 1990 and 5 us (a mean of 748.75 us), calls of 8.75 us.
+    assert row.launch_delay_mean_us == pytest.approx(5.0) and row.launch_delay_p95_us == pytest.approx(5.0)
+    assert row.launch_call_mean_us == pytest.approx(5.0)
+    assert row.kernel_mean_us == pytest.approx(50.0)  # every kernel still counts as a kernel
+
+
+def test_copies_of_unknown_size_have_an_unknown_bandwidth(tmp_path):
+    # A Kineto gpu_memcpy without args.bytes: its size is unknown, not 0. One HtoD copy moves 1 MB in
+    # 100 us (10 GB/s), a second HtoD and a DtoH give no size.
+    def event(cat, name, ts, dur, corr, **args):
+        place = {"pid": 0, "tid": 7} if cat != "cuda_runtime" else {"pid": 1, "tid": 1}
+        gpu = {"device": 0, "stream": 7} if cat != "cuda_runtime" else {}
+        return {"ph": "X", "cat": cat, "name": name, **place, "ts": ts, "dur": dur,
+                "args": {**gpu, "correlation": corr, **args}}  # fmt: skip
+
+    events = [
+        event("cuda_runtime", "cudaLaunchKernel", 90, 5, 1),
+        event("kernel", "ampere_sgemm_128x64_nn", 100, 50, 1),
+        event("cuda_runtime", "cudaMemcpyAsync", 190, 5, 2),
+        event("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 200, 100, 2, bytes=1_000_000),
+        event("cuda_runtime", "cudaMemcpyAsync", 390, 5, 3),
+        event("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 400, 100, 3),
+        event("cuda_runtime", "cudaMemcpyAsync", 590, 5, 4),
+        event("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", 600, 100, 4),
+    ]
+    path = tmp_path / "copies.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    table = load_trace(path)
+    copies = memcpy_summary(table).set_index("copy_kind", drop=False)
+    assert copies.loc["HtoD", ["count", "unknown_size_count", "bytes"]].tolist() == [2, 1, 1_000_000]
+    # Was 5.0 (1 MB over both copies' 200 us) and 0.0 for the DtoH.
+    assert copies.loc["HtoD", "bandwidth_gbps"] == pytest.approx(10.0)
+    assert math.isnan(copies.loc["DtoH", "bandwidth_gbps"]) and copies.loc["DtoH", "unknown_size_count"] == 1
+    roofline = trace_roofline(table)
+    rows = roofline.table.set_index("basis")
+    assert rows.loc["transfer", "achieved_bytes_per_s"] == pytest.approx(1e10)
+    unknown = rows.loc[[UNKNOWN_SIZE]]
+    assert sorted(unknown["name"]) == ["Memcpy DtoH (Device -> Pageable)", "Memcpy HtoD (Pageable -> Device)"]
+    assert unknown["bytes"].isna().all() and unknown["achieved_bytes_per_s"].isna().all()
+    report = analyze(table, roofline=roofline)
+    # Of 350 us of GPU events only the sized copy's 100 us has its bytes known (was 300 of 350).
+    assert report.metrics.roofline_modelled_frac == pytest.approx(100 / 350)
+    assert "10.0 GB/s      0.0  Memcpy HtoD" in format_report(report, "copies.json")
+    shown = roofline_rows(roofline.table).set_index("basis")
+    assert shown.loc["transfer", "achieved GB/s"] == 10.0
+    assert shown.loc[[UNKNOWN_SIZE], "achieved GB/s"].tolist() == ["unknown", "unknown"]

@@ -21,6 +21,7 @@ from advisor.analysis.breakdown import (
     round_like_hta,
     temporal_breakdown,
 )
+from advisor.analysis.summary import analyze
 from advisor.errors import TraceError
 from advisor.trace.kineto import ANALYSIS_FILE, load_kineto
 from tests.shared import SHARED_TRACES
@@ -313,3 +314,55 @@ def test_the_loader_keeps_the_args_asked_for_and_they_follow_the_table(tmp_path)
     # pandas deep-copies attrs on every operation: the holder is shared, not copied.
     assert table[table["kind"] == "cpu_op"].attrs["event_args"] is kept
     assert "event_args" not in load_kineto(path).attrs  # nobody asked: nothing kept
+
+
+def test_cuda_sync_events_are_kept_and_count_once(tmp_path):
+    # Kineto's cuda_sync events (enable_cuda_sync_events): pid the device, tid the stream, and in args
+    # the device, stream (-1: a context sync) and correlation id of the runtime call that waited.
+    def sync(name, ts, dur, stream, corr, **extra):
+        args = {"cuda_sync_kind": name, "stream": stream, "correlation": corr, "device": 0, "context": 1, **extra}
+        return {
+            "ph": "X",
+            "cat": "cuda_sync",
+            "name": name,
+            "pid": 0,
+            "tid": stream,
+            "ts": ts,
+            "dur": dur,
+            "args": args,
+        }
+
+    def call(name, ts, dur, corr):
+        return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                "args": {"correlation": corr}}  # fmt: skip
+
+    events = [
+        call("cudaLaunchKernel", 0, 5, 1),
+        {"ph": "X", "cat": "kernel", "name": "gemm_kernel", "pid": 0, "tid": 7, "ts": 10, "dur": 100,
+         "args": {"device": 0, "stream": 7, "correlation": 1}},
+        call("cudaStreamSynchronize", 12, 100, 2),
+        sync("Stream Sync", 13, 97, 7, 2),
+        call("cudaStreamWaitEvent", 120, 2, 3),
+        sync("Stream Wait Event", 120.5, 1, 9, 3, wait_on_stream=7, wait_on_cuda_event_record_corr_id=1),
+        call("cudaDeviceSynchronize", 130, 20, 4),
+        sync("Context Sync", 131, 18, -1, 4),
+    ]  # fmt: skip
+    path = tmp_path / "syncs.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    table = load_kineto(path)
+    syncs = table[table["kind"] == "sync"]
+    assert syncs["name"].astype(str).tolist() == ["Stream Sync", "Stream Wait Event", "Context Sync"]
+    assert syncs["device"].tolist() == [0, 0, 0] and syncs["stream"].tolist() == [7, 9, -1]
+    assert syncs["correlation"].tolist() == [2, 3, 4] and syncs["tid"].eq(-1).all()
+    # Each record lies in the call with its correlation id: the two blocking calls count, 100 + 20 us;
+    # the stream wait is reported apart, not blocking.
+    report = analyze(table)
+    assert report.metrics.sync_calls == 2 and report.metrics.sync_time_ms == pytest.approx(0.12)
+    by_name = report.tables["sync_calls"]
+    assert by_name.loc[~by_name["blocking"], ["name", "count", "time_ns"]].values.tolist() == [
+        ["Stream Wait Event", 1, 1000]
+    ]
+    # The analyses that match HTA read GPU kernels, copies and sets only: the records change none.
+    plain = load_kineto(path).query("kind != 'sync'")
+    pd.testing.assert_frame_equal(temporal_breakdown(table), temporal_breakdown(plain))
+    pd.testing.assert_frame_equal(idle_time_breakdown(table), idle_time_breakdown(plain))

@@ -1,5 +1,6 @@
 """The Nsight Systems SQLite loader on real exports, checked against ../shared/traces/nsys/reference.json
-(numbers from a plain sqlite3 script run on the same files), and on damaged and foreign inputs."""
+(numbers from a plain sqlite3 script run on the same files), and on damaged and foreign inputs; and the
+blocking-sync figures, which read the synchronization records only nsys exports carry."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from advisor.analysis.summary import analyze
 from advisor.errors import TraceError
 from advisor.trace.nsys import load_nsys_sqlite
 from tests.shared import SHARED_TRACES
@@ -172,6 +174,9 @@ def test_copies_sets_and_syncs(tables):
     sets = df[df["kind"] == "memset"]
     assert set(sets["name"].astype(str)) == {"Memset (Device)"}  # memKind 2 in all 269 rows
     assert df["kind"].eq("sync").sum() == 366
+    syncs = tables["pipit_cloverleaf_cuda.sqlite"].query("kind == 'sync'")
+    # streamId 4294967295 (CUPTI_SYNCHRONIZATION_INVALID_VALUE) in all 1312 rows: device-wide syncs.
+    assert len(syncs) == 1312 and syncs["stream"].eq(-1).all() and syncs["device"].eq(0).all()
     pipit = tables["pipit_cloverleaf_cuda.sqlite"]
     copies = pipit[pipit["kind"] == "memcpy"]
     assert copies.groupby(["copy_kind", "host_mem"], observed=True).size().to_dict() == {
@@ -182,6 +187,161 @@ def test_copies_sets_and_syncs(tables):
     assert runtime["cudaLaunchKernel"] == 1312  # cudaLaunchKernel_v7000 in StringIds
     assert runtime["cudaDeviceSynchronize"] == 1312
     assert (pipit["start_ns"].diff().dropna() >= 0).all()
+
+
+# sqlite3 on the exports, per process (globalTid >> 24 & 0xFFFFFF, the rank): the blocking runtime calls
+# (cudaStreamSynchronize; pipit: cudaDeviceSynchronize and cudaMemcpy), sum(end - start). Each process
+# makes them on one thread, so they cannot overlap. Every CUPTI_ACTIVITY_KIND_SYNCHRONIZATION row shares
+# its correlationId with a runtime call of its process and lies inside it: the same waits again
+# (stream syncs in cudaStreamSynchronize, event syncs in cudaEventQuery, stream waits in
+# cudaStreamWaitEvent; pipit's 1312 in its 1312 cudaDeviceSynchronize).
+BLOCKED_NS = {
+    "nsysai_mfu_2gpu_before.sqlite": [163_599_685, 160_935_048],  # pids 144, 145: 16 and 17 calls
+    "nsysai_mfu_2gpu_after.sqlite": [137_962_155, 151_790_570],  # pids 148, 149: 15 and 15
+    "pipit_cloverleaf_cuda.sqlite": [301_652_956 + 17_670_674],  # 1312 + 279 calls
+}
+BLOCKING_CALLS = {
+    "nsysai_mfu_2gpu_before.sqlite": [16, 17],
+    "nsysai_mfu_2gpu_after.sqlite": [15, 15],
+    "pipit_cloverleaf_cuda.sqlite": [1312 + 279],
+}
+# SELECT count(*), sum(end - start) ... WHERE syncType = 2 (Stream wait sync).
+STREAM_WAITS = {
+    "nsysai_mfu_2gpu_before.sqlite": (200, 343_087),
+    "nsysai_mfu_2gpu_after.sqlite": (180, 242_911),
+    "pipit_cloverleaf_cuda.sqlite": (0, 0),
+}
+
+
+@pytest.mark.parametrize("file", WITH_TABLES)
+def test_blocking_sync_time_counts_each_wait_once(tables, file):
+    # Counting the calls and their records both, with stream waits as blocking, read 649.680 ms of
+    # blocking sync in the 299.986 ms capture of 'before', 580.047 ms in 299.272 ms of 'after' and
+    # 620.460 ms in pipit's 618.351 ms.
+    report = analyze(tables[file])
+    per_rank = report.tables["sync_time"]
+    assert per_rank["blocking_ns"].tolist() == BLOCKED_NS[file]
+    assert per_rank["blocking_calls"].tolist() == BLOCKING_CALLS[file]
+    assert (per_rank["blocking_ns"] <= per_rank["span_ns"]).all()
+    m = report.metrics
+    assert m.sync_calls == sum(BLOCKING_CALLS[file])
+    assert m.sync_time_ms == pytest.approx(np.mean(BLOCKED_NS[file]) / 1e6, abs=1e-9)
+    assert m.sync_time_ms <= per_rank["span_ns"].min() / 1e6
+    assert (per_rank["stream_waits"].sum(), per_rank["stream_wait_ns"].sum()) == STREAM_WAITS[file]
+    by_name = report.tables["sync_calls"]
+    assert set(by_name.loc[by_name["blocking"], "name"]) <= {
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaMemcpy",
+    }
+    assert by_name.loc[~by_name["blocking"], "name"].tolist() == (["Stream wait sync"] if STREAM_WAITS[file][0] else [])
+
+
+SYNTHETIC_TABLES = (
+    "StringIds",
+    "ENUM_CUPTI_SYNC_TYPE",
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+)
+
+
+def _insert(conn: sqlite3.Connection, table: str, **given) -> None:
+    """One row; the NOT NULL columns not given get 0 (text '[]', as the real rows hold)."""
+    info = conn.execute(f"PRAGMA table_info({table})").fetchall()
+    row = {
+        name: ("[]" if kind == "TEXT" else 0) for _, name, kind, notnull, _, _ in info if notnull and name not in given
+    }
+    row.update(given)
+    conn.execute(f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
+
+
+def _sync_export(path) -> None:
+    """A small export in the real schema (the CREATE TABLE statements of nsysai_mfu_2gpu_before.sqlite,
+    nsys 2026.2) where records without a correlation id, records no call accounts for and two host
+    threads blocked at once occur; times in ns."""
+    with closing(sqlite3.connect(f"{(NSYS / 'nsysai_mfu_2gpu_before.sqlite').as_uri()}?mode=ro", uri=True)) as real:
+        marks = ", ".join("?" * len(SYNTHETIC_TABLES))
+        schema = real.execute(f"SELECT sql FROM sqlite_master WHERE name IN ({marks})", SYNTHETIC_TABLES).fetchall()
+        sync_types = real.execute("SELECT id, name, label FROM ENUM_CUPTI_SYNC_TYPE").fetchall()
+    pid = 7 << 24  # globalPid of OS pid 7; its threads 7 and 8 as globalTids
+    main, other = pid | 7, pid | 8
+    names = ["cudaLaunchKernel_v7000", "cudaStreamSynchronize_v3020", "cudaDeviceSynchronize_v3020"]
+    names += ["cudaEventQuery_v3020", "cudaStreamWaitEvent_v3020", "gemm_kernel"]
+    with closing(sqlite3.connect(path)) as conn, conn:
+        for (sql,) in schema:
+            conn.execute(sql)
+        conn.executemany("INSERT INTO ENUM_CUPTI_SYNC_TYPE VALUES (?, ?, ?)", sync_types)
+        conn.executemany("INSERT INTO StringIds VALUES (?, ?)", list(enumerate(names, 1)))
+        for start, end, tid, corr, name in [
+            (0, 5_000, main, 1, 1),  # launches the first kernel
+            (10_000, 1_001_000, main, 2, 2),  # cudaStreamSynchronize: 991 us
+            (500_000, 1_001_000, other, 3, 3),  # cudaDeviceSynchronize on a second thread, inside that
+            (1_100_000, 1_102_000, main, 4, 4),  # cudaEventQuery: polls, does not block
+            (1_200_000, 1_203_000, main, 5, 5),  # cudaStreamWaitEvent: the GPU stream waits
+            (1_710_000, 1_715_000, main, 6, 1),  # launches the last kernel
+        ]:
+            _insert(
+                conn,
+                "CUPTI_ACTIVITY_KIND_RUNTIME",
+                start=start,
+                end=end,
+                globalTid=tid,
+                correlationId=corr,
+                nameId=name,
+            )
+        for start, end, corr in [(10_000, 1_000_000, 1), (1_720_000, 1_800_000, 6)]:
+            _insert(
+                conn,
+                "CUPTI_ACTIVITY_KIND_KERNEL",
+                start=start,
+                end=end,
+                streamId=7,
+                correlationId=corr,
+                globalPid=pid,
+                demangledName=6,
+                shortName=6,
+            )
+        no_stream = 0xFFFFFFFF
+        for start, end, corr, sync_type, stream in [
+            (11_000, 1_000_500, 2, 3, 7),  # the cudaStreamSynchronize's own wait
+            (501_000, 1_000_800, 3, 4, no_stream),  # the cudaDeviceSynchronize's
+            (20_000, 30_000, None, 3, 7),  # no correlation id, inside the cudaStreamSynchronize
+            (1_100_500, 1_101_500, 4, 1, 7),  # the cudaEventQuery's
+            (1_201_000, 1_202_000, 5, 2, 7),  # the cudaStreamWaitEvent's: 1 us, not blocking
+            (1_300_000, 1_700_000, None, 4, no_stream),  # no call traced for it: a 400 us wait of its own
+        ]:
+            _insert(
+                conn,
+                "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+                start=start,
+                end=end,
+                streamId=stream,
+                correlationId=corr,
+                globalPid=pid,
+                syncType=sync_type,
+            )
+
+
+def test_blocking_sync_time_on_a_synthetic_export(tmp_path):
+    path = tmp_path / "syncs.sqlite"
+    _sync_export(path)
+    report = analyze(load_nsys_sqlite(path))
+    by_name = report.tables["sync_calls"]
+    got = {(r.name, r.blocking): (r.count, r.time_ns) for r in by_name.itertuples()}
+    assert got == {
+        ("cudaStreamSynchronize", True): (1, 991_000),
+        ("cudaDeviceSynchronize", True): (1, 501_000),
+        ("Context sync", True): (1, 400_000),
+        ("Stream wait sync", False): (1, 1_000),
+    }
+    # The blocking waits sum to 1.892 ms in a 1.8 ms capture; the host was blocked in their union:
+    # 10-1001 us (the second thread's 500-1001 us inside it) and 1300-1700 us, 1.391 ms. Counting every
+    # call and record read 8 calls and 3.393 ms.
+    (row,) = report.tables["sync_time"].itertuples()
+    assert (row.span_ns, row.blocking_calls, row.blocking_ns) == (1_800_000, 3, 1_391_000)
+    assert (row.stream_waits, row.stream_wait_ns) == (1, 1_000)
+    assert report.metrics.sync_calls == 3 and report.metrics.sync_time_ms == pytest.approx(1.391)
 
 
 def test_empty_export_is_refused():

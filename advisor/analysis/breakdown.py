@@ -242,14 +242,19 @@ def comm_comp_overlap(df: pd.DataFrame, sweeps: dict | None = None) -> pd.DataFr
     return pd.DataFrame(rows, columns=["rank", "comm_ns", "overlap_ns", "overlap_pct"])
 
 
+GRAPH_LAUNCH_RE = re.compile(r"^(?:cuda|cu|hip)GraphLaunch")
+
+
 @dataclass(frozen=True)
 class LaunchCalls:
     """One rank's runtime calls that launched GPU work: per correlation id (ascending), the start and
-    duration of the first runtime call in the table with that id."""
+    duration of the first runtime call in the table with that id, and whether that call is a CUDA
+    graph launch (one call whose correlation id every kernel of the graph carries)."""
 
     correlation: np.ndarray
     start_ns: np.ndarray
     dur_ns: np.ndarray
+    graph: np.ndarray
 
     def find(self, correlation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(whether each id has a call, the position of its call where it has one)."""
@@ -259,7 +264,7 @@ class LaunchCalls:
         return self.correlation[np.minimum(pos, self.correlation.size - 1)] == correlation, pos
 
 
-_NO_CALLS = LaunchCalls(*(np.zeros(0, dtype=np.int64) for _ in range(3)))  # a rank that launched nothing
+_NO_CALLS = LaunchCalls(*(np.zeros(0, dtype=np.int64) for _ in range(3)), np.zeros(0, dtype=bool))  # launched nothing
 
 
 def launch_calls(df: pd.DataFrame) -> dict[int, LaunchCalls]:
@@ -269,12 +274,13 @@ def launch_calls(df: pd.DataFrame) -> dict[int, LaunchCalls]:
     rows = np.flatnonzero(kind_mask(df, "runtime") & (corr >= 0))
     ranks, corr = df["rank"].to_numpy()[rows], corr[rows]
     start, dur = df["start_ns"].to_numpy()[rows], df["dur_ns"].to_numpy()[rows]
+    graph = _per_name(df["name"], rows, lambda n: GRAPH_LAUNCH_RE.match(n) is not None, bool)
     out = {}
     for rank in np.unique(ranks).tolist():
         in_rank = np.flatnonzero(ranks == rank)
         ids, first = np.unique(corr[in_rank], return_index=True)  # first: each id's first occurrence
         call = in_rank[first]
-        out[int(rank)] = LaunchCalls(ids, start[call], dur[call])
+        out[int(rank)] = LaunchCalls(ids, start[call], dur[call], graph[call])
     return out
 
 
@@ -424,7 +430,11 @@ def kernel_breakdown(df: pd.DataFrame, top: int = 10) -> tuple[pd.DataFrame, pd.
 TINY_KERNEL_NS = 10_000  # kernels shorter than 10 us cannot hide a ~5-10 us launch: launch-bound territory
 SYNC_RE = re.compile(
     r"^(?:cuda|hip)(?:DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|Memset)(?!Async|Peer)"
+    r"|^cu(?:CtxSynchronize|StreamSynchronize|EventSynchronize)"  # the driver API's, where it is traced
 )
+# Synchronization records of cudaStreamWaitEvent: a GPU stream waits for an event, the host goes on
+# (nsys' ENUM_CUPTI_SYNC_TYPE label "Stream wait sync", Kineto's "Stream Wait Event").
+STREAM_WAIT_RE = _case_insensitive(r"^stream wait")
 PHASES = ("step", "data", "forward", "backward", "optimizer")
 SORTED_PHASES = tuple(sorted(PHASES))
 PROFILER_STEP_RE = re.compile(r"^ProfilerStep#\d+$")
@@ -437,8 +447,11 @@ def launch_stats(
     """Per rank: kernel launch statistics from runtime calls joined to kernels by correlation id.
 
     launch delay = kernel start minus the end of the runtime call that launched it (0 when the GPU
-    started it before the call returned); tiny kernels are shorter than ``tiny_ns``. Many tiny kernels
-    with the GPU mostly idle waiting for the host is the launch-bound signature. ``launches`` takes
+    started it before the call returned), in us; tiny kernels are shorter than ``tiny_ns``. Many tiny
+    kernels with the GPU mostly idle waiting for the host is the launch-bound signature. Kernels of a
+    CUDA graph (``graph_kernels``) all carry the correlation id of their one cudaGraphLaunch, so a
+    delay from that call says nothing about any one launch: they count among the kernels and tiny
+    kernels but stay out of the launch delay and launch call figures. ``launches`` takes
     launch_calls(df) already computed.
     """
     launches = launch_calls(df) if launches is None else launches
@@ -450,14 +463,18 @@ def launch_stats(
         k_dur = dur[sel]
         calls = launches.get(int(rank), _NO_CALLS)
         found, pos = calls.find(corr[sel])
-        call = pos[found]
+        graph = np.zeros(found.size, dtype=bool)
+        graph[found] = calls.graph[pos[found]]
+        single = found & ~graph  # a kernel launched by a call of its own
+        call = pos[single]
         call_dur = calls.dur_ns[call]
-        delay = np.maximum(0, start[sel][found] - calls.start_ns[call] - call_dur)
+        delay = np.maximum(0, start[sel][single] - calls.start_ns[call] - call_dur)
         tiny = k_dur < tiny_ns
         rows.append(
             {
                 "rank": int(rank),
                 "kernels": int(sel.sum()),
+                "graph_kernels": int(graph.sum()),
                 "kernel_mean_us": k_dur.mean() / 1e3,
                 "tiny_kernel_frac": tiny.mean(),
                 "tiny_kernel_time_frac": k_dur[tiny].sum() / max(k_dur.sum(), 1),
@@ -469,31 +486,52 @@ def launch_stats(
     return pd.DataFrame(rows)
 
 
+MEMCPY_COLUMNS = [
+    "copy_kind",
+    "host_mem",
+    "count",
+    "unknown_size_count",
+    "bytes",
+    "time_ns",
+    "bandwidth_gbps",
+    "pageable",
+]
+
+
 def memcpy_summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Copies by direction and host memory kind: count, bytes, time, bandwidth, and whether the host side
-    is pageable (a host<->device copy from pageable memory is staged and synchronous)."""
+    """Copies by direction and host memory kind: count, copies whose size the trace does not give
+    (bytes 0: ``unknown_size_count``), bytes, time in ns, bandwidth in GB/s, and whether the host side
+    is pageable (a host<->device copy from pageable memory is staged and synchronous).
+
+    The bandwidth is that of the copies of known size (their bytes over their time): NaN where none
+    has a size, as a copy of unknown size moved an unknown number of bytes, not zero."""
     copy_kind, host_mem = df["copy_kind"], df["host_mem"]
     kind_code, mem_code = copy_kind.cat.codes.to_numpy(), host_mem.cat.codes.to_numpy()
     copies = kind_mask(df, "memcpy") & (kind_code >= 0) & (mem_code >= 0)  # groupby drops missing keys
     if not copies.any():
-        return pd.DataFrame(
-            columns=["copy_kind", "host_mem", "count", "bytes", "time_ns", "bandwidth_gbps", "pageable"]
-        )
+        return pd.DataFrame(columns=MEMCPY_COLUMNS)
     # Groups in category-code order, as groupby on categoricals sorts them.
     n_mem = len(host_mem.cat.categories)
     key = kind_code[copies].astype(np.int64) * n_mem + mem_code[copies]
-    keys, nbytes, count = _totals(key, df["bytes"].to_numpy()[copies])
-    _, time_ns, _ = _totals(key, df["dur_ns"].to_numpy()[copies])
+    copy_bytes, dur = df["bytes"].to_numpy()[copies], df["dur_ns"].to_numpy()[copies]
+    sized = copy_bytes > 0
+    keys, nbytes, count = _totals(key, copy_bytes)
+    _, time_ns, _ = _totals(key, dur)
+    sized_time_ns = np.zeros(keys.size, dtype=dur.dtype)
+    np.add.at(sized_time_ns, np.searchsorted(keys, key[sized]), dur[sized])
+    unknown = np.bincount(np.searchsorted(keys, key[~sized]), minlength=keys.size)
     kinds = pd.Categorical.from_codes(keys // n_mem, dtype=copy_kind.dtype)
     mems = pd.Categorical.from_codes(keys % n_mem, dtype=host_mem.dtype)
+    bandwidth = np.where(unknown < count, nbytes / np.maximum(sized_time_ns, 1), np.nan)  # bytes/ns = GB/s
     out = pd.DataFrame(
         {
             "copy_kind": kinds,
             "host_mem": mems,
             "count": count,
+            "unknown_size_count": unknown,
             "bytes": nbytes,
             "time_ns": time_ns,
-            "bandwidth_gbps": nbytes / np.maximum(time_ns, 1),
+            "bandwidth_gbps": bandwidth,
             "pageable": (np.asarray(mems.astype(str)) == "pageable")
             & np.isin(np.asarray(kinds.astype(str)), ("HtoD", "DtoH")),
         }
@@ -501,14 +539,122 @@ def memcpy_summary(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("time_ns", ascending=False).reset_index(drop=True)
 
 
-def sync_calls(df: pd.DataFrame) -> pd.DataFrame:
-    """Host calls that block until the GPU catches up (device/stream/event synchronize, blocking
-    cudaMemcpy/cudaMemset), and nsys synchronization records: count and total time per name."""
-    rows = np.flatnonzero(kind_mask(df, "runtime", "sync"))
-    hit = kind_mask(df, "sync")[rows] | _per_name(df["name"], rows, lambda n: bool(SYNC_RE.search(n)), bool)
-    names, time_ns, count = _totals_by_name(df["name"], rows[hit], df["dur_ns"].to_numpy()[rows[hit]])
-    out = pd.DataFrame({"name": pd.Series(names, dtype="str"), "count": count, "time_ns": time_ns})
-    return out.sort_values("time_ns", ascending=False)
+SYNC_WAIT_COLUMNS = ["rank", "tid", "name", "start_ns", "dur_ns", "blocking"]
+
+
+def _inside(starts: np.ndarray, ends: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Whether each interval [s, e) lies inside one of the intervals [starts, ends)."""
+    if starts.size == 0:
+        return np.zeros(s.size, dtype=bool)
+    order = np.argsort(starts, kind="stable")
+    starts, reach = starts[order], np.maximum.accumulate(ends[order])  # reach: the furthest end so far
+    pos = np.searchsorted(starts, s, side="right") - 1
+    return (pos >= 0) & (reach[np.maximum(pos, 0)] >= e)
+
+
+def sync_waits(df: pd.DataFrame, *, launches: dict[int, LaunchCalls] | None = None) -> pd.DataFrame:
+    """Every wait of the host for the GPU, each once: ``rank``, ``tid`` (-1 where a record names no host
+    thread), ``name``, ``start_ns``, ``dur_ns`` and ``blocking`` (whether the host waited).
+
+    Two sources record the same waits: the runtime calls that block (``SYNC_RE``: device, stream and
+    event synchronize, blocking cudaMemcpy/cudaMemset) and the synchronization records CUPTI writes for
+    them (nsys CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, Kineto ``cuda_sync``). A record belongs to the call
+    of its rank that has its correlation id (ids are per process) or, without an id, to a blocking
+    call of its rank around it; the call is kept, with its host thread, and the record dropped, so the
+    record of a call that does not block (cudaEventQuery polls) goes with that call. A record that no
+    call accounts for (its API call not traced) is a blocking wait of its own. Stream-wait records
+    (cudaStreamWaitEvent) are kept with ``blocking`` False: a GPU stream waits there, not the host.
+    ``launches`` takes launch_calls(df) already computed."""
+    launches = launch_calls(df) if launches is None else launches
+    rank, tid, start, dur, corr = (df[c].to_numpy() for c in ("rank", "tid", "start_ns", "dur_ns", "correlation"))
+    runtime = np.flatnonzero(kind_mask(df, "runtime"))
+    calls = runtime[_per_name(df["name"], runtime, lambda n: SYNC_RE.search(n) is not None, bool)]
+    records = np.flatnonzero(kind_mask(df, "sync"))
+    stream_wait = _per_name(df["name"], records, lambda n: _search(STREAM_WAIT_RE, n), bool)
+    own = np.ones(records.size, dtype=bool)  # no call accounts for the record
+    for r in np.unique(rank[records]).tolist():
+        mine = rank[records] == r
+        with_id = mine & (corr[records] >= 0)
+        own[with_id] = ~launches.get(int(r), _NO_CALLS).find(corr[records[with_id]])[0]
+        without = mine & (corr[records] < 0)
+        if without.any():
+            around = calls[rank[calls] == r]
+            lo, hi = start[records[without]], start[records[without]] + dur[records[without]]
+            own[without] = ~_inside(start[around], start[around] + dur[around], lo, hi)
+    kept = own | stream_wait
+    rows = np.concatenate([calls, records[kept]])
+    out = pd.DataFrame(
+        {
+            "rank": rank[rows],
+            "tid": tid[rows],
+            "name": df["name"].iloc[rows].to_numpy(),
+            "start_ns": start[rows],
+            "dur_ns": dur[rows],
+            "blocking": np.concatenate([np.ones(calls.size, dtype=bool), ~stream_wait[kept]]),
+        },
+        columns=SYNC_WAIT_COLUMNS,
+    )
+    return out.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
+
+
+def sync_calls(df: pd.DataFrame, waits: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per name of the waits of ``sync_waits`` (the blocking host calls, the synchronization records no
+    call accounts for, the stream waits): whether it is ``blocking``, its ``count`` and summed
+    ``time_ns``, largest first. ``waits`` takes sync_waits(df) already computed."""
+    waits = sync_waits(df) if waits is None else waits
+    names = waits["name"].astype("category")
+    codes, labels = names.cat.codes.to_numpy().astype(np.int64), names.cat.categories
+    keys, time_ns, count = _totals(codes * 2 + waits["blocking"].to_numpy(), waits["dur_ns"].to_numpy())
+    out = pd.DataFrame(
+        {
+            "name": pd.Series([_label(labels, k // 2) for k in keys.tolist()], dtype="str"),
+            "blocking": (keys % 2).astype(bool),
+            "count": count.astype(np.int64),
+            "time_ns": time_ns.astype(np.int64),
+        }
+    )
+    return out.sort_values("time_ns", ascending=False, kind="stable").reset_index(drop=True)
+
+
+SYNC_TIME_COLUMNS = [
+    "rank",
+    "span_ns",
+    "blocking_calls",
+    "blocking_ns",
+    "blocking_pct",
+    "stream_waits",
+    "stream_wait_ns",
+]
+
+
+def sync_time(df: pd.DataFrame, waits: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per rank: its capture span (``span_ns``: its first event's start to its last one's end), its
+    blocking waits (``blocking_calls``), the time its host was blocked (``blocking_ns``: the union of the
+    blocking waits of all its host threads, so two threads blocked at once count once; at most the
+    span) and that time's share of the span (``blocking_pct``), and its stream waits (count and summed
+    ``stream_wait_ns``). ``waits`` takes sync_waits(df) already computed."""
+    waits = sync_waits(df) if waits is None else waits
+    ranks, start = df["rank"].to_numpy(), df["start_ns"].to_numpy()
+    if ranks.size == 0:
+        return pd.DataFrame(columns=SYNC_TIME_COLUMNS)
+    low = int(ranks.min())
+    at = ranks - low  # ranks are small integers: each one's slot in the per-rank arrays
+    first = np.full(int(at.max()) + 1, np.iinfo(np.int64).max)
+    last = np.full(first.size, np.iinfo(np.int64).min)
+    np.minimum.at(first, at, start)
+    np.maximum.at(last, at, start + df["dur_ns"].to_numpy())
+    w_rank, blocking = waits["rank"].to_numpy(), waits["blocking"].to_numpy()
+    w_start, w_dur = waits["start_ns"].to_numpy(), waits["dur_ns"].to_numpy()
+    rows = []
+    for slot in np.flatnonzero(np.bincount(at)).tolist():
+        r = slot + low
+        mine = w_rank == r
+        b, w = mine & blocking, mine & ~blocking
+        blocked = union_ns(w_start[b], w_start[b] + w_dur[b])
+        span = int(last[slot] - first[slot])
+        pct = 100 * blocked / span if span else float("nan")
+        rows.append((r, span, int(b.sum()), blocked, pct, int(w.sum()), int(w_dur[w].sum())))
+    return pd.DataFrame(rows, columns=SYNC_TIME_COLUMNS)
 
 
 def phase_breakdown(df: pd.DataFrame) -> pd.DataFrame:

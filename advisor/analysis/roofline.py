@@ -546,15 +546,16 @@ ROOFLINE_COLUMNS = {
     "precision": "fp32, tf32, bf16, fp16, fp8",
     "category": "the kernel's class (advisor.analysis.breakdown.kernel_category), or the op's in the same words",
     "basis": "'shapes' (FLOPs and bytes by formula), 'transfer' (a copy or set: its bytes), "
+    "'transfer of unknown size' (a copy or set the trace gives no bytes for: bytes and bandwidth NaN), "
     "'kernel class' (no shapes: the verdict follows the kernel's class and length)",
     "calls": "calls over the trace",
     "time_ms": "summed over the trace",
     "mean_call_us": "time per call",
     "flops": "summed FLOPs (NaN where not modelled)",
-    "bytes": "summed compulsory bytes moved",
+    "bytes": "summed compulsory bytes moved (NaN where not known)",
     "intensity_flops_per_byte": "FLOPs / bytes",
     "achieved_flops_per_s": "FLOPs / time",
-    "achieved_bytes_per_s": "bytes / time",
+    "achieved_bytes_per_s": "bytes / time (NaN where the bytes are not known)",
     "roof_flops_per_s": "min(peak, intensity x bandwidth); 0 for pure data movement",
     "bound": "compute or memory by the side of the ridge point; latency when it reaches under "
     "LATENCY_ROOF_FRAC of its roof with a mean call under the latency cut; communication for collectives",
@@ -632,6 +633,8 @@ def _group(rows: pd.DataFrame) -> pd.DataFrame:
     return g.reset_index()
 
 
+UNKNOWN_SIZE = "transfer of unknown size"
+"""The basis of a copy or set whose bytes the trace does not give (0): its bytes and bandwidth are NaN."""
 UNKNOWN_PRECISION = "?"
 """The precision of a kernel with no launching op to read it from (judged by class, with no FLOPs)."""
 
@@ -763,10 +766,12 @@ def kernel_roofline(
     )
     for i in range(len(k)):
         if kinds[i] != "kernel":
-            basis[i] = "transfer"
             copies = 2 if "DtoD" in names[i] else 1  # a device copy reads and writes HBM
-            if k_bytes[i] > 0:  # a copy whose size the trace does not give is judged by its length
+            if k_bytes[i] > 0:
+                basis[i] = "transfer"
                 nbytes[i], flops[i] = float(k_bytes[i]) * copies, 0.0
+            else:  # the trace does not give its size: judged by its length, grouped apart from sized copies
+                basis[i] = UNKNOWN_SIZE
             continue
         cat = categories[names[i]]
         if launch[i] >= 0:

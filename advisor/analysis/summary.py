@@ -64,6 +64,7 @@ def analyze(
     host_ops = A.host_op_times(df)
     temporal, phases = A.temporal_breakdown(df, sweeps), A.phase_breakdown(df)
     idle = A.idle_time_breakdown(df, launches=launches)
+    waits = A.sync_waits(df, launches=launches)
     tables = {
         "temporal_breakdown": temporal,
         "kernel_type_breakdown": A.kernel_type_breakdown(df, sweeps),
@@ -74,7 +75,8 @@ def analyze(
         "top_kernels": top,
         "launch_stats": A.launch_stats(df, launches=launches),
         "memcpy": A.memcpy_summary(df),
-        "sync_calls": A.sync_calls(df),
+        "sync_calls": A.sync_calls(df, waits),
+        "sync_time": A.sync_time(df, waits),
         "phases": phases,
         "memory_peak": A.memory_timeline(df)[1],
         "rank_skew": A.rank_skew(df, phases=phases, temporal=temporal),
@@ -222,8 +224,8 @@ def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_sel
         launch_delay_mean_us=_mean(t["launch_stats"], "launch_delay_mean_us"),
         pageable_copies=int(pageable["count"].sum()) if len(pageable) else 0,
         pageable_copy_bytes=int(pageable["bytes"].sum()) if len(pageable) else 0,
-        sync_calls=int(t["sync_calls"]["count"].sum()) if len(t["sync_calls"]) else 0,
-        sync_time_ms=float(t["sync_calls"]["time_ns"].sum()) / 1e6 if len(t["sync_calls"]) else 0.0,
+        sync_calls=int(t["sync_time"]["blocking_calls"].sum()),
+        sync_time_ms=float(t["sync_time"]["blocking_ns"].mean()) / 1e6 if len(t["sync_time"]) else 0.0,
         step_skew_pct=float(skew["above_median_pct"].max()) if len(skew) > 1 else None,
         stragglers=[int(r) for r in skew.loc[skew["straggler"], "rank"]] if len(skew) > 1 else [],
         top_ops=[
@@ -267,8 +269,10 @@ def format_report(report: TraceReport, name: str) -> str:
             if getattr(m, f"{k}_ms") is not None
         )
         out.append(f"Step {m.step_time_ms:.1f} ms" + (f": {phases}" if phases else ""))
+    per_rank = ", mean per rank" if (m.n_ranks or 1) > 1 else ""
     out.append(
-        f"Pageable host copies: {m.pageable_copies}; blocking sync calls: {m.sync_calls} ({m.sync_time_ms:.2f} ms)"
+        f"Pageable host copies: {m.pageable_copies}; blocking sync calls: {m.sync_calls} "
+        f"({m.sync_time_ms:.2f} ms blocked{per_rank})"
     )
     if m.step_skew_pct is not None:
         out.append(

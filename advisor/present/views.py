@@ -158,7 +158,9 @@ def top_ops_table(rows: list[dict[str, Any]], device_type: str, n: int = 15) -> 
 
 
 def roofline_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """The roofline table's rows with the most time, in units for reading (headers carry them)."""
+    """The roofline table's rows with the most time, in units for reading (headers carry them). The
+    bandwidth of a row whose bytes are not known (a copy the trace gives no size for, a kernel judged
+    by its class) reads "unknown"."""
     top = table.sort_values("time_ms", ascending=False, kind="stable").head(ROOFLINE_ROWS)
     shown = {}
     for column, header, scale, decimals in ROOFLINE_SHOWN:
@@ -166,6 +168,8 @@ def roofline_rows(table: pd.DataFrame) -> pd.DataFrame:
         shown[header] = (
             values.astype(str).str.slice(0, NAME_CHARS) if scale is None else (values * scale).round(decimals)
         ).to_numpy()
+    rate = pd.Series(shown["achieved GB/s"], dtype=object)
+    shown["achieved GB/s"] = rate.where(rate.notna(), "unknown").to_numpy()
     return pd.DataFrame(shown)
 
 

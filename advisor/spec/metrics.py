@@ -141,8 +141,12 @@ class StepMetrics:
     """Host<->device copies from or to pageable host memory."""
     pageable_copy_bytes: int | None = None
     sync_calls: int | None = None
-    """Blocking host calls: device/stream/event synchronize, blocking cudaMemcpy/cudaMemset."""
+    """Blocking host calls: device/stream/event synchronize, blocking cudaMemcpy/cudaMemset, each wait
+    once (a call and the synchronization record CUPTI writes for it are one); summed over ranks.
+    Stream waits (cudaStreamWaitEvent) do not block the host and are not counted."""
     sync_time_ms: float | None = None
+    """Host time blocked in them: per rank the union of its blocking waits (at most its capture span),
+    mean over ranks (``advisor.analysis.breakdown.sync_time``)."""
     step_skew_pct: float | None = None
     """Slowest rank's step time above the median rank's."""
     stragglers: list = field(default_factory=list)

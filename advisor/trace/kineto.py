@@ -51,6 +51,9 @@ _CAT_KIND = {
     "gpu_memset": "memset",
     "cuda_runtime": "runtime",
     "cuda_driver": "runtime",
+    # CUPTI synchronization records, written with _ExperimentalConfig(enable_cuda_sync_events=True): args
+    # hold the device, the stream (-1 for a context sync) and the correlation id of the call that waited.
+    "cuda_sync": "sync",
     "cpu_op": "cpu_op",
     "operator": "cpu_op",
     "user_annotation": "annotation",
@@ -62,7 +65,9 @@ _CAT_CODE = {cat: i for i, cat in enumerate(_CAT_KIND)}
 _MEMORY_CODE = len(_CAT_KIND)
 _CODE_KIND = np.array([*(KINDS.index(k) for k in _CAT_KIND.values()), KINDS.index("memory")], dtype=np.int8)
 # GPU-stream events: their device and stream come from args and they have no host thread.
-_CODE_GPU = np.array([*(c in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation") for c in _CAT_KIND), False])
+_CODE_GPU = np.array(
+    [*(c in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync") for c in _CAT_KIND), False]
+)
 _NO_ARGS: dict[str, Any] = {}
 _CPU_OP = KINDS.index("cpu_op")
 _COPY = re.compile(r"Memcpy (HtoD|DtoH|DtoD|HtoH|PtoP)(?: \((\w+) -> (\w+)\))?")

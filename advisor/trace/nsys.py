@@ -76,6 +76,7 @@ _MEM_KIND = {
     6: "Managed Static",
     7: "Unknown",
 }
+_SYNC_INVALID = 0xFFFFFFFF  # CUPTI_SYNCHRONIZATION_INVALID_VALUE, as the export stores it
 _SYNC_TYPE = {0: "Unknown", 1: "Event sync", 2: "Stream wait sync", 3: "Stream sync", 4: "Context sync"}
 # A CUDA array lives in device memory, so array copies count as device-side; unified-memory
 # migrations keep their direction.
@@ -439,4 +440,6 @@ def _syncs(conn: sqlite3.Connection, file: str, tables: set[str], names: _Names)
     r = _read(conn, file, _SYNC_TABLE, {**_DEVICE_COLS, sync_col: 0})
     labels = _enum(conn, tables, "ENUM_CUPTI_SYNC_TYPE", "label", _SYNC_TYPE)
     name = names.codes(r[sync_col], lambda k: labels.get(k, f"Sync (type {k})"))
-    return _event("sync", r, name, _process(r["globalPid"]), device=r["deviceId"], stream=r["streamId"])
+    # A context or device synchronize waits on no one stream: CUPTI writes CUPTI_SYNCHRONIZATION_INVALID_VALUE.
+    stream = np.where(r["streamId"] == _SYNC_INVALID, -1, r["streamId"])
+    return _event("sync", r, name, _process(r["globalPid"]), device=r["deviceId"], stream=stream)

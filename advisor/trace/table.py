@@ -21,7 +21,9 @@ the trace's own clock; one row per event):
 Kinds: ``kernel`` GPU kernels; ``memcpy``/``memset`` GPU copies and sets; ``runtime`` CUDA runtime and
 driver API calls (cudaLaunchKernel, cudaMemcpyAsync, cudaDeviceSynchronize...); ``cpu_op`` framework
 ops (aten::mm); ``annotation`` user ranges (record_function, NVTX, ProfilerStep#N); ``memory``
-allocation events; ``sync`` CUDA synchronization records (nsys); ``other`` everything else kept.
+allocation events; ``sync`` CUDA synchronization records (nsys' CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,
+Kineto's ``cuda_sync``: on the device and stream waited for, with the correlation id of the runtime call
+that waited, no host thread); ``other`` everything else kept.
 """
 
 from __future__ import annotations
