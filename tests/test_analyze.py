@@ -192,6 +192,70 @@ def test_gemm_math_of_kernel_names():
     assert gemm_math("void gemmk1_kernel<float, 256, 5, false, false, false, false>") == "fp32"
 
 
+HTA_DATA = ROOT / "tests" / "data" / "hta"
+"""Small real traces from HolisticTraceAnalysis kept in the project (README there: origin, figures)."""
+
+
+def _rocm_steps(step_us: tuple[int, ...], copy_us: tuple[int, ...]) -> list[dict]:
+    """Host ProfilerStep#N ranges, one kernel each, and the GPU copy of each range as ROCm's Kineto
+    writes it (the MI250 trace of HTA's tests/data/amd_trace): a gpu_user_annotation on pid = device 2,
+    tid = stream 0, with only an External id in its args, spanning the step's GPU work."""
+    host = {"pid": 597913, "tid": 597913}
+    events, ts = [], 1000
+    for n, (step, busy) in enumerate(zip(step_us, copy_us, strict=True), start=1):
+        kernel = {"pid": 2, "tid": 0, "ts": ts + 300, "dur": busy}
+        events += [
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", **host, "ts": ts, "dur": step},
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "hipLaunchKernel",
+                **host,
+                "ts": ts + 100,
+                "dur": 10,
+                "args": {"correlation": n},
+            },
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "Cijk_Alik_Bljk_SB_MT64x64x16_MI16x16x1",
+                **kernel,
+                "args": {"device": 2, "stream": 0, "correlation": n, "kind": "Dispatch Kernel"},
+            },
+            {
+                "ph": "X",
+                "cat": "gpu_user_annotation",
+                "name": f"ProfilerStep#{n}",
+                **kernel,
+                "args": {"External id": n},
+            },
+        ]
+        ts += step + 100
+    return events
+
+
+def test_rocm_gpu_copies_of_profiler_steps_are_not_host_steps(tmp_path):
+    # Two host steps of 9 and 8 ms, their GPU copies 2 and 1.5 ms. The copies are the GPU's, not
+    # more host steps: untrimmed the step is (9 + 8) / 2 = 8.5 ms (reading them as host steps gave
+    # (9 + 8 + 2 + 1.5) / 4 = 5.125); trimmed to the complete steps, step 1's 9 ms. The copy of step 2
+    # starts 300 us into the host's step 2: cutting at the copy's start kept step 2 (8.5 ms; 6.333
+    # with the copies read as host steps as well).
+    path = tmp_path / "rocm_steps.json"
+    path.write_text(json.dumps({"traceEvents": _rocm_steps((9000, 8000), (2000, 1500))}))
+    table = load_trace(path)
+    copies = table[table["name"].str.startswith("ProfilerStep") & (table["device"] == 2)]
+    assert len(copies) == 2 and (copies["stream"] == 0).all()
+    assert analyze(table, trim_last_step=False).metrics.step_time_ms == pytest.approx(8.5)
+    assert analyze(table).metrics.step_time_ms == pytest.approx(9.0)
+
+
+def test_step_time_of_a_real_mi250_trace():
+    # HTA's ROCm 6.2 trace of one MI250 GCD: host ProfilerStep#1 9,288.291 us; its GPU copy (1,031.368
+    # us) no longer halves it to 5.160 ms (tests/data/hta/README.md).
+    m = analyze(load_trace(HTA_DATA / "mi250_minitoy_train_ROCm6_2_kineto.json.gz")).metrics
+    assert m.step_time_ms == pytest.approx(9.288291)
+
+
 def test_rocm_names_are_understood(tmp_path):
     # A ROCm trace written by Kineto uses the same categories with HIP names: hipLaunchKernel, rocBLAS
     # Tensile GEMMs (Cijk_...), RCCL (ncclDevKernel_...), hipMemcpyWithStream (blocking).

@@ -105,10 +105,12 @@ def drop_last_profiler_step(df: pd.DataFrame) -> pd.DataFrame:
     """The events of the complete profiler steps: per rank, host events that start before the last
     ``ProfilerStep#N`` range and the GPU events their runtime calls launched (HTA's default window:
     the last step is cut off by the end of the capture). A rank with fewer than two ProfilerStep ranges
-    is kept whole."""
+    is kept whole. Only the host's ranges count: a ROCm trace repeats each on the GPU
+    (gpu_user_annotation), and the copy of the last step starts later than the host's range, which
+    would keep the host events of that step's first moments."""
     ranks, start, corr = (df[c].to_numpy() for c in ("rank", "start_ns", "correlation"))
     on_gpu = kind_mask(df, *GPU_KINDS)
-    steps = kind_mask(df, "annotation")
+    steps = kind_mask(df, "annotation") & (df["device"].to_numpy() == -1)
     steps[steps] = _per_name(df["name"], steps, lambda n: n.startswith("ProfilerStep#"), bool)
     keep = np.ones(len(df), dtype=bool)
     for rank in np.unique(ranks[steps]).tolist():
