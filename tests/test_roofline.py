@@ -520,6 +520,20 @@ def test_fp32_convolutions_keep_the_math_their_kernel_names(tmp_path):
     assert set(table["category"]) == {"convolution"} and set(table["basis"]) == {"shapes"}
 
 
+def test_a_real_mi250_trace_is_judged_on_mi250_roofs():
+    # HTA's ROCm trace names its device "AMD Radeon Graphics"; its hipBLASLt kernels say _ISA90a_ (CDNA
+    # 2): one MI250 GCD (FP32 45.25 TFLOP/s, HBM 1.6 TB/s), not the H100 datasheet it was judged on.
+    path = Path(__file__).parent / "data" / "hta" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+    report = analyze_path(path)
+    roofs = report.tables["roofline"].attrs["roofs"]
+    assert (roofs["device"], roofs["peak_flops_per_s"], roofs["bytes_per_s"]) == (
+        "MI250 GCD 64GB",
+        {"fp32": 45.25e12},
+        1.6e12,
+    )
+    assert "guessed from kernel names" in report.metrics.roofline_roofs
+
+
 def test_a_copy_of_unknown_size_is_not_called_compute_bound(tmp_path):
     events = [{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": 7,
                "ts": 0, "dur": 500, "args": {"correlation": 3, "bytes": 0}}]  # fmt: skip
