@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACES = SHARED_TRACES
 needs_traces = needs_shared_traces
 SAMPLE_RUN = ROOT / "traces" / "20261130-165248-tiny-6bcb2f"
+HTA_DATA = ROOT / "tests" / "data" / "hta"
+"""Small real traces from HolisticTraceAnalysis kept in the project (README there: origin, figures)."""
 
 
 @needs_traces
@@ -168,13 +170,15 @@ def test_launch_bound_verdict_on_the_host_bound_and_the_gpu_bound_trace():
 @needs_traces
 def test_gemm_math_modes_on_real_traces():
     # ns_resolution_trace (V100, fp32): its GEMMs are volta_sgemm_* kernels, all of its 24.845 % GEMM
-    # share; nccl_parser_config (A100, fp32 with TF32 allowed): cutlass_80_tensorop_s1688gemm_* and
-    # sm80_xmma_*_tf32f32_* kernels, 22.7 of its 25.1 %, the rest ampere_sgemm/simt_sgemm and
-    # split-K reductions; the nsys H100 capture: nvjet (16-bit tensor-core) GEMMs only.
+    # share; nccl_parser_config (A100, fp32 with TF32 allowed): the two cutlass_80_tensorop_s1688gemm_*
+    # kernels, 8,217,258 + 4,746,528 ns of 102,977,881 = 12.589 %, the rest ampere_sgemm/simt_sgemm and
+    # split-K reductions (its TF32 convolutions, sm80_xmma_{fprop,dgrad,wgrad}_implicit_gemm and
+    # cutlass_tensorop_s1688{fprop,dgrad,wgrad}: 10.140 % more, are convolutions, not GEMMs); the nsys
+    # H100 capture: nvjet (16-bit tensor-core) GEMMs only.
     fp32 = analyze(load_trace(TRACES / "kineto" / "ns_resolution_trace")).metrics
     assert (fp32.fp32_gemm_pct, fp32.tf32_gemm_pct) == (24.836, 0.0)
     tf32 = analyze(load_trace(TRACES / "kineto" / "nccl_parser_config")).metrics
-    assert (tf32.fp32_gemm_pct, tf32.tf32_gemm_pct) == (0.108, 22.729)
+    assert (tf32.fp32_gemm_pct, tf32.tf32_gemm_pct) == (0.108, 12.589)
     h100 = analyze(load_trace(TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite")).metrics
     assert (h100.fp32_gemm_pct, h100.tf32_gemm_pct) == (0.0, 0.0)
 
@@ -196,6 +200,110 @@ def test_gemm_math_of_kernel_names():
         "fp32"
     )
     assert gemm_math("void gemmk1_kernel<float, 256, 5, false, false, false, false>") == "fp32"
+
+
+@pytest.mark.parametrize(
+    ("name", "math"),
+    [
+        # Tensile's A/B type letter after the index letters (S single, B bf16, H half, D double; see
+        # _TENSILE_TYPE_RE). Real names, their first 70-80 characters (the rest lists tuning tokens):
+        # hipBLASLt on an MI250 (gfx90a), tests/data/hta's trace;
+        ("Cijk_Alik_Bljk_SB_Bias_AS_SAV_UserArgs_MT64x16x32_MI16x16x1_SN_LDSB0_AFC1", "fp32"),
+        ("Cijk_Ailk_Bjlk_SB_Bias_AS_SAV_UserArgs_MT64x16x16_MI16x16x1_SN_LDSB0_AFC1", "fp32"),
+        # newer hipBLASLt on an MI300X, types apart: AMD-AGI/TraceLens @ 171dd747
+        # tests/traces/mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz;
+        ("Cijk_Ailk_Bljk_S_B_Bias_HA_S_SAV_UserArgs_MT16x16x128_MI16x16x1_SN_LDSB1", "fp32"),
+        ("Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT256x128x64_MI16x16x1_SN_LDSB1", "tensor_core_16bit_or_other"),
+        # rocBLAS bf16 (BBS: bf16 in and out, fp32 compute) on an MI300X, TraceLens
+        # tests/traces/mi300/resnet_act_checkpoint.json.gz, and on an MI210, tests/traces/mi210/gpu_only_trace;
+        ("Cijk_Ailk_Bljk_BBS_BH_MT64x64x64_MI16x16x16x1_SN_1LDSB0_APM1_ABV0_ACED0", "tensor_core_16bit_or_other"),
+        ("Cijk_Ailk_Bjlk_BBS_BH_Bias_HAS_SAV_UserArgs_MT128x64x32_MI32x32x1_SN_LDSB0", "tensor_core_16bit_or_other"),
+        # whole names from ROCm/Tensile @ a164ed70: Tensile/Configs/miopen/Logic/deepbench_conv/
+        # vega10_Cijk_Ailk_Bljk_HB.yaml (fp16) and Tensile/Tests/extended/big_tensor/bigskinny_nt.yaml
+        # (fp64: not the fp32 that mixed precision speeds up).
+        (
+            "Cijk_Ailk_Bljk_HB_MT032x128x32_GRVW02_LPB04_PGR0_PLR1_TT04_04_VW04_WG08_32_01_WGM01",
+            "tensor_core_16bit_or_other",
+        ),
+        (
+            "Cijk_Ailk_Bljk_DB_MT064x064x04_AF0EM01_ASEM01_BL1_GRVW02_GSU01_ISA900_K1_KLA_LPB00_MGWVW01_NLCA01_"
+            "NLCB01_PBC1_PGR1_PLR1_TT04_04_USFGRO00_VAW01_VW02_WG16_16_01_WGM08",
+            "tensor_core_16bit_or_other",
+        ),
+    ],
+)
+def test_gemm_math_of_tensile_kernel_names(name, math):
+    from advisor.analysis.breakdown import gemm_math
+
+    assert gemm_math(name) == math
+
+
+def test_fp32_gemms_of_a_real_mi250_trace_are_fp32():
+    # The trace's two hipBLASLt GEMMs are SB (fp32) kernels: 17,600 + 12,640 ns of the 149,042 ns of
+    # GPU events, 20.290 %. They read as 16-bit, so the fp32 -> mixed precision advice stayed silent.
+    m = analyze(load_trace(HTA_DATA / "mi250_minitoy_train_ROCm6_2_kineto.json.gz")).metrics
+    assert (m.fp32_gemm_pct, m.tf32_gemm_pct) == (20.29, 0.0)
+    assert m.kernel_category_pct["gemm"] == 20.29
+
+
+def _rocm_steps(step_us: tuple[int, ...], copy_us: tuple[int, ...]) -> list[dict]:
+    """Host ProfilerStep#N ranges, one kernel each, and the GPU copy of each range as ROCm's Kineto
+    writes it (the MI250 trace of HTA's tests/data/amd_trace): a gpu_user_annotation on pid = device 2,
+    tid = stream 0, with only an External id in its args, spanning the step's GPU work."""
+    host = {"pid": 597913, "tid": 597913}
+    events, ts = [], 1000
+    for n, (step, busy) in enumerate(zip(step_us, copy_us, strict=True), start=1):
+        kernel = {"pid": 2, "tid": 0, "ts": ts + 300, "dur": busy}
+        events += [
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", **host, "ts": ts, "dur": step},
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "hipLaunchKernel",
+                **host,
+                "ts": ts + 100,
+                "dur": 10,
+                "args": {"correlation": n},
+            },
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "Cijk_Alik_Bljk_SB_MT64x64x16_MI16x16x1",
+                **kernel,
+                "args": {"device": 2, "stream": 0, "correlation": n, "kind": "Dispatch Kernel"},
+            },
+            {
+                "ph": "X",
+                "cat": "gpu_user_annotation",
+                "name": f"ProfilerStep#{n}",
+                **kernel,
+                "args": {"External id": n},
+            },
+        ]
+        ts += step + 100
+    return events
+
+
+def test_rocm_gpu_copies_of_profiler_steps_are_not_host_steps(tmp_path):
+    # Two host steps of 9 and 8 ms, their GPU copies 2 and 1.5 ms. The copies are the GPU's, not
+    # more host steps: untrimmed the step is (9 + 8) / 2 = 8.5 ms (reading them as host steps gave
+    # (9 + 8 + 2 + 1.5) / 4 = 5.125); trimmed to the complete steps, step 1's 9 ms. The copy of step 2
+    # starts 300 us into the host's step 2: cutting at the copy's start kept step 2 (8.5 ms; 6.333
+    # with the copies read as host steps as well).
+    path = tmp_path / "rocm_steps.json"
+    path.write_text(json.dumps({"traceEvents": _rocm_steps((9000, 8000), (2000, 1500))}))
+    table = load_trace(path)
+    copies = table[table["name"].str.startswith("ProfilerStep") & (table["device"] == 2)]
+    assert len(copies) == 2 and (copies["stream"] == 0).all()
+    assert analyze(table, trim_last_step=False).metrics.step_time_ms == pytest.approx(8.5)
+    assert analyze(table).metrics.step_time_ms == pytest.approx(9.0)
+
+
+def test_step_time_of_a_real_mi250_trace():
+    # HTA's ROCm 6.2 trace of one MI250 GCD: host ProfilerStep#1 9,288.291 us; its GPU copy (1,031.368
+    # us) no longer halves it to 5.160 ms (tests/data/hta/README.md).
+    m = analyze(load_trace(HTA_DATA / "mi250_minitoy_train_ROCm6_2_kineto.json.gz")).metrics
+    assert m.step_time_ms == pytest.approx(9.288291)
 
 
 def test_rocm_names_are_understood(tmp_path):

@@ -482,6 +482,58 @@ def test_triton_kernels_launched_through_the_driver_api_are_linked(tmp_path):
     assert row["precision"] == "tf32" and row["roof_flops_per_s"] == get_hardware("h100").peak_tf32_flops
 
 
+def test_fp32_tensile_gemms_are_judged_against_the_fp32_roof(tmp_path):
+    # hipBLASLt's SB kernel (fp32 A/B; the MI250 trace in tests/data/hta) multiplies fp32 on the matrix
+    # cores at the fp32 rate, not as TF32: it was judged against the TF32 roof.
+    events = [
+        _op("aten::mm", 0, 50, [[1024, 1024], [1024, 1024]], ["float", "float"]),
+        _launch(9, 10, cat="cuda_runtime"),
+        _kernel("Cijk_Alik_Bljk_SB_Bias_AS_SAV_UserArgs_MT64x16x32_MI16x16x1_SN_LDSB0_AFC1", 9, 100, 500),
+    ]
+    row = kernel_roofline(trace_work(load_trace(_kineto(tmp_path, events))), get_hardware("h100")).iloc[0]
+    assert (row["basis"], row["precision"], row["category"]) == ("shapes", "fp32", "gemm")
+    assert row["roof_flops_per_s"] == pytest.approx(min(67e12, row["intensity_flops_per_byte"] * 3.35e12))
+
+
+def test_fp32_convolutions_keep_the_math_their_kernel_names(tmp_path):
+    # A 3x3 fp32 convolution run by cuDNN's TF32 implicit GEMM and by its FP32 scudnn kernel (names from
+    # HTA's AlexNet trace): the first is judged as TF32, the second as FP32, now that both are
+    # convolutions rather than a GEMM and an unnamed kernel.
+    dims = [[4, 16, 32, 32], [32, 16, 3, 3], [32], [], [], [], []]
+    types = ["float", "float", "float", "ScalarList", "ScalarList", "ScalarList", "Scalar"]
+    concrete = ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "1"]
+    tf32 = (
+        "sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_"
+        "warpsize2x2x1_g1_tensor16x8x8_alignc4_execute_kernel_cudnn"
+    )
+    events = [
+        _op("aten::conv2d", 0, 100, dims, types, concrete),
+        _launch(1, 10),
+        _kernel(tf32, 1, 200, 300),
+        _op("aten::conv2d", 1000, 100, dims, types, concrete),
+        _launch(2, 1010),
+        _kernel("cudnn_ampere_scudnn_128x64_relu_xregs_large_nn_v1", 2, 1200, 300),
+    ]
+    table = kernel_roofline(trace_work(load_trace(_kineto(tmp_path, events))), get_hardware("a100-80gb"))
+    math_of = dict(zip(table["name"], table["precision"], strict=True))
+    assert math_of == {tf32: "tf32", "cudnn_ampere_scudnn_128x64_relu_xregs_large_nn_v1": "fp32"}
+    assert set(table["category"]) == {"convolution"} and set(table["basis"]) == {"shapes"}
+
+
+def test_a_real_mi250_trace_is_judged_on_mi250_roofs():
+    # HTA's ROCm trace names its device "AMD Radeon Graphics"; its hipBLASLt kernels say _ISA90a_ (CDNA
+    # 2): one MI250 GCD (FP32 45.25 TFLOP/s, HBM 1.6 TB/s), not the H100 datasheet it was judged on.
+    path = Path(__file__).parent / "data" / "hta" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+    report = analyze_path(path)
+    roofs = report.tables["roofline"].attrs["roofs"]
+    assert (roofs["device"], roofs["peak_flops_per_s"], roofs["bytes_per_s"]) == (
+        "MI250 GCD 64GB",
+        {"fp32": 45.25e12},
+        1.6e12,
+    )
+    assert "guessed from kernel names" in report.metrics.roofline_roofs
+
+
 def test_a_copy_of_unknown_size_is_not_called_compute_bound(tmp_path):
     events = [{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": 7,
                "ts": 0, "dur": 500, "args": {"correlation": 3, "bytes": 0}}]  # fmt: skip

@@ -68,6 +68,7 @@ def test_hardware_presets_cite_datasheet_numbers():
     assert get_hardware("a100-80gb").peak_fp8_flops == 0
     assert get_hardware("cpu").kind == "cpu"
     assert set(HARDWARE) >= {"h100", "h200", "gh200", "b200", "gb200", "a100-80gb", "a100-40gb", "l40s", "cpu"}
+    assert set(HARDWARE) >= {"mi250", "mi250x", "mi300x"}
 
 
 def test_blackwell_presets_are_their_datasheets_per_gpu():
@@ -90,6 +91,58 @@ def test_blackwell_presets_are_their_datasheets_per_gpu():
     assert gb200.peak_fp32_flops == 5760e12 / 72 and gb200.mem_bw_bytes_per_s == 576e12 / 72
     assert (gb200.gpus_per_node, gb200.host_link, gb200.host_link_bw_bytes_per_s) == (72, "nvlink-c2c", 900e9 / 4)
     assert gb200.host_memory_bytes == 36 * 480e9 and get_hardware("gb200-nvl72") == gb200
+
+
+def test_amd_presets_are_their_datasheets_per_device():
+    # MI250 (ROCm docs' table, OAM, dense): matrix FP32 90.5, FP16/BF16 362.1 TFLOP/s, 3.2 TB/s: a GCD,
+    # the device PyTorch sees, has half of each. 1024 FLOP/clock/CU x 104 CUs x 1.7 GHz = 181.0 TFLOP/s.
+    mi250 = get_hardware("mi250")
+    assert (mi250.peak_fp32_flops, mi250.peak_bf16_flops, mi250.peak_fp16_flops) == (45.25e12, 181.05e12, 181.05e12)
+    assert mi250.peak_bf16_flops == pytest.approx(1024 * 104 * 1.7e9, rel=1e-3)
+    assert (mi250.peak_tf32_flops, mi250.peak_fp8_flops, mi250.mem_bw_bytes_per_s) == (0.0, 0.0, 1.6e12)
+    assert mi250.memory_bytes == 68_702_699_520 and mi250.sm_count == 104  # HTA's MI250 trace: 65,520 MiB
+    assert (mi250.gpus_per_node, mi250.intra_node_bw_bytes_per_s, mi250.host_link) == (8, 100e9, "pcie4")
+    # MI250X: 110 CUs a GCD, AMD's OAM figures 95.7 / 383.0 halved; the rest is the MI250's.
+    mi250x = get_hardware("mi250x")
+    assert (mi250x.peak_fp32_flops, mi250x.peak_bf16_flops, mi250x.sm_count) == (47.85e12, 191.5e12, 110)
+    assert mi250x.peak_bf16_flops == pytest.approx(1024 * 110 * 1.7e9, rel=1e-3)
+    assert (mi250x.memory_bytes, mi250x.mem_bw_bytes_per_s) == (mi250.memory_bytes, mi250.mem_bw_bytes_per_s)
+    # MI300X (ROCm docs' table, dense: 2048 FLOP/clock/CU x 304 CUs x 2.1 GHz = 1307.4 TFLOP/s bf16).
+    mi300x = get_hardware("mi300x")
+    assert (mi300x.peak_fp32_flops, mi300x.peak_tf32_flops) == (163.4e12, 653.7e12)
+    assert (mi300x.peak_bf16_flops, mi300x.peak_fp16_flops, mi300x.peak_fp8_flops) == (1307.4e12, 1307.4e12, 2614.9e12)
+    assert mi300x.peak_bf16_flops == pytest.approx(2048 * 304 * 2.1e9, rel=1e-3)
+    assert (mi300x.mem_bw_bytes_per_s, mi300x.memory_bytes, mi300x.sm_count) == (5.3e12, 196_592 * 2**20, 304)
+    # Seven xGMI links of 64 GB/s each way to the seven other GPUs; PCIe Gen5 x16 to the host.
+    assert (mi300x.intra_node_bw_bytes_per_s, mi300x.host_link_bw_bytes_per_s) == (448e9, 64e9)
+    from advisor.spec.presets import fastest_precision
+
+    assert {fastest_precision(hw) for hw in (mi250, mi250x, mi300x)} == {"bf16"}
+
+
+def test_amd_device_names_find_their_presets():
+    from advisor.spec.presets import hardware_for_gpu_name, hardware_for_trace
+
+    # As ROCm names them (TraceLens's MI300X traces: "AMD Instinct MI300X", "... MI300X VF" in a VM).
+    assert hardware_for_gpu_name("AMD Instinct MI300X", 206_141_652_992).name == "MI300X 192GB"
+    assert hardware_for_gpu_name("AMD Instinct MI300X VF").name == "MI300X 192GB"
+    assert hardware_for_gpu_name("AMD Instinct MI250X").name == "MI250X GCD 64GB"
+    assert hardware_for_gpu_name("AMD Instinct MI250X / MI250").name == "MI250X GCD 64GB"
+    assert hardware_for_gpu_name("AMD Instinct MI250").name == "MI250 GCD 64GB"
+    assert hardware_for_gpu_name("AMD Instinct MI210") is None
+    # ROCm's generic name: the Tensile kernels' ISA tells the architecture (HTA's MI250 trace).
+    gfx90a = "Cijk_Alik_Bljk_SB_Bias_AS_SAV_UserArgs_MT64x16x32_MI16x16x1_SN_LDSB0_GSUAMB_ISA90a_IU1_K1"
+    hw, how = hardware_for_trace([("AMD Radeon Graphics", 68_702_699_520)], ["reduce_kernel", gfx90a])
+    assert (hw.name, hw.memory_bytes) == ("MI250 GCD 64GB", 68_702_699_520)
+    assert "guessed from kernel names" in how and "'AMD Radeon Graphics'" in how
+    gfx942 = "Cijk_Ailk_Bljk_S_B_Bias_HA_S_SAV_UserArgs_MT16x16x128_MI16x16x1_SN_GSUAMB_GLS0_ISA942_IU1_K1"
+    assert hardware_for_trace([("AMD Radeon Graphics", 0)], [gfx942])[0].name == "MI300X 192GB"
+    assert hardware_for_trace([("AMD Radeon Graphics", 0)], ["attn_fwd"]) == (
+        None,
+        "the trace names its device only 'AMD Radeon Graphics' and its kernel names give no GPU generation away",
+    )
+    # A named device without a preset is not guessed at from its kernels.
+    assert hardware_for_trace([("AMD Instinct MI210", 0)], [gfx90a])[0] is None
 
 
 def _llama(**kw):

@@ -186,6 +186,105 @@ def test_kernel_category_names(name, kind, category):
     assert kernel_category(name, kind) == category
 
 
+# Real kernel names, by where they were found: [alexnet] HTA @ f4d0062c tests/data/critical_path/alexnet
+# (A100, tests/data/hta here); [a100] and [v100] ../shared/traces nccl_parser_config and
+# ns_resolution_trace; [trace_filter] ../shared/traces trace_filter; [mi300x] AMD-AGI/TraceLens @
+# 171dd747 tests/traces/mi300/resnet_act_checkpoint.json.gz (ResNet on an MI300X); [miopen] ROCm/MIOpen
+# kernel sources: src/kernels/gpu_reference_kernel/naive_conv.cpp @ 01aec825 and
+# src/kernels/MIOpenPooling.cl @ 2e957fb3. Composable Kernel's mangled names run to ~2,000 characters:
+# their first 120 are kept, which is all the pattern reads.
+CONVOLUTIONS = [
+    "cudnn_ampere_scudnn_128x64_relu_xregs_large_nn_v1",  # [alexnet]
+    "sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4_"
+    "warpsize2x2x1_g1_tensor16x8x8_alignc4_execute_kernel_cudnn",  # [alexnet]
+    # [alexnet] cuDNN's FFT convolution: "cudnn::reduced_divisor" made it a reduction.
+    "void fft2d_r2c_32x32<float, false, 0u, false>(float2*, float const*, int, int, int, int, int, int, int, "
+    "int, int, cudnn::reduced_divisor, bool, int2, int, int)",
+    "void fft2d_c2r_32x32<float, false, false, 0u, false, false>(float*, float2 const*, int, int, int, int, int, "
+    "int, int, int, int, float, float, cudnn::reduced_divisor, bool, float*, float*, int2, int, int)",
+    "void cask_cudnn::computeOffsetsKernel<false, false>(cask_cudnn::ComputeOffsetsParams)",  # [alexnet]
+    "sm80_xmma_dgrad_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x16_stage4_warpsize2x2x1_"
+    "g1_tensor16x8x8_execute_kernel_cudnn_infer",  # [a100]
+    "void cutlass_cudnn_train::Kernel<cutlass_tensorop_s1688wgrad_optimized_tf32_256x64_16x4_nhwc_align4>"
+    "(cutlass_tensorop_s1688wgrad_optimized_tf32_256x64_16x4_nhwc_align4::Params)",  # [a100]
+    "void cudnn::cnn::reduce_wgrad_nchw_helper<float, float>(void*, void const*, float, int, int)",  # [a100]
+    "void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>"
+    "(cudnn::winograd_nonfused::WinogradDataParams<float, float>)",  # [v100]
+    "void wgrad_alg0_engine<float, 128, 5, 5, 3, 3, 3, false, 512>(int, int, int, float const*, int, float*, "
+    "float const*, kernel_grad_params, unsigned long long, int, float, int, int, int, int)",  # [v100]
+    "igemm_fwd_gtcx3_nhwc_bf16_bx0_ex1_bt128x128x32_wt32x32x8_ws1x1_wr2x2_ta1x8x2x1_1x4x1x64_tb1x8x2x1_"
+    "1x4x1x64_gkgs",  # [mi300x] MIOpen's implicit GEMM, forward
+    "igemm_wrw_gtcx3_nhwc_bf16_bx0_ex1_bt64x64x64_wt32x32x8_ws1x1_wr1x1_ta1x4x1x4_1x16x1x16_tb1x4x1x4_"
+    "1x16x1x16_gkgs",  # [mi300x] and its weight gradient
+    "_ZN2ck16tensor_operation6device12_GLOBAL__N_149kernel_grouped_conv_fwd_multiple_abd_xdl_cshuffleINS_34"
+    "GridwiseGemmMulti",  # [mi300x]
+    "_ZN2ck16tensor_operation6device37kernel_batched_gemm_xdlops_bwd_weightINS_47GridwiseGemm_bk0mk1_bk0nk1_"
+    "mn_xdlops_bwd_weig",  # [mi300x]
+    "naive_conv_fwd_nchw_fp16",  # [miopen]
+]
+POOLING = [
+    "void at::native::(anonymous namespace)::max_pool_forward_nchw<float, float>(int, float const*, long, "
+    "long, long, int, int, int, int, int, int, int, int, int, int, float*, long*)",  # [alexnet]
+    "void at::native::(anonymous namespace)::adaptive_average_pool<float>(float const*, float*, int, int, "
+    "int, int, long, long, long)",  # [alexnet]
+    "void at::native::(anonymous namespace)::max_pool_backward_nchw<c10::BFloat16, float>(c10::BFloat16 "
+    "const*, long const*, int, long, long, long, int, int, int, int, int, int, int, int, int, int, "
+    "c10::BFloat16*)",  # [mi300x]
+    "mloPoolingG",  # [miopen]
+]
+
+
+@pytest.mark.parametrize("name", CONVOLUTIONS)
+def test_convolution_kernels_are_convolutions(name):
+    assert kernel_category(name) == "convolution"
+
+
+@pytest.mark.parametrize("name", POOLING)
+def test_pooling_kernels_are_pooling(name):
+    assert kernel_category(name) == "pooling"
+
+
+@pytest.mark.parametrize(
+    ("name", "category"),
+    [
+        # [trace_filter] FBGEMM's embedding permute: "pooled", not pooling.
+        (
+            "void permute_pooled_embs_kernel<float>(float const*, long const*, long const*, long const*, "
+            "float*, long, long, long)",
+            "other",
+        ),
+        # [v100] cuDNN's batch norm and layout transform are not convolutions.
+        (
+            "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 128, true, 1, true>(cudnnTensorStruct, "
+            "float const*, cudnnTensorStruct, float*, float const*, float const*, float, float, float*, float*, "
+            "float*, float*, float, float)",
+            "normalization",
+        ),
+        (
+            "void cudnn::ops::nchwToNhwcKernel<float, float, float, false, true, (cudnnKernelDataType_t)0>"
+            "(cudnn::ops::nchw2nhwc_params_t<float>, float const*, float*)",
+            "other",
+        ),
+        ("ampere_gcgemm_64x64_nt", "gemm"),  # [alexnet] the complex GEMM of cuDNN's FFT convolution
+    ],
+)
+def test_convolution_and_pooling_neighbours_keep_their_class(name, category):
+    assert kernel_category(name) == category
+
+
+def test_kernel_classes_of_a_real_cnn_trace():
+    # HTA's AlexNet trace (A100, tests/data/hta), 66,203,000 ns of GPU events. Convolutions: scudnn
+    # 2,069,000 + xmma fprop 1,814,000 + FFT 290,000 + 137,000 + 130,000 + cask offsets 8,000 = 4,448,000
+    # (6.719 %; they read 0 %, split into gemm and other, the FFT into reduction); pooling: max_pool
+    # 644,000 + adaptive_average_pool 271,000 = 915,000 (1.382 %); GEMMs: ampere_sgemm 2,621,000 +
+    # gcgemm 646,000 + cuBLASLt epilogue 39,000 = 3,306,000 (4.994 %, was 7.734 with the fprop).
+    path = Path(__file__).parent / "data" / "hta" / "alexnet_benchmark_result_2869224_1695835535_trace.json.gz"
+    cats, _ = kernel_breakdown(load_kineto(path))
+    pct = dict(zip(cats["category"], cats["time_pct"].round(3), strict=True))
+    assert (pct["convolution"], pct["pooling"], pct["gemm"]) == (6.719, 1.382, 4.994)
+    assert "reduction" not in pct and pct["other"] == 0.47  # cuDNN's nchwToNhwc 277,000 + dropout 34,000
+
+
 # --- bad input: a clear TraceError, nothing else ---
 
 

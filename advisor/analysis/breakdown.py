@@ -42,10 +42,30 @@ COMM_RE = _case_insensitive(r"^nccl|ncclkernel|nccldevkernel")
 TYPES = ("COMPUTATION", "COMMUNICATION", "MEMORY")
 CONSECUTIVE_KERNEL_DELAY_NS = 30_000  # HTA's default for the idle split
 # Fine kernel categories, first match wins (names of cuBLAS/CUTLASS/Hopper nvjet GEMMs, FlashAttention,
-# PyTorch's elementwise and reduction templates, fused optimizers). Case-insensitive.
+# cuDNN/MIOpen/Composable Kernel convolutions, PyTorch's elementwise and reduction templates, fused
+# optimizers). Case-insensitive.
 CATEGORY_PATTERNS = (
     ("communication", COMM_RE),
     ("attention", _case_insensitive(r"flash|fmha|attention|_attn|mha_")),
+    # Before gemm: convolutions run as implicit GEMMs and many say so (sm80_xmma_fprop_implicit_gemm,
+    # MIOpen's igemm_fwd_gtcx*, CK's grouped_conv_fwd ... GridwiseGemm). cuDNN: scudnn/hcudnn kernels,
+    # winograd, fprop/dgrad/wgrad (xmma, CUTLASS s1688fprop, dgrad_engine, wgrad_alg0_engine,
+    # cudnn::cnn::reduce_wgrad), its
+    # FFT convolutions (fft2d_r2c/c2r with cudnn:: arguments) and cask_cudnn's offset kernels; MIOpen's
+    # naive_conv and igemm kernels; CK's conv bwd-weight kernel (kernel_batched_gemm_xdlops_bwd_weight,
+    # composable_kernel device_grouped_conv_bwd_weight_xdl_cshuffle.hpp). Not Inductor's
+    # triton_*_fused_convolution_* kernels: those are the epilogue around a convolution, elementwise.
+    (
+        "convolution",
+        _case_insensitive(
+            r"^(?!triton_).*?(?:conv(?!ert)|implicit_gemm|implicit_convolve|[sh]cudnn|winograd|fft.*cudnn"
+            r"|(?:xmma|cudnn)[\w:]*(?:fprop|dgrad|wgrad)|\d(?:fprop|dgrad|wgrad)|dgrad_engine|wgrad_alg\d|cask_cudnn"
+            r"|igemm_(?:fwd|bwd|wrw)|xdlops_bwd_weight)"
+        ),
+    ),
+    # ATen's max_pool/avg_pool/adaptive_average_pool, cuDNN's pooling_fw/bw, MIOpen's mloPooling*; not
+    # FBGEMM's permute_pooled_embs (an embedding permute).
+    ("pooling", _case_insensitive(r"(?:max|avg|average)_?pool|pooling")),
     # cuBLAS/cuBLASLt/CUTLASS/nvjet on NVIDIA; rocBLAS/hipBLASLt Tensile kernels (Cijk_...) on AMD.
     (
         "gemm",
@@ -53,11 +73,14 @@ CATEGORY_PATTERNS = (
             r"(?<!fb)gemm|cutlass|cublas|nvjet|xmma|wgmma|gemv|splitkreduce|matmul|^cijk_|rocblas|hipblaslt"
         ),
     ),
-    ("convolution", _case_insensitive(r"conv|implicit_convolve|winograd|cudnn::.*(?:fprop|dgrad|wgrad)")),
     ("normalization", _case_insensitive(r"norm(?!al)|bn_fw|bn_bw|batch_norm")),
     # Not "lamb": PyTorch kernel names are full of "{lambda(...)}".
     ("optimizer", _case_insensitive(r"adam|sgd|multi_tensor_apply|optimizer")),
-    ("reduction", _case_insensitive(r"reduce|softmax|cross_entropy|nll_loss|argmax|sum_kernel|max_kernel|cunn_")),
+    # Not cuDNN's "reduced_divisor" (an argument type of its FFT and other kernels).
+    (
+        "reduction",
+        _case_insensitive(r"reduce(?!d_divisor)|softmax|cross_entropy|nll_loss|argmax|sum_kernel|max_kernel|cunn_"),
+    ),
     (
         "elementwise",
         _case_insensitive(r"elementwise|vectorized|unrolled|pointwise|triton_|catarray|copy_kernel|fill|index"),
@@ -105,10 +128,12 @@ def drop_last_profiler_step(df: pd.DataFrame) -> pd.DataFrame:
     """The events of the complete profiler steps: per rank, host events that start before the last
     ``ProfilerStep#N`` range and the GPU events their runtime calls launched (HTA's default window:
     the last step is cut off by the end of the capture). A rank with fewer than two ProfilerStep ranges
-    is kept whole."""
+    is kept whole. Only the host's ranges count: a ROCm trace repeats each on the GPU
+    (gpu_user_annotation), and the copy of the last step starts later than the host's range, which
+    would keep the host events of that step's first moments."""
     ranks, start, corr = (df[c].to_numpy() for c in ("rank", "start_ns", "correlation"))
     on_gpu = kind_mask(df, *GPU_KINDS)
-    steps = kind_mask(df, "annotation")
+    steps = kind_mask(df, "annotation") & (df["device"].to_numpy() == -1)
     steps[steps] = _per_name(df["name"], steps, lambda n: n.startswith("ProfilerStep#"), bool)
     keep = np.ones(len(df), dtype=bool)
     for rank in np.unique(ranks[steps]).tolist():
@@ -356,8 +381,22 @@ _TENSOR_CORE_RE = _case_insensitive(r"tensorop|xmma|wgmma|hmma|16816|884|nvjet")
 _FP32_SIMT_RE = _case_insensitive(r"_ffma|f32f32_f32f32_f32|gemmk1_kernel<float")
 
 
+# AMD's Tensile GEMMs (rocBLAS, hipBLASLt) name their problem type after the index letters, the A/B
+# data type's letter first (ROCm/Tensile @ a164ed70: Tensile/SolutionStructs.py ProblemType.__str__,
+# the letters in Tensile/DataType.py): S single, D double, C/Z complex single/double, H half, B bfloat16,
+# X xfloat32, I8/4xi8 int8, F8/B8 fp8; then the destination and compute types of the mixed ones (HHS,
+# BBS: 16-bit in, fp32 accumulate), B for beta and H for high-precision accumulate, fused ("SB",
+# "BBS_BH") or, in newer hipBLASLt, apart ("S_B", "B_BS_BH"). On CDNA an S kernel runs fp32 MFMA
+# (MI16x16x1 f32) or FMA: fp32 either way, a quarter of the bf16 matrix rate on an MI250, an eighth on
+# an MI300X.
+_TENSILE_TYPE_RE = _case_insensitive(r"^cijk_a[a-z]+_b[a-z]+_([0-9a-z]+)")
+
+
 def gemm_math(name: str) -> str:
     """'fp32', 'tf32' or 'tensor_core_16bit_or_other' for one GEMM kernel name."""
+    tensile = _TENSILE_TYPE_RE.match(name.lower())
+    if tensile is not None:
+        return "fp32" if tensile.group(1)[0] in "sc" else "tensor_core_16bit_or_other"
     if _search(_TF32_RE, name):
         return "tf32"
     if _search(_FP32_SIMT_RE, name):
@@ -365,6 +404,13 @@ def gemm_math(name: str) -> str:
     if _search(_SGEMM_RE, name) and not _search(_TENSOR_CORE_RE, name):
         return "fp32"
     return "tensor_core_16bit_or_other"
+
+
+def conv_math(name: str) -> str:
+    """'tf32' or 'fp32' for a convolution kernel that computes on fp32 tensors: cuDNN names its TF32
+    kernels (sm80_xmma_fprop_implicit_gemm_tf32f32_..., cutlass_tensorop_s1688fprop_..._tf32); its
+    scudnn, winograd and FFT kernels and MIOpen's fp32 ones compute in plain fp32."""
+    return "tf32" if _search(_TF32_RE, name) else "fp32"
 
 
 def gemm_precision(df: pd.DataFrame) -> pd.DataFrame:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from advisor.analysis.breakdown import gemm_math, kernel_category
+from advisor.analysis.breakdown import conv_math, gemm_math, kernel_category
 from advisor.errors import AdvisorError, TraceError
 from advisor.spec.ceilings import Ceilings
 from advisor.spec.specs import HardwareSpec
@@ -776,7 +776,7 @@ def kernel_roofline(
         cat = categories[names[i]]
         if launch[i] >= 0:
             op_name[i] = op_names[src[i] if src[i] >= 0 else launch[i]]
-            if cat == "other":  # a vendor kernel whose name says nothing (cuDNN's scudnn_*): its op does
+            if cat == "other":  # a kernel whose name says nothing (cuDNN's nchwToNhwc): its op does
                 cat = _OP_CLASSES.get(op_category(op_names[launch[i]]), cat)
                 if cat == "other" and "conv" in op_names[launch[i]]:
                     cat = "convolution"
@@ -793,6 +793,8 @@ def kernel_roofline(
         if cat == "gemm" and precision[i] == "fp32":
             # fp32 tensors on tensor cores run as TF32 (s1688gemm, xmma/nvjet/wgmma with fp32 in/out).
             precision[i] = "fp32" if gemm_math(names[i]) == "fp32" else "tf32"
+        elif cat == "convolution" and precision[i] == "fp32":
+            precision[i] = conv_math(names[i])  # cuDNN's TF32 kernels say so; the rest run fp32
         basis[i] = "shapes"
     rows = rows.assign(
         op=op_name,

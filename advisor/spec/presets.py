@@ -519,6 +519,100 @@ def l40s() -> HardwareSpec:
     )
 
 
+def mi250() -> HardwareSpec:
+    """One GCD of an AMD Instinct MI250 (CDNA 2), in a node of four OAMs: eight GCDs.
+
+    PyTorch sees each of the package's two GCDs (graphics compute dies) as a device of its own, with
+    half the package's figures, so the preset is one GCD. AMD's ROCm docs, "AMD Instinct MI250
+    microarchitecture" (rocm.docs.amd.com/en/latest/conceptual/gpu-arch/mi250.html; ROCm/ROCm @ e396b489
+    docs/conceptual/gpu-arch/mi250.md), peaks of the OAM (dense: CDNA 2 has no sparsity; FLOPS/clock/CU x
+    208 CUs x 1.7 GHz): matrix FP64 90.5, vector FP64 45.3, matrix and packed FP32 90.5, vector FP32 45.3,
+    matrix FP16/BF16 362.1 TFLOP/s; no TF32 or FP8 math. A GCD: 104 CUs, half of each (FP32 45.25 on the
+    matrix cores, where rocBLAS/hipBLASLt run fp32 GEMMs; FP16/BF16 181.05); HBM2e 1.6 TB/s a GCD, 64 GiB
+    (the driver reports 65,520 MiB: HTA's MI250 trace). Infinity Fabric links of 50 GB/s per direction:
+    four between the package's two GCDs (200 GB/s), one or two between GCDs of different OAMs; a ring
+    over a node's eight GCDs crosses OAMs, so the two-link 100 GB/s per direction is taken. Each GCD
+    has its own PCIe Gen4 x16 to the host (32 GB/s per direction). Node as Frontier's and LUMI's (OLCF
+    Frontier User Guide, summarised at glennklockwood.com/garden/systems/frontier): four 200 Gb/s
+    Slingshot NICs for eight GCDs (12.5 GB/s a GCD), 512 GB DDR4 at 205 GB/s. No GEMM share measured
+    on CDNA here: the default stands until ``python -m advisor calibrate`` or ``ceilings`` measure it.
+    """
+    return HardwareSpec(
+        name="MI250 GCD 64GB",
+        memory_bytes=65520 * MiB,
+        peak_fp32_flops=90.5 / 2 * TFLOPS,
+        peak_tf32_flops=0.0,
+        peak_bf16_flops=362.1 / 2 * TFLOPS,
+        peak_fp16_flops=362.1 / 2 * TFLOPS,
+        peak_fp8_flops=0.0,
+        mem_bw_bytes_per_s=1.6e12,
+        gpus_per_node=8,
+        intra_node_bw_bytes_per_s=100 * GB,
+        inter_node_bw_bytes_per_s=12.5 * GB,
+        host_link="pcie4",
+        host_link_bw_bytes_per_s=32 * GB,
+        host_memory_bytes=512 * GB,
+        host_mem_bw_bytes_per_s=205 * GB,
+        runtime_overhead_bytes=_GPU_RUNTIME_OVERHEAD_BYTES,
+        sm_count=104,  # compute units play the SMs' part in the wave model
+    )
+
+
+def mi250x() -> HardwareSpec:
+    """One GCD of an AMD Instinct MI250X: the MI250's GCD with 110 CUs instead of 104 (ROCm docs, "GPU
+    hardware specifications": 220 CUs, 110 per GCD; ROCm/ROCm @ e396b489 docs/reference/gpu-arch-specs.rst)
+    at the same per-CU rates and 1.7 GHz: AMD's MI250X figures (OAM, dense) matrix FP64/FP32 95.7,
+    vector FP64/FP32 47.9, FP16/BF16 383.0 TFLOP/s, 128 GB HBM2e at 3.2 TB/s, halved for a GCD. The node,
+    links and memory system are the MI250's (Frontier and LUMI run MI250X nodes of that layout)."""
+    return replace(
+        mi250(),
+        name="MI250X GCD 64GB",
+        peak_fp32_flops=95.7 / 2 * TFLOPS,
+        peak_bf16_flops=383.0 / 2 * TFLOPS,
+        peak_fp16_flops=383.0 / 2 * TFLOPS,
+        sm_count=110,
+    )
+
+
+def mi300x() -> HardwareSpec:
+    """AMD Instinct MI300X 192 GB (CDNA 3) in an 8-GPU OAM platform.
+
+    AMD's ROCm docs, "AMD Instinct MI300 series microarchitecture" (rocm.docs.amd.com/en/latest/
+    conceptual/gpu-arch/mi300.html; ROCm/ROCm @ e396b489 docs/conceptual/gpu-arch/mi300.md), peaks as
+    FLOPS/clock/CU x 304 CUs x 2.1 GHz, so dense (AMD's datasheet doubles the FP16/BF16/FP8 figures
+    "with structured sparsity"; those are not used): matrix FP64 163.4, vector FP64 81.7, matrix and
+    vector FP32 163.4, TF32 653.7, FP16/BF16 1307.4, FP8 2614.9 TFLOP/s; HBM3 5.3 TB/s; 192 GB (the
+    driver reports 196,592 MiB: AMD-AGI/TraceLens's MI300X trace). Seven Infinity Fabric (xGMI) links
+    connect each GPU to the other seven, each "rated up to 64 GB/s" (AMD ROCm blog, "Understanding RCCL
+    Bandwidth and xGMI Performance on AMD Instinct MI300X", 2025: about 48 usable): 448 GB/s per
+    direction. PCIe Gen5 x16 to the host (64 GB/s per direction). Node: AMD's MLPerf system
+    (mlcommons/inference_results_v4.1 closed/AMD/systems/8xMI300X_2xEPYC-9374F.json: 1.5 TiB of
+    24 x 64 GB DDR5-4800 on 2x EPYC 9374F, 12 channels each: 2 x 460.8 GB/s) with the 400 Gb/s NIC
+    per GPU of Azure's ND MI300X v5 ("8x400 Gigabit NDR", MicrosoftDocs azure-docs
+    nd-mi300x-v5-series.md): 50 GB/s a GPU. No GEMM share measured on CDNA here: the default stands
+    until ``python -m advisor calibrate`` or ``ceilings`` measure it.
+    """
+    return HardwareSpec(
+        name="MI300X 192GB",
+        memory_bytes=196592 * MiB,
+        peak_fp32_flops=163.4 * TFLOPS,
+        peak_tf32_flops=653.7 * TFLOPS,
+        peak_bf16_flops=1307.4 * TFLOPS,
+        peak_fp16_flops=1307.4 * TFLOPS,
+        peak_fp8_flops=2614.9 * TFLOPS,
+        mem_bw_bytes_per_s=5.3e12,
+        gpus_per_node=8,
+        intra_node_bw_bytes_per_s=7 * 64 * GB,
+        inter_node_bw_bytes_per_s=50 * GB,
+        host_link="pcie5",
+        host_link_bw_bytes_per_s=64 * GB,
+        host_memory_bytes=24 * 64 * GiB,
+        host_mem_bw_bytes_per_s=2 * 460.8 * GB,
+        runtime_overhead_bytes=_GPU_RUNTIME_OVERHEAD_BYTES,
+        sm_count=304,  # compute units play the SMs' part in the wave model
+    )
+
+
 def cpu_flags() -> set[str]:
     """The CPU feature flags of /proc/cpuinfo (empty where it cannot be read)."""
     try:
@@ -594,6 +688,9 @@ HARDWARE: dict[str, Callable[[], HardwareSpec]] = {
     "a100-40gb": a100_40gb,
     "l40s": l40s,
     "v100": v100,
+    "mi300x": mi300x,
+    "mi250x": mi250x,
+    "mi250": mi250,
     "cpu": cpu_host,
 }
 
@@ -635,9 +732,21 @@ _GPU_NAME_PRESETS = (
     ("A100", "a100-80gb"),
     ("L40S", "l40s"),
     ("V100", "v100"),
+    # ROCm: "AMD Instinct MI300X" (and "... MI300X VF" in a VM), "AMD Instinct MI250X"; some ROCm
+    # versions name both MI200 OAMs "AMD Instinct MI250X / MI250", read as the MI250X.
+    ("MI300X", "mi300x"),
+    ("MI250X", "mi250x"),
+    ("MI250", "mi250"),
 )
+# What ROCm calls any AMD GPU whose marketing name it cannot look up (ROCm/TheRock#4693: "If it can't
+# find the amdgpu.ids file..."; HTA's MI250 trace): the kernel names then tell the architecture.
+_GENERIC_GPU_NAMES = ("AMD Radeon Graphics",)
 # Kernel names that give a GPU generation away when a trace names no device: (pattern, preset).
 _KERNEL_ARCH_PRESETS = (
+    # Tensile GEMMs (rocBLAS, hipBLASLt) name their ISA: gfx90a is CDNA 2 (MI210/MI250/MI250X: the MI250,
+    # whose GCD the MI210 also has), gfx942 CDNA 3 (MI300X; also the MI300A and MI325X).
+    (re.compile(r"_ISA90a_", re.IGNORECASE), "mi250"),
+    (re.compile(r"_ISA942_", re.IGNORECASE), "mi300x"),
     # Blackwell's cuBLAS/CUTLASS kernels name their target (sm100_xmma_..., cutlass3x_sm100_...) and its
     # MMA (tcgen05); tried before Hopper's, since nvjet kernels exist on both.
     (re.compile(r"sm_?100|tcgen05|blackwell", re.IGNORECASE), "b200"),
@@ -664,22 +773,27 @@ def hardware_for_trace(
     gpus: Sequence[tuple[str, int]], kernel_names: Iterable[str] = ()
 ) -> tuple[HardwareSpec | None, str]:
     """The device a GPU trace ran on, and how it was found: by the device (name, memory bytes or 0)
-    the trace records, else by the GPU generation its kernel names give away (cuBLAS/CUTLASS name their target:
-    ``ampere_sgemm``, ``cutlass_80_tensorop``, ``volta_sgemm``, ``sm90_xmma``). (None, reason) when
-    neither tells."""
+    the trace records, else by the GPU generation its kernel names give away (cuBLAS/CUTLASS name their
+    target: ``ampere_sgemm``, ``cutlass_80_tensorop``, ``volta_sgemm``, ``sm90_xmma``; Tensile its ISA:
+    ``_ISA90a_``, ``_ISA942_``), also where the trace names only ROCm's generic "AMD Radeon Graphics"
+    (with the memory it records). (None, reason) when neither tells."""
     for name, memory in gpus:
         hw = hardware_for_gpu_name(name, memory)
         if hw is not None:
             return hw, f"{hw.name}: the trace's device is {name}"
-    if gpus:
-        return None, f"no preset for {gpus[0][0]}; pass the GPU to use its datasheet roofs"
+    named = [name for name, _ in gpus if name.strip() not in _GENERIC_GPU_NAMES]
+    if named:
+        return None, f"no preset for {named[0]}; pass the GPU to use its datasheet roofs"
+    memory = max((int(m) for _, m in gpus), default=0)
+    why = f"the trace names its device only {gpus[0][0]!r}" if gpus else "the trace names no device"
     kernel_names = list(kernel_names)
     for pattern, preset in _KERNEL_ARCH_PRESETS:
         hit = next((k for k in kernel_names if pattern.search(k)), None)
         if hit is not None:
             hw = HARDWARE[preset]()
-            return hw, f"{hw.name}, guessed from kernel names ({hit[:40]}...): the trace names no device"
-    return None, "the trace names no device and its kernel names give no GPU generation away"
+            hw = replace(hw, memory_bytes=memory) if memory > 0 else hw
+            return hw, f"{hw.name}, guessed from kernel names ({hit[:40]}...): {why}"
+    return None, f"{why} and its kernel names give no GPU generation away"
 
 
 def local_hardware(device_type: str) -> HardwareSpec:

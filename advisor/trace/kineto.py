@@ -64,7 +64,9 @@ _CAT_KIND = {
 _CAT_CODE = {cat: i for i, cat in enumerate(_CAT_KIND)}
 _MEMORY_CODE = len(_CAT_KIND)
 _CODE_KIND = np.array([*(KINDS.index(k) for k in _CAT_KIND.values()), KINDS.index("memory")], dtype=np.int8)
-# GPU-stream events: their device and stream come from args and they have no host thread.
+# GPU-stream events: their device and stream come from args and they have no host thread. Where args
+# lack them (every gpu_user_annotation, the GPU copy of a record_function range: CUDA and ROCm traces
+# alike), Kineto's pid and tid are the device and the stream, as on every kernel that has both.
 _CODE_GPU = np.array(
     [*(c in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync") for c in _CAT_KIND), False]
 )
@@ -457,7 +459,9 @@ def _events_to_columns(
     stream = np.full(len(kept), -1, dtype=np.int64)
     on_gpu = np.flatnonzero(gpu).tolist()
     if on_gpu:
-        device[on_gpu] = [args[i].get("device", -1) for i in on_gpu]
+        device[on_gpu] = [
+            a["device"] if "device" in (a := args[i]) else _pid_device(kept[i].get("pid")) for i in on_gpu
+        ]
         stream[on_gpu] = [args[i].get("stream", kept[i].get("tid", -1)) for i in on_gpu]
         tid[on_gpu] = -1
     for i in np.flatnonzero(code == _MEMORY_CODE).tolist():
@@ -478,6 +482,11 @@ def _events_to_columns(
         "correlation": np.array([a.get("correlation", -1) for a in args], dtype=np.int64),
         "bytes": np.array(nbytes, dtype=np.int64),
     }
+
+
+def _pid_device(pid: object) -> int:
+    """The device a GPU-stream event's pid names (-1 where it is not a device index)."""
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid >= 0 else -1
 
 
 def _to_ns(us: list) -> np.ndarray:
