@@ -9,7 +9,9 @@ construct is a load error that names the rule and the file. Evaluation goes thro
 (no ``eval``), with its limits on operand sizes.
 
 A rule whose condition names a field the source cannot provide (a foreign trace has no spec; a CPU
-run has no NVML) does not fire; it is listed as not applicable with the missing names.
+run has no NVML) is decided where the fields it has settle the condition (three-valued logic), else
+listed as not applicable with the missing names. A trace without a spec fills the spec fields it
+shows itself: the optimizer and its implementation, fused attention.
 """
 
 from __future__ import annotations
@@ -422,13 +424,37 @@ def _format(template: str, ctx: dict[str, Any]) -> str:
     return _MessageFormatter().vformat(template, (), ctx)
 
 
+def _decided(node: ast.expr, ctx: dict[str, Any], missing: set[str]) -> bool | None:
+    """The truth of a condition where some fields are unknown (``missing``), by Kleene's three-valued
+    logic: ``a and b`` is false once either side is, ``a or b`` true once either side is, ``not``
+    keeps an unknown; any other part that reads an unknown field is unknown. None: undecided."""
+    if isinstance(node, ast.BoolOp):
+        values = [_decided(v, ctx, missing) for v in node.values]
+        settles = isinstance(node.op, ast.Or)  # the value that decides: True for `or`, False for `and`
+        if settles in values:
+            return settles
+        return None if None in values else not settles
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        inner = _decided(node.operand, ctx, missing)
+        return None if inner is None else not inner
+    if any(isinstance(n, ast.Name) and n.id in missing for n in ast.walk(node)):
+        return None
+    return bool(_evaluator(ctx).eval(ast.unparse(node)))
+
+
 def evaluate(rule: Rule, ctx: dict[str, Any]) -> Evaluation:
-    """Fire ``rule`` on ``ctx`` (a ``build_context`` dict); a None field makes it not applicable."""
+    """Fire ``rule`` on ``ctx`` (a ``build_context`` dict). A rule whose condition reads fields the
+    input does not have is still decided where the known ones settle it (``x == 'foreach' and y > 85``
+    is false for x = 'for-loop', whatever y is: ``_decided``); else it is not applicable, with the
+    missing names."""
     missing = tuple(sorted(n for n in rule.names if ctx.get(n) is None))
-    if missing:
-        return Evaluation(rule, False, missing)
     try:
-        fired = bool(_evaluator(ctx).eval(rule.when))
+        if missing:
+            fired = _decided(ast.parse(rule.when, mode="eval").body, ctx, set(missing))
+            if fired is None:
+                return Evaluation(rule, False, missing)
+        else:
+            fired = bool(_evaluator(ctx).eval(rule.when))
     except (TypeError, ZeroDivisionError, ValueError, InvalidExpression) as err:
         raise AdvisorError(f"rule {rule.id}: condition {rule.when!r} failed on this input: {err}") from None
     return Evaluation(rule, fired, (), _format(rule.message, ctx) if fired else "")
@@ -464,6 +490,10 @@ def build_context(
         ctx["memory_capacity_gib"] = None if m.memory_capacity_bytes is None else m.memory_capacity_bytes / GiB
         if m.optimizer and "(" in m.optimizer:
             ctx["optimizer_impl"] = m.optimizer.split("(")[1].rstrip(")")
+        if setup is None:  # a trace: the spec fields it shows itself (a spec, where given, says them)
+            ctx["train_optimizer"] = m.optimizer.split(" (")[0] if m.optimizer else None
+            ctx["train_optimizer_impl"] = ctx["optimizer_impl"]
+            ctx["train_flash_attention"] = m.attention_fused
         if m.sync_calls is not None and m.steps_measured:
             ctx["sync_calls_per_step"] = m.sync_calls / m.steps_measured
         ctx["n_stragglers"] = len(m.stragglers) if m.n_ranks else None

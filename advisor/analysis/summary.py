@@ -17,6 +17,7 @@ from advisor.analysis.collectives import collective_sizes, collective_table
 from advisor.analysis.collectives import wants_args as collectives_wants_args
 from advisor.analysis.roofline import VERDICTS, Roofline, step_roofline_summary, trace_roofline
 from advisor.analysis.roofline import wants_args as roofline_wants_args
+from advisor.analysis.steps import BASES, fused_attention, optimizer_of, step_phases
 from advisor.errors import AdvisorError
 from advisor.spec.ceilings import Ceilings
 from advisor.spec.metrics import StepMetrics
@@ -62,7 +63,7 @@ def analyze(
     categories, top = A.kernel_breakdown(df)
     sweeps, launches = A.type_sweeps(df), A.launch_calls(df)
     host_ops = A.host_op_times(df)
-    temporal, phases = A.temporal_breakdown(df, sweeps), A.phase_breakdown(df)
+    temporal, phases = A.temporal_breakdown(df, sweeps), step_phases(df, A.phase_breakdown(df))
     idle = A.idle_time_breakdown(df, launches=launches)
     waits = A.sync_waits(df, launches=launches)
     tables = {
@@ -182,6 +183,25 @@ def _comm_pcts(df: pd.DataFrame, t: dict[str, pd.DataFrame]) -> tuple[float | No
     return sum(time_pct) / len(time_pct), sum(exposed_pct) / len(exposed_pct)
 
 
+def _rank_peaks(memory_peak: pd.DataFrame, gpu: bool) -> list[int]:
+    """Each rank's peak of allocated tensor memory on its training device (its GPUs in a GPU trace,
+    the host in a CPU one), by rank; [] where the trace recorded no memory events."""
+    if memory_peak.empty:
+        return []
+    on = memory_peak[(memory_peak["device"] >= 0) if gpu else (memory_peak["device"] == -1)]
+    return [int(v) for v in on.groupby("rank")["peak_bytes"].max().sort_index()]
+
+
+def _capacity(df: pd.DataFrame) -> int | None:
+    """The training device's memory in bytes, from the trace's device properties (Kineto's
+    ``deviceProperties``: rank 0's device, else the first named); None where the trace names none."""
+    devices = df.attrs.get("devices") or {}
+    if not devices:
+        return None
+    _, memory = devices.get(0) or next(iter(devices.values()))
+    return int(memory) or None
+
+
 def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_self_ns: int) -> StepMetrics:
     ranks = sorted(int(r) for r in df["rank"].unique())
     gpu = bool(kind_mask(df, *GPU_KINDS).any())
@@ -196,6 +216,9 @@ def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_sel
     names = list(devices.values()) if isinstance(devices, dict) else list(devices)
     device_name = names[0] if names else None
     comm_time_pct, comm_exposed_pct = _comm_pcts(df, t)
+    steps = t["phases"][t["phases"]["phase"] == "step"] if not t["phases"].empty else t["phases"]
+    peaks = _rank_peaks(t["memory_peak"], gpu)
+    capacity = _capacity(df)
     return StepMetrics(
         run_id=run_id,
         source="trace",
@@ -207,6 +230,13 @@ def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_sel
         backward_ms=float(phases["backward"]) if "backward" in phases else None,
         optimizer_ms=float(phases["optimizer"]) if "optimizer" in phases else None,
         n_ranks=len(ranks),
+        steps_measured=int(steps["count"].min()) if len(steps) else None,
+        optimizer=optimizer_of(df),
+        attention_fused=fused_attention(df),
+        peak_memory_bytes=max(peaks) if peaks else None,
+        rank_peak_memory_bytes=peaks if len(peaks) > 1 else [],
+        memory_capacity_bytes=capacity,
+        memory_frac=max(peaks) / capacity if peaks and capacity else None,
         gpu_idle_pct=_mean(t["temporal_breakdown"], "idle_pct"),
         gpu_compute_pct=_mean(t["temporal_breakdown"], "compute_pct"),
         gpu_non_compute_pct=_mean(t["temporal_breakdown"], "non_compute_pct"),
@@ -268,7 +298,14 @@ def format_report(report: TraceReport, name: str) -> str:
             for k in ("data", "forward", "backward", "optimizer")
             if getattr(m, f"{k}_ms") is not None
         )
-        out.append(f"Step {m.step_time_ms:.1f} ms" + (f": {phases}" if phases else ""))
+        basis = report.tables["phases"]["basis"].iloc[0] if "basis" in report.tables["phases"] else "ranges"
+        found = "" if basis == "ranges" else f" (steps: {BASES[basis]}; {m.steps_measured} steps)"
+        out.append(f"Step {m.step_time_ms:.1f} ms" + (f": {phases}" if phases else "") + found)
+    if m.optimizer:
+        out.append(f"Optimizer: {m.optimizer}")
+    if m.peak_memory_bytes is not None:
+        of = f" of {m.memory_capacity_bytes / 2**30:.1f} GiB ({100 * m.memory_frac:.1f} %)" if m.memory_frac else ""
+        out.append(f"Peak tensor memory while profiled: {m.peak_memory_bytes / 2**20:.1f} MiB{of}")
     per_rank = ", mean per rank" if (m.n_ranks or 1) > 1 else ""
     out.append(
         f"Pageable host copies: {m.pageable_copies}; blocking sync calls: {m.sync_calls} "

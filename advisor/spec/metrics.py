@@ -33,6 +33,11 @@ class StepMetrics:
     precision: str | None = None
     recompute: str | None = None
     optimizer: str | None = None
+    """The optimizer and its implementation, 'adamw (for-loop)' (for a trace: from its Optimizer.step
+    range and the ops inside it)."""
+    attention_fused: bool | None = None
+    """For a trace: True where its ops include a fused attention kernel (SDPA's flash, memory-efficient
+    or cuDNN attention); None where it shows none."""
     fp16_skipped_steps: int | None = None
     """Optimizer steps the fp16 GradScaler skipped for inf/NaN gradients among the steps_measured timed
     steps (the warm-up step, where the scaler calibrates from 2**16, is not counted; None unless fp16)."""
@@ -61,7 +66,9 @@ class StepMetrics:
     mfu_frac: float | None = None
     hfu_frac: float | None = None
     peak_memory_bytes: int | None = None
-    """Peak bytes allocated on the training device during a profiled step."""
+    """Peak bytes allocated on the training device during a profiled step (for a trace: the peak of
+    tensor memory allocated while the profiler ran, from its memory events; what was allocated before
+    it started, such as the weights, is not seen)."""
     reserved_memory_bytes: int | None = None
     """CUDA caching allocator reservation at its peak (None on a CPU)."""
     memory_capacity_bytes: int | None = None
