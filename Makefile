@@ -29,7 +29,7 @@ run: setup
 test: setup-dev
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # The unit tests: no child processes, browser or GPU (markers in tests/conftest.py).
 test-fast: setup-dev

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+import advisor.advice.verify as verify_module
 from advisor.advice.advise import advise_run
 from advisor.advice.verify import VERIFY_DIR, verify
 from advisor.cli import main
@@ -78,16 +79,24 @@ def test_verify_refuses_what_it_cannot_rerun(slow_data_run):
 
 
 @pytest.mark.slow  # starts a child process or runs seconds of real steps
-def test_cli_verify_json(slow_data_run, capsys):
+def test_cli_verify_json(slow_data_run, capsys, monkeypatch):
     store, run = slow_data_run
-    assert main(["verify", run.run_id, "--rule", "input-dataloader-stall", "--traces", str(store.root), "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["rule_id"] == "input-dataloader-stall" and out["target"] == "step_time_ms"
-    assert out["baseline_run_id"] not in (None, run.run_id, out["new_run_id"])
-    # --no-baseline measures against the stored run's own figure: one re-run, no baseline.
+    # --no-baseline measures against the stored run's own figure: one re-run, no baseline (the re-run
+    # with a baseline is the test above: the CLI hands the flag's opposite to the same verify()).
     argv = ["verify", run.run_id, "--rule", "input-dataloader-stall", "--traces", str(store.root)]
     assert main([*argv, "--no-baseline", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
+    assert out["rule_id"] == "input-dataloader-stall" and out["target"] == "step_time_ms"
+    assert out["new_run_id"] not in (None, run.run_id) and store.load(out["new_run_id"]).status == "ok"
     stored = json.loads((store.path(run.run_id) / "metrics.json").read_text())["step_time_ms"]
     assert out["baseline_run_id"] is None and out["before"] == pytest.approx(stored) == out["stored_before"]
     assert main(["verify", run.run_id, "--rule", "nope", "--traces", str(store.root)]) == 2
+    # Without the flag the CLI asks verify() for a baseline.
+    asked = {}
+
+    def fake(*a, **kw):
+        asked.update(kw)
+        raise AdvisorError("stop here")
+
+    monkeypatch.setattr(verify_module, "verify", fake)
+    assert main(argv) == 2 and asked["baseline"] is True
