@@ -42,12 +42,31 @@ BASES = {
 """How the steps of a phases table were found (its ``basis`` column), for people."""
 
 
-def _matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
-    """Which rows' names match ``pattern``, judged once per distinct name (the names are categories)."""
-    if names.dtype != "category":
-        return names.astype(str).str.match(pattern).to_numpy()
-    hit = np.array([bool(pattern.match(str(c))) for c in names.cat.categories] + [False])
-    return hit[names.cat.codes.to_numpy()]  # code -1 (no name) reads the extra False
+_MARKS = {
+    "profiler": PROFILER_STEP_RE,
+    "update": OPTIMIZER_STEP_RE,
+    "zero_grad": ZERO_GRAD_RE,
+    "data": DATA_RE,
+    "backward": BACKWARD_RE,
+}
+"""What a host event's name may mark, by the pattern that says it."""
+
+
+def _marks(names: pd.Series) -> dict[str, np.ndarray]:
+    """Per row, for each of ``_MARKS``: whether the name matches. Only the distinct names in use are
+    judged, and only those whose first letter can start a mark (an nsys export's thousands of NVTX
+    texts are mostly passed over without a regex)."""
+    names = names if names.dtype == "category" else names.astype("category")
+    codes = names.cat.codes.to_numpy()
+    used = np.unique(codes[codes >= 0])
+    labels = [str(c) for c in names.cat.categories[used]]
+    out = {}
+    for mark, pattern in _MARKS.items():
+        lead = pattern.pattern[1]  # every pattern is anchored (^) and starts with a literal letter
+        hit = np.zeros(len(names.cat.categories) + 1, dtype=bool)  # the extra last slot serves code -1
+        hit[used] = [label[:1] == lead and bool(pattern.match(label)) for label in labels]
+        out[mark] = hit[codes]
+    return out
 
 
 def _host(df: pd.DataFrame) -> pd.DataFrame:
@@ -55,14 +74,22 @@ def _host(df: pd.DataFrame) -> pd.DataFrame:
     rows = kind_mask(df, "cpu_op", "annotation") & (df["device"].to_numpy() == -1)
     host = df.loc[rows, ["rank", "kind", "name", "start_ns", "dur_ns", "tid"]]
     ranged = (host["kind"] == "annotation").to_numpy()
+    marks = _marks(host["name"])
     return host.assign(
         end_ns=host["start_ns"] + host["dur_ns"],
-        profiler=_matches(host["name"], PROFILER_STEP_RE) & ranged,
-        update=_matches(host["name"], OPTIMIZER_STEP_RE) & ranged,
-        before=(_matches(host["name"], DATA_RE) | _matches(host["name"], ZERO_GRAD_RE)) & ranged,
-        data=_matches(host["name"], DATA_RE) & ranged,
-        backward=_matches(host["name"], BACKWARD_RE),
+        profiler=marks["profiler"] & ranged,
+        update=marks["update"] & ranged,
+        before=(marks["data"] | marks["zero_grad"]) & ranged,
+        data=marks["data"] & ranged,
+        backward=marks["backward"],
     )
+
+
+def _marks_any(df: pd.DataFrame, *marks: str) -> bool:
+    """Whether any name in the table matches one of ``marks`` (a cheap test before ``_host``)."""
+    names = df["name"]
+    labels = names.cat.categories if names.dtype == "category" else names.unique()
+    return any(_MARKS[m].match(str(c)) for c in labels for m in marks if str(c)[:1] == _MARKS[m].pattern[1])
 
 
 def _top_level(events: pd.DataFrame) -> pd.DataFrame:
@@ -100,29 +127,42 @@ def inferred_phases(df: pd.DataFrame) -> pd.DataFrame:
     """Per rank and phase (step, data, forward, backward, optimizer): count of steps that have it,
     total and mean in ns, and the ``basis`` the steps were found on (see ``BASES``), for a trace whose
     loop marked no phases of its own. Empty where nothing in the trace marks a step."""
+    if not _marks_any(df, "profiler", "update"):
+        return pd.DataFrame(columns=list(PHASE_COLUMNS)).astype(
+            {"rank": "int32", "count": "int64", "total_ns": "int64", "mean_ns": "float64"}
+        )
     host = _host(df)
     rows = []
     for rank, rank_host in host.groupby("rank"):
         updates = rank_host[rank_host["update"]].sort_values("start_ns")
         windows, basis = _windows(rank_host, updates)
-        backward = _top_level(rank_host[rank_host["backward"]])
-        before, data = rank_host[rank_host["before"]], rank_host[rank_host["data"]]
+        # (start, end) arrays of what the phases are made of; per step only numpy on these.
+        spans = {
+            "optimizer": updates,
+            "data": rank_host[rank_host["data"]],
+            "backward": _top_level(rank_host[rank_host["backward"]]),
+            "before": rank_host[rank_host["before"]],
+        }
+        spans = {k: (v["start_ns"].to_numpy(), v["end_ns"].to_numpy()) for k, v in spans.items()}
         per_phase: dict[str, list[int]] = {p: [] for p in ("step", "data", "forward", "backward", "optimizer")}
         for start, end in windows:
             per_phase["step"].append(end - start)
 
-            def inside(frame: pd.DataFrame, lo: int = start, hi: int = end) -> pd.DataFrame:
-                return frame[(frame["start_ns"] >= lo) & (frame["end_ns"] <= hi)]
+            def inside(kind: str, lo: int = start, hi: int = end, of=spans) -> tuple[np.ndarray, np.ndarray]:
+                a, b = of[kind]
+                keep = (a >= lo) & (b <= hi)
+                return a[keep], b[keep]
 
-            if len(opt := inside(updates)):
-                per_phase["optimizer"].append(int(opt["dur_ns"].sum()))
-            if len(d := inside(data)):
-                per_phase["data"].append(int(d["dur_ns"].sum()))
-            if len(bw := inside(backward)):
-                first = int(bw["start_ns"].min())
-                per_phase["backward"].append(int(bw["end_ns"].max()) - first)
-                ahead = inside(before, start, first)
-                per_phase["forward"].append(first - start - int(ahead["dur_ns"].sum()))
+            for kind in ("optimizer", "data"):
+                a, b = inside(kind)
+                if len(a):
+                    per_phase[kind].append(int((b - a).sum()))
+            a, b = inside("backward")
+            if len(a):
+                first = int(a.min())
+                per_phase["backward"].append(int(b.max()) - first)
+                ahead_a, ahead_b = inside("before", start, first)
+                per_phase["forward"].append(first - start - int((ahead_b - ahead_a).sum()))
         for phase, values in per_phase.items():
             if values:
                 total = int(sum(values))
@@ -147,6 +187,8 @@ def optimizer_of(df: pd.DataFrame) -> str | None:
     implementation is read from the ops inside the update: ``_fused_*`` kernels (fused=True),
     ``_foreach_*`` ops (foreach=True, PyTorch's default on CUDA), else one small op set per parameter
     tensor (the for-loop)."""
+    if not _marks_any(df, "update"):
+        return None
     host = _host(df)
     updates = host[host["update"]]
     if updates.empty:
