@@ -172,13 +172,18 @@ def inferred_phases(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def step_phases(df: pd.DataFrame, ranged: pd.DataFrame) -> pd.DataFrame:
-    """The phases table of a trace: ``ranged`` (``phase_breakdown``: the trace's own ranges) where it
-    has the forward, backward and optimizer phases, else the phases ``inferred_phases`` finds, with the
-    basis of each row in a ``basis`` column."""
+    """The phases table of a trace: the trace's own ranges (``ranged``, ``phase_breakdown``), and for
+    each rank the phases they lack taken from ``inferred_phases``; the ``basis`` column says where
+    each row came from ('ranges', or how the inferred steps were found)."""
+    ranged = ranged.assign(basis="ranges")
     if {"forward", "backward", "optimizer"} <= set(ranged["phase"]):
-        return ranged.assign(basis="ranges")
+        return ranged
     inferred = inferred_phases(df)
-    return inferred if len(inferred) else ranged.assign(basis="ranges")
+    if inferred.empty:
+        return ranged
+    have = set(zip(ranged["rank"].tolist(), ranged["phase"].tolist(), strict=True))
+    missing = [(r, p) not in have for r, p in zip(inferred["rank"].tolist(), inferred["phase"].tolist(), strict=True)]
+    return pd.concat([ranged, inferred[missing]], ignore_index=True) if ranged.size else inferred
 
 
 def optimizer_of(df: pd.DataFrame) -> str | None:

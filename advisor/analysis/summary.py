@@ -298,7 +298,9 @@ def format_report(report: TraceReport, name: str) -> str:
             for k in ("data", "forward", "backward", "optimizer")
             if getattr(m, f"{k}_ms") is not None
         )
-        basis = report.tables["phases"]["basis"].iloc[0] if "basis" in report.tables["phases"] else "ranges"
+        phases_table = report.tables["phases"]
+        step_rows = phases_table[phases_table["phase"] == "step"] if "basis" in phases_table else phases_table.iloc[:0]
+        basis = step_rows["basis"].iloc[0] if len(step_rows) else "ranges"
         found = "" if basis == "ranges" else f" (steps: {BASES[basis]}; {m.steps_measured} steps)"
         out.append(f"Step {m.step_time_ms:.1f} ms" + (f": {phases}" if phases else "") + found)
     if m.optimizer:
