@@ -97,8 +97,14 @@ def test_seventy_b_on_eight_h100_without_zero_is_critical():
 def test_severity_ranks_before_gain():
     setup = make_setup(model="llama-3.1-70b", gpu="h100", gpus=16, tp=16, seq=4096, zero=1)
     advice = advise(setup=setup)
-    sev = [R.SEVERITIES.index(r.rule.severity) for r in advice.recommendations]
-    assert sev == sorted(sev)
+    recs = advice.recommendations
+    # Ranked by severity, then by gain within a severity.
+    keys = [(R.SEVERITIES.index(r.rule.severity), -r.gain.gain_pct) for r in recs]
+    assert keys == sorted(keys)
+    # Severity wins over a larger gain: the critical TP fix (measured 53.6 % less step time) ranks above
+    # the warning that offloads the optimizer (66.6 % less peak memory).
+    assert recs[0].rule.severity == "critical" and recs[1].rule.severity == "warning"
+    assert recs[1].gain.gain_pct > recs[0].gain.gain_pct
     assert "par-tp-across-nodes" in fired(advice)
     tp = next(r for r in advice.recommendations if r.rule.id == "par-tp-across-nodes")
     assert tp.changes == {"parallel.tp": 8, "parallel.pp": 2}

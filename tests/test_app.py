@@ -427,7 +427,8 @@ def test_plan_tab_ranks_layouts_and_rejects_bad_input():
     assert abs(max(top.y) - table["tokens/s"].iloc[0]) <= 0.5  # the table rounds to whole tokens/s
     assert max(fits.y) <= max(top.y)  # no setting left out of the top beats its best
     assert list(table["tokens/s"]) == sorted(table["tokens/s"], reverse=True)
-    assert explain
+    assert explain.startswith("## Layout plan: llama-3.1-8b on 8 x H100 SXM 80GB")
+    assert f"\n### Best: {table['layout'].iloc[0]}\n" in explain  # the table's first row, explained
     bad = plan_tab.plan_view("llama-3.1-8b", "h100", 0, 4096, 64, ["bf16"], True)
     assert bad[0].startswith("### Cannot plan") and "gpus" in bad[0]
     none = plan_tab.plan_view("llama-3.1-8b", "h100", 8, 4096, 64, [], True)

@@ -334,7 +334,12 @@ def test_every_variable_the_containers_set_is_read_by_the_code_they_run():
         ),
         "GRADIO_": ("gradio", list(Path(gradio.origin).parent.rglob("*.py"))),
     }
+    # HOME is the one other: read through Path.home() and every tool's cache (Triton's, ~/.cache/advisor
+    # for --unified-memory), never by name, and set so that any uid given to `docker run --user` can write.
+    unchecked = {"HOME"}
     for container, env in _container_environments().items():
+        assert {n for n in env if not n.startswith(tuple(readers))} <= unchecked, container
+        assert any(n.startswith("ADVISOR_") for n in env) and any(n.startswith("GRADIO_") for n in env), container
         for name in env:
             for prefix, (where, paths) in readers.items():
                 if name.startswith(prefix):

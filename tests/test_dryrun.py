@@ -143,7 +143,9 @@ def test_text_and_json_forms():
     assert "Peak tensor memory" in text and "recompute full" in text and "autocast" in text
     d = dry.as_dict()
     assert d["peak_bytes"] == dry.peak_bytes and d["total_bytes"] == dry.peak_bytes  # no overhead on the CPU
-    assert d["at_peak_bytes"] == dry.at_peak_bytes and isinstance(d["notes"], list)
+    assert d["at_peak_bytes"] == dry.at_peak_bytes and d["notes"] == list(dry.notes)
+    assert any(n.startswith("bf16 runs as torch.autocast over fp32 parameters") for n in d["notes"])
+    assert json.loads(json.dumps(d)) == d  # plain JSON, as `dryrun --json` prints it
 
 
 @pytest.mark.parametrize(
@@ -296,6 +298,7 @@ def test_distributed_dry_run_matches_the_real_two_rank_gloo_step(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     measured = json.loads((tmp_path / "peaks.json").read_text(encoding="utf-8"))
+    assert sorted(measured) == sorted(dryrun_worker.LAYOUTS)  # every layout measured, none left out
     for name, peak in measured.items():
         dry = dry_run_distributed(dryrun_worker.layout_setup(name), isolate=False)
         print(f"\n{name}: measured {peak} B, dry run {dry.peak_bytes} B, {100 * (dry.peak_bytes / peak - 1):+.4f} %")

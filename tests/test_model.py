@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from advisor.run.model import INIT_STD, MoE, build_model, count_parameters
+from advisor.run.model import INIT_STD, MoE, Transformer, build_model, count_parameters, lm_loss
 from advisor.spec.hf_config import load_hf_config
 from advisor.spec.presets import MODELS, get_model
 
@@ -41,12 +41,29 @@ def test_moe_routes_top_k_and_adds_the_balancing_loss():
     torch.manual_seed(0)
     spec = get_model("tiny-moe")
     model = build_model(spec)
-    tokens = torch.randint(0, spec.vocab, (2, 32))
-    loss = model(tokens, tokens)
     moe = [b.mlp for b in model.blocks if isinstance(b.mlp, MoE)]
     assert len(moe) == spec.n_moe_layers == 4
+    # Rows each expert's MLP is handed, per MoE layer, counted by a hook on its input.
+    routed = {id(m): [] for m in moe}
+    for m in moe:
+        for e, expert in enumerate(m.experts):
+            expert.register_forward_pre_hook(lambda mod, args, m=m, e=e: routed[id(m)].append((e, args[0].shape[0])))
+    tokens = torch.randint(0, spec.vocab, (2, 32))
+    loss = model(tokens, tokens)
+    # 2 x 32 = 64 tokens, each sent to top_k = 2 distinct experts of 4: 128 rows per layer, none to an
+    # expert twice, so no expert sees more than the 64 tokens.
+    for m in moe:
+        assert sum(n for _, n in routed[id(m)]) == 64 * spec.top_k == 128
+        assert all(n <= 64 for _, n in routed[id(m)])
     # Switch loss is n_experts * sum f_i P_i: 1.0 for perfectly balanced routing, at least ~1 otherwise.
     assert all(0.9 < m.aux_loss.item() < spec.n_experts for m in moe)
+    # The loss is the cross-entropy plus Switch's alpha = 0.01 times the layers' balancing losses
+    # (the logits are recomputed without targets: the same weights and tokens route the same way).
+    with torch.no_grad():
+        ce = lm_loss(model(tokens), tokens)
+    aux = sum(m.aux_loss for m in moe)
+    assert loss.item() == pytest.approx((ce + Transformer.MOE_AUX_WEIGHT * aux).item(), rel=1e-6)
+    assert Transformer.MOE_AUX_WEIGHT * aux.item() > 1e-6 * loss.item()  # large enough for the check to see
     loss.backward()
     assert model.blocks[0].mlp.router.weight.grad is not None
 

@@ -69,17 +69,21 @@ def test_without_a_driver_it_says_why():
 
 def test_readings_and_throttle_reasons_are_decoded(monkeypatch):
     monkeypatch.setattr(nvml_mod, "_load_pynvml", lambda: FakeNvml())
-    s = NvmlSampler()
+    s = NvmlSampler(interval_s=60)  # no reading of the thread's own within the test: four, taken here
     s.start()
+    for _ in range(3):
+        s.sample()
     s.stop()  # joins the thread and takes a final reading
     assert s.device_name == "NVIDIA H200" and s.driver_version == "570.86"
     row = s.samples[-1]
     assert row["gpu_util_pct"] == 90 and row["power_w"] == 650 and row["sm_clock_mhz"] == 1980
     assert row["mem_used_bytes"] == 70 * 2**30 and row["pcie_tx_bytes_per_s"] == 1000 * 1024
+    # The fake reports a power cap (0x4) on odd readings and idle (0x1) on even ones.
+    assert [r["throttle_reasons"] for r in s.samples] == [["sw_power_cap"], ["gpu_idle"]] * 2
     summary = s.summary()
-    assert summary["nvml_available"] and summary["power_w_mean"] == 650
+    assert summary["nvml_available"] and summary["nvml_samples"] == 4 and summary["power_w_mean"] == 650
     assert summary["throttle_reasons"] == ["sw_power_cap"]  # gpu_idle is not a slowdown
-    assert 0 < summary["throttled_frac"] <= 1
+    assert summary["throttled_frac"] == 0.5  # 2 of the 4 readings
 
 
 def test_decode_throttle_bits():

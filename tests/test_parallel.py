@@ -144,7 +144,8 @@ def test_offload_in_a_pipeline_is_refused_with_the_reason():
 @pytest.mark.parametrize("name", TWO + THREE + FOUR)
 def test_layout_collectives_show_in_the_profiler(runs, name):
     results, _ = runs
-    assert len(results[name]["comm"]) >= 2  # one record per rank of the layout, none missing
+    processes, _ = worker.LAYOUTS[name]
+    assert len(results[name]["comm"]) == processes  # one record per rank of the layout, none missing
     for rank, comm in enumerate(results[name]["comm"]):
         seen = {kind for kind, names in comm.items() if names}
         assert EXPECTED_COMM[name] <= seen, f"{name} rank {rank}: saw {sorted(seen)}"
@@ -162,9 +163,16 @@ def test_single_layouts_issue_no_other_collectives(runs):
 def test_uneven_pipeline_stages_hold_their_blocks(runs):
     # Tiny's 4 blocks on 3 stages: the balanced split gives the middle stage two. Only the ends hold
     # the tied embedding (the first as embedding, the last as head) and all-reduce its gradient.
-    results, _ = runs
+    results, out_dir = runs
     setup = worker.layout_setup("pp_uneven")
     assert stage_bounds(setup) == [0, 1, 3, 4]
+    # What each rank's stage held after its steps (params-pp_uneven-rank<r>.pt, under the single-process
+    # model's names): blocks 0, then 1 and 2, then 3; the embedding on the first, the head on the last.
+    held = [torch.load(out_dir / f"params-pp_uneven-rank{r}.pt") for r in range(3)]
+    blocks = [sorted({int(k.split(".")[1]) for k in h if k.startswith("blocks.")}) for h in held]
+    assert blocks == [[0], [1, 2], [3]]
+    outside = [sorted({k.split(".")[0] for k in h} - {"blocks"}) for h in held]
+    assert outside[0] == ["embed"] and outside[1] == [] and "head" in outside[2] and "embed" not in outside[2]
     comm = results["pp_uneven"]["comm"]
     assert [bool(c["all_reduce"]) for c in comm] == [True, False, True]
 

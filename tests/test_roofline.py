@@ -334,10 +334,15 @@ def test_a_trace_whose_roofline_cannot_be_made_is_still_analyzed(monkeypatch, ca
     def refuse(*args, **kwargs):
         raise TraceError("trace.json.gz holds no cpu_op events to judge")
 
+    whole = analyze_path(RUN)
     monkeypatch.setattr(summary, "trace_roofline", refuse)
     report = analyze_path(RUN)
     assert "roofline" not in report.tables and report.metrics.roofline_bound is None
-    assert report.metrics.step_time_ms is not None  # the rest of the analysis is there
+    # The rest of the analysis is there, as it is with the roofline: the step, its phases, the top ops.
+    assert whole.metrics.roofline_bound == "compute"
+    assert report.metrics.step_time_ms == whole.metrics.step_time_ms and report.metrics.step_time_ms > 0
+    assert report.metrics.top_ops == whole.metrics.top_ops
+    assert set(report.tables) == set(whole.tables) - {"roofline"}
     err = capsys.readouterr().err
     assert "roofline skipped: trace.json.gz holds no cpu_op events to judge" in err
     # On stderr: analyze --json keeps its standard output JSON.

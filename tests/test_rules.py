@@ -11,7 +11,7 @@ from advisor.advice import rules as R
 RULES = R.load_rules()
 
 
-def test_at_least_30_rules_in_every_group():
+def test_at_least_30_rules_with_unique_ids_and_every_group_used():
     assert len(RULES) >= 30
     assert {r.group for r in RULES} == set(R.GROUPS)
     assert len({r.id for r in RULES}) == len(RULES)

@@ -38,6 +38,9 @@ def test_commit_is_one_rename_and_listing_skips_staging(tmp_path):
     store.staging_dir(half)  # a run still being written (or left by a crash): not listed
     runs, damaged = store.list_runs()
     assert [r.run_id for r in runs] == [done] and damaged == []
+    # The committed run moved out of the staging area whole: its folder there is gone, its files here.
+    assert not (tmp_path / STAGING / done).exists() and (tmp_path / STAGING / half).is_dir()
+    assert sorted(p.name for p in (tmp_path / done).iterdir()) == ["metrics.json", "run.json"]
     with pytest.raises(AdvisorError, match="refusing to commit a half-written run"):
         store.commit(half)
 

@@ -188,6 +188,11 @@ def test_timeline_figure_has_one_trace_per_name_and_lanes_in_order():
     tl = step_timeline(load_trace(SAMPLE_RUN), top_n=5)
     fig = timeline_figure(tl)
     assert len(fig.data) == 1 + 4 + 5  # the step, four phases, five ops
+    # One trace per name, holding every occurrence of it: 29 MmBackward0 and 29 linear calls, 4 attention
+    # backwards, one fused AdamW and one log-softmax backward (the timeline's own rows).
+    assert [t.name for t in fig.data] == list(dict.fromkeys(tl["name"]))
+    assert [len(t.x) for t in fig.data] == [int((tl["name"] == t.name).sum()) for t in fig.data]
+    assert [len(t.x) for t in fig.data][5:] == [29, 29, 4, 1, 1]
     assert list(fig.layout.yaxis.categoryarray) == ["step", "phase", "CPU ops"]
     bar = fig.data[0]
     assert bar.orientation == "h" and list(bar.base) == [0.0] and bar.x[0] == pytest.approx(66.839371)

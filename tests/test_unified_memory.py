@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from advisor.errors import AdvisorError, Refused
+from advisor.run import unified_memory
 from advisor.run.launcher import nsys_prefix, profile_cli_args, profile_run
 from advisor.run.unified_memory import (
     RESERVE_BYTES,
@@ -57,9 +58,18 @@ def test_the_cap_refuses_an_allocation_past_it_and_counts(stub):
     stub.lib.um_free(c, 64 * 2**20, 0, None)
 
 
-def test_the_build_is_cached_by_source_and_flags(tmp_path):
+def test_the_build_is_reused_and_rebuilt_when_its_source_changes(tmp_path, monkeypatch):
     first = build_allocator(stub=True, out_dir=tmp_path)
-    assert build_allocator(stub=True, out_dir=tmp_path) == first and len(list(tmp_path.glob("*.so"))) == 1
+    built_ns = first.stat().st_mtime_ns
+    # The same source and flags: the library already built, not compiled again.
+    assert build_allocator(stub=True, out_dir=tmp_path) == first and first.stat().st_mtime_ns == built_ns
+    assert len(list(tmp_path.glob("*.so"))) == 1
+    # An edited source is another key: a second library beside the first.
+    edited = tmp_path / "um_alloc.c"
+    edited.write_text(unified_memory.SOURCE.read_text() + "\n/* edited */\n")
+    monkeypatch.setattr(unified_memory, "SOURCE", edited)
+    second = build_allocator(stub=True, out_dir=tmp_path)
+    assert second != first and sorted(tmp_path.glob("*.so")) == sorted([first, second])
 
 
 @pytest.mark.skipif(
