@@ -25,7 +25,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from advisor.analysis.breakdown import PROFILER_STEP_RE
+from advisor.analysis.breakdown import PROFILER_STEP_RE, _per_name
 from advisor.trace.table import kind_mask
 
 OPTIMIZER_STEP_RE = re.compile(r"^Optimizer\.step#(\w+)\.step$")
@@ -53,20 +53,14 @@ _MARKS = {
 
 
 def _marks(names: pd.Series) -> dict[str, np.ndarray]:
-    """Per row, for each of ``_MARKS``: whether the name matches. Only the distinct names in use are
-    judged, and only those whose first letter can start a mark (an nsys export's thousands of NVTX
-    texts are mostly passed over without a regex)."""
-    names = names if names.dtype == "category" else names.astype("category")
-    codes = names.cat.codes.to_numpy()
-    used = np.unique(codes[codes >= 0])
-    labels = [str(c) for c in names.cat.categories[used]]
-    out = {}
-    for mark, pattern in _MARKS.items():
-        lead = pattern.pattern[1]  # every pattern is anchored (^) and starts with a literal letter
-        hit = np.zeros(len(names.cat.categories) + 1, dtype=bool)  # the extra last slot serves code -1
-        hit[used] = [label[:1] == lead and bool(pattern.match(label)) for label in labels]
-        out[mark] = hit[codes]
-    return out
+    """Per row, for each of ``_MARKS``: whether the name matches. Each distinct name is judged once
+    (``breakdown._per_name``), and a regex runs only where its first letter can start the mark (an
+    nsys export's thousands of NVTX texts are mostly passed over)."""
+    every = slice(None)
+    return {
+        mark: _per_name(names, every, lambda n, p=pattern: n[:1] == p.pattern[1] and bool(p.match(n)), bool)
+        for mark, pattern in _MARKS.items()  # every pattern is anchored (^) and starts with a literal letter
+    }
 
 
 def _host(df: pd.DataFrame) -> pd.DataFrame:
