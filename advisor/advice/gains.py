@@ -369,6 +369,15 @@ def pageable_copies(target: str, g: GainInput) -> Gain | None:
     return _share_gain(target, g, busy_share / 2, f"half of the {busy_share:.1f} % copy share (pinned ~2x faster)")
 
 
+@register("exposed_copies")
+def exposed_copies(target: str, g: GainInput) -> Gain | None:
+    """Copies and sets that run with no computation beside them, hidden under compute."""
+    share = g.ctx.get("gpu_memory_alone_pct")
+    if share is None:
+        return None
+    return _share_gain(target, g, share, f"{share:.1f} % of the GPU span is copies with no compute beside them")
+
+
 @register("fragmentation")
 def fragmentation(target: str, g: GainInput) -> Gain | None:
     """Reserved memory down to the peak allocation plus the 5 % fragmentation the estimator allows

@@ -228,18 +228,81 @@ def type_sweeps(df: pd.DataFrame) -> dict[int, tuple[int, np.ndarray]]:
     return out
 
 
+_COMPUTE_MASKS = [m for m in range(8) if m & 1]
+_MEMORY_ALONE_MASKS = [m for m in range(8) if m & 4 and not m & 1]
+
+
 def temporal_breakdown(df: pd.DataFrame, sweeps: dict | None = None) -> pd.DataFrame:
     """Per rank: kernel span split into idle, compute and non-compute (communication + memory) time.
-    ``sweeps`` takes type_sweeps(df) already computed."""
+    ``sweeps`` takes type_sweeps(df) already computed.
+
+    Two idle figures, because they answer different questions:
+
+    - ``idle_*``: no GPU event of any type runs (HTA's definition: a copy or set counts as busy). This is
+      the figure to compare with HTA, and the one the host-wait split (idle_time_breakdown) divides.
+    - ``compute_idle_*``: no computation kernel runs (copies, sets and communication kernels do not count
+      as busy); ``idle + non_compute``. A capture that mostly copies reads ~0 % idle and ~100 % compute
+      idle. ``memory_alone_*`` is the part of it where a copy or set runs and no computation does.
+    """
     rows = []
     for rank, (span, per_mask) in (type_sweeps(df) if sweeps is None else sweeps).items():
         busy = int(per_mask[1:].sum())
-        compute = int(per_mask[[m for m in range(8) if m & 1]].sum())
-        rows.append((rank, span, span - busy, compute, busy - compute))
-    out = pd.DataFrame(rows, columns=["rank", "kernel_span_ns", "idle_ns", "compute_ns", "non_compute_ns"])
-    for col in ("idle", "compute", "non_compute"):
+        compute = int(per_mask[_COMPUTE_MASKS].sum())
+        memory_alone = int(per_mask[_MEMORY_ALONE_MASKS].sum())
+        rows.append((rank, span, span - busy, compute, busy - compute, span - compute, memory_alone))
+    columns = [
+        "rank",
+        "kernel_span_ns",
+        "idle_ns",
+        "compute_ns",
+        "non_compute_ns",
+        "compute_idle_ns",
+        "memory_alone_ns",
+    ]
+    out = pd.DataFrame(rows, columns=columns)
+    for col in ("idle", "compute", "non_compute", "compute_idle", "memory_alone"):
         out[f"{col}_pct"] = 100 * out[f"{col}_ns"] / out["kernel_span_ns"]
     return out
+
+
+def gpu_idle(df: pd.DataFrame) -> pd.DataFrame:
+    """Idle time per device and over all devices at once, under both definitions of temporal_breakdown
+    (``idle_*``: no GPU event runs, copies count as busy, HTA's; ``compute_idle_*``: no computation
+    kernel runs).
+
+    One row per (rank, device) that ran GPU work, over that device's own span (first GPU event's start
+    to the last one's end), and a last row with ``rank`` and ``device`` -1, ``scope`` 'all devices':
+    the time no device runs anything, over the span from the first GPU event of the trace to its last.
+    The union needs one clock: true within one Nsight Systems capture and within one node's Kineto
+    ranks; ranks on different nodes carry their hosts' clock offsets (a few ms skew the union). A
+    process that drives two GPUs (one nsys capture of a single-process job) is one rank of
+    temporal_breakdown with its devices' work unioned; here each device has its own row."""
+    gpu = kind_mask(df, *GPU_KINDS)
+    columns = ["scope", "rank", "device", "span_ns", "idle_ns", "idle_pct", "compute_idle_ns", "compute_idle_pct"]
+    if not gpu.any():
+        return pd.DataFrame(columns=columns)
+    starts = df["start_ns"].to_numpy()[gpu]
+    ends = starts + df["dur_ns"].to_numpy()[gpu]
+    compute = _hta_types(df, gpu) == 0
+    ranks, devices = df["rank"].to_numpy()[gpu], df["device"].to_numpy()[gpu]
+    rows = []
+
+    def row(scope: str, rank: int, device: int, sel: np.ndarray) -> None:
+        s, e = starts[sel], ends[sel]
+        span = int(e.max() - s.min())
+        idle = span - union_ns(s, e)
+        compute_idle = span - union_ns(s[compute[sel]], e[compute[sel]])
+        rows.append((scope, rank, device, span, idle, compute_idle))
+
+    keys = np.unique(np.stack([ranks, devices], axis=1), axis=0)
+    for rank, device in keys.tolist():
+        row("device", int(rank), int(device), (ranks == rank) & (devices == device))
+    row("all devices", -1, -1, np.ones(starts.size, dtype=bool))
+    out = pd.DataFrame(rows, columns=[c for c in columns if not c.endswith("_pct")])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for col in ("idle", "compute_idle"):
+            out[f"{col}_pct"] = 100 * out[f"{col}_ns"] / out["span_ns"].where(out["span_ns"] > 0)
+    return out[columns]
 
 
 def _mask_label(mask: int) -> str:

@@ -70,6 +70,7 @@ def analyze(
         "temporal_breakdown": temporal,
         "kernel_type_breakdown": A.kernel_type_breakdown(df, sweeps),
         "comm_comp_overlap": A.comm_comp_overlap(df, sweeps),
+        "gpu_idle": A.gpu_idle(df),
         "idle_time_breakdown": idle,
         "idle_split": A.idle_split_of(idle) if not idle.empty else pd.DataFrame(),
         "kernel_categories": categories,
@@ -143,6 +144,11 @@ def _mean(frame: pd.DataFrame, col: str) -> float | None:
     return None if math.isnan(value) else value
 
 
+def _all_devices_idle(table: pd.DataFrame) -> float | None:
+    rows = table[table["scope"] == "all devices"] if not table.empty else table
+    return float(rows["idle_pct"].iloc[0]) if len(rows) and pd.notna(rows["idle_pct"].iloc[0]) else None
+
+
 LAUNCH_BOUND_IDLE_PCT = 30.0
 LAUNCH_BOUND_HOST_WAIT_PCT = 50.0
 
@@ -150,6 +156,8 @@ LAUNCH_BOUND_HOST_WAIT_PCT = 50.0
 def _launch_bound(t: dict[str, pd.DataFrame]) -> bool | None:
     """Idle GPU that mostly waits for the host (None without GPU events)."""
     idle, host = _mean(t["temporal_breakdown"], "idle_pct"), _mean(t["idle_split"], "host_wait_pct")
+    if idle is not None and idle < LAUNCH_BOUND_IDLE_PCT:
+        return False  # decided without the split (which a GPU with no idle time lacks)
     if idle is None or host is None:
         return None
     return idle >= LAUNCH_BOUND_IDLE_PCT and host >= LAUNCH_BOUND_HOST_WAIT_PCT
@@ -238,6 +246,9 @@ def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_sel
         memory_capacity_bytes=capacity,
         memory_frac=max(peaks) / capacity if peaks and capacity else None,
         gpu_idle_pct=_mean(t["temporal_breakdown"], "idle_pct"),
+        gpu_compute_idle_pct=_mean(t["temporal_breakdown"], "compute_idle_pct"),
+        gpu_memory_alone_pct=_mean(t["temporal_breakdown"], "memory_alone_pct"),
+        gpu_idle_all_devices_pct=_all_devices_idle(t["gpu_idle"]),
         gpu_compute_pct=_mean(t["temporal_breakdown"], "compute_pct"),
         gpu_non_compute_pct=_mean(t["temporal_breakdown"], "non_compute_pct"),
         comm_overlap_pct=_mean(t["comm_comp_overlap"], "overlap_pct"),
@@ -277,6 +288,16 @@ def format_report(report: TraceReport, name: str) -> str:
             out.append(
                 f"  rank {r.rank}: {r.idle_pct:5.1f} / {r.compute_pct:5.1f} / {r.non_compute_pct:5.1f}  over {r.kernel_span_ns / 1e6:.1f} ms"
             )
+        out.append(
+            f"GPU idle: {m.gpu_idle_pct:.1f} % with copies counted busy (HTA), "
+            f"{m.gpu_compute_idle_pct:.1f} % without a compute kernel"
+            + (f" ({m.gpu_memory_alone_pct:.1f} % copies alone)" if m.gpu_memory_alone_pct else "")
+            + (
+                f"; all devices idle at once {m.gpu_idle_all_devices_pct:.1f} %"
+                if m.gpu_idle_all_devices_pct is not None and len(report.tables["gpu_idle"]) > 2
+                else ""
+            )
+        )
         if m.comm_overlap_pct is not None:
             out.append(f"Communication overlapped by computation: {m.comm_overlap_pct:.1f} %")
         if m.idle_host_wait_pct is not None:

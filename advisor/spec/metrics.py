@@ -113,7 +113,19 @@ class StepMetrics:
     # --- from the trace analysis (advisor.analysis.breakdown); None where the trace has no GPU events ---
     n_ranks: int | None = None
     gpu_idle_pct: float | None = None
-    """Share of the GPU kernel span with no kernel, copy or set running (mean over ranks)."""
+    """Share of the GPU kernel span with no kernel, copy or set running (mean over ranks; HTA's idle time,
+    copies count as busy). The launch rules read this one: the host-wait split divides it, and a GPU
+    that copies is not waiting for the host to launch work."""
+    gpu_compute_idle_pct: float | None = None
+    """Share of the GPU kernel span with no computation kernel running: copies, sets and communication
+    kernels count as idle (mean over ranks; gpu_idle_pct + gpu_non_compute_pct). The utilisation rule
+    reads this one: it is the time the SMs have no math to do, whatever else the GPU does."""
+    gpu_memory_alone_pct: float | None = None
+    """Share of the GPU kernel span where a copy or set runs and no computation does (mean over ranks):
+    the copy time compute does not hide."""
+    gpu_idle_all_devices_pct: float | None = None
+    """Share of the whole trace's GPU span (first GPU event of any device to the last) in which no
+    device runs anything: the union over all devices (advisor.analysis.breakdown.gpu_idle)."""
     gpu_compute_pct: float | None = None
     gpu_non_compute_pct: float | None = None
     """Communication and memory kernels not overlapped by computation."""
