@@ -331,6 +331,19 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             report.metrics.save(target)
         except OSError as err:
             raise AdvisorError(f"analyze --save: cannot write {target} ({err.strerror or err})") from None
+    if args.table:
+        from advisor.present.views import TABLE_NOTES, table_view
+
+        if args.table not in report.tables:
+            raise AdvisorError(f"--table {args.table}: no such table; the analysis has: {', '.join(report.tables)}")
+        shown = table_view(report.tables, args.table, rows=None)
+        if args.json:
+            print(shown.to_json(orient="records", indent=2))
+        else:
+            note = TABLE_NOTES.get(args.table)
+            print(f"{args.table}" + (f": {note}" if note else "") + f" ({len(shown):,} rows)")
+            print(shown.to_string(index=False) if len(shown) else "(empty for this trace)")
+        return 0
     if args.json:
         out = {"metrics": report.metrics.to_dict(), "skipped_files": list(report.skipped_files)}
         out["tables"] = {k: json.loads(v.to_json(orient="records")) for k, v in report.tables.items()}
@@ -734,6 +747,13 @@ def build_parser() -> argparse.ArgumentParser:
     an = sub.add_parser("analyze", help="analyze a trace: Kineto JSON (file, folder, zip) or Nsight Systems SQLite")
     an.add_argument("path", help="trace file, folder of rank files, .zip, .sqlite, or a run directory")
     an.add_argument("--json", action="store_true", help="StepMetrics and every table as JSON")
+    an.add_argument(
+        "--table",
+        metavar="NAME",
+        help="print one analysis table in full (times in ms; with --json as records): temporal_breakdown, "
+        "gpu_idle, idle_time_breakdown, launch_stats, memcpy, phases, collectives, roofline, ... "
+        "(a wrong name lists them all)",
+    )
     an.add_argument(
         "--save",
         action="store_true",

@@ -154,9 +154,9 @@ def test_advise_on_the_size_setup_that_does_not_fit(served):
 
 @pytest.mark.skipif(not KINETO_RANK0.is_file(), reason=f"real traces live in {TRACES} (absent here)")
 def test_analyze_an_uploaded_real_trace(served):
-    summary, temporal, categories, timeline, top, idle, collectives, roofline, roofline_table = served.client.predict(
-        gradio_client.handle_file(str(KINETO_RANK0)), None, api_name="/analyze"
-    )
+    out = served.client.predict(gradio_client.handle_file(str(KINETO_RANK0)), None, api_name="/analyze")
+    summary, temporal, categories, timeline, top, idle, collectives, roofline, roofline_table = out[:9]
+    picker, picked = out[9:]  # the state of every table stays on the server
     # HTA's reference for this rank (../shared/traces/README.md): idle 53.56, compute 17.71,
     # non-compute 28.74 %, comm/comp overlap 11.81 %.
     assert "sampled_rank-0.json.gz: 1 rank(s), cuda" in summary
@@ -173,6 +173,11 @@ def test_analyze_an_uploaded_real_trace(served):
     # Its GEMM kernels sit on the roofline (the trace was recorded with shapes) against an A100's roofs.
     assert roofline["type"] == "plotly" and "Roofline verdict: latency/launch-bound" in summary
     assert any("s1688gemm" in r["name"] for r in _rows(roofline_table))
+    # "All analyses" shows the idle table first: HTA's 53.56 % idle of this rank, beside compute idle.
+    assert picker["value"] == "gpu_idle" and ["gpu_idle (2 rows)", "gpu_idle"] in picker["choices"]
+    assert picked["label"].startswith("gpu_idle: idle per device")
+    device = _rows(picked["value"])[0]
+    assert device["scope"] == "device" and round(device["idle_pct"], 2) == 53.56
 
 
 def test_profile_runs_a_tiny_cpu_step_into_the_store(served, profiled):

@@ -247,9 +247,9 @@ TRACES = SHARED_TRACES
 
 @pytest.mark.skipif(not TRACES.is_dir(), reason="real traces live in ../shared/traces (absent here)")
 def test_analyze_tab_on_an_uploaded_real_trace():
-    summary, temporal, categories, timeline, top, details, collectives, roofline, roofline_table = (
-        analyze_tab.analyze_view(str(TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite"), None)
-    )
+    out = analyze_tab.analyze_view(str(TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite"), None)
+    summary, temporal, categories, timeline, top, details, collectives, roofline, roofline_table = out[:9]
+    picker, tables, shown = out[9:]
     assert "2 rank(s), cuda" in summary
     assert [bar.name for bar in temporal.data] == ["compute", "communication + memory", "idle"]
     assert list(temporal.data[0].x) == ["rank 0", "rank 1"]
@@ -264,6 +264,14 @@ def test_analyze_tab_on_an_uploaded_real_trace():
     # An nsys export records no shapes: every kernel is judged by its class, none is plotted.
     assert not _points(roofline) and "record_shapes=True" in roofline.layout.annotations[0].text
     assert set(roofline_table["basis"]) <= {"kernel class", "transfer"}
+    # "All analyses": every non-empty table can be picked; the idle table shows first, in ms.
+    assert ("gpu_idle (3 rows)", "gpu_idle") in picker.choices and picker.value == "gpu_idle"
+    assert shown.label.startswith("gpu_idle: idle per device")
+    assert shown.value["headers"][:4] == ["scope", "rank", "device", "span_ms"]
+    assert shown.value["data"][2][:4] == ["all devices", -1, -1, 299.877]  # the reference's 299.877 ms span
+    launch = analyze_tab.show_table("launch_stats", tables)
+    assert launch.label.startswith("launch_stats: per rank") and len(launch.value["data"]) == 2
+    assert analyze_tab.show_table("no_such_table", tables).value["data"] in ([], [[]])
 
 
 def test_analyze_tab_on_a_stored_cpu_run_and_on_bad_input(tmp_path):
@@ -294,8 +302,8 @@ def test_analyze_tab_draws_the_roofline_of_a_stored_cpu_run():
     from advisor.store.runstore import RunStore
 
     updates = list(analyze_tab.analyze_job(None, SAMPLE_RUNS[0]))
-    assert {len(u) for u in updates} == {9}  # stages as progress, then the view: every output each time
-    summary, *_, roofline, table = updates[-1]
+    assert {len(u) for u in updates} == {12}  # stages as progress, then the view: every output each time
+    summary, *_, roofline, table = updates[-1][:9]
     run_dir = RunStore().path(SAMPLE_RUNS[0])
     backend = trace_roofline(load_trace(run_dir), ceilings=ceilings_lookup(run_dir.parent)).table
     assert "Roofline verdict: compute-bound" in summary
@@ -330,7 +338,7 @@ def test_a_trace_whose_roofline_fails_is_still_analyzed(monkeypatch):
         raise TraceError("trace.json.gz holds no cpu_op events to judge")
 
     monkeypatch.setattr(common, "trace_roofline", no_roofline)
-    summary, _, _, timeline, top, *_, roofline, table = analyze_tab.analyze_view(None, SAMPLE_RUNS[0])
+    summary, _, _, timeline, top, *_, roofline, table = analyze_tab.analyze_view(None, SAMPLE_RUNS[0])[:9]
     assert summary.endswith("Roofline skipped: trace.json.gz holds no cpu_op events to judge")
     assert "1 rank(s), cpu" in summary and timeline is not None and top.iloc[0]["name"] == "aten::mm"
     assert roofline is None and table.empty and "headroom %" in table.columns
@@ -341,7 +349,7 @@ A100_TRACE = TRACES / "kineto" / "trace_filter" / "sampled_rank-0.json.gz"
 
 @pytest.mark.skipif(not A100_TRACE.is_file(), reason="real traces live in ../shared/traces (absent here)")
 def test_analyze_tab_places_an_uploaded_gpu_traces_gemms_on_the_roofline():
-    *_, roofline, table = analyze_tab.analyze_view(str(A100_TRACE), None)
+    *_, roofline, table = analyze_tab.analyze_view(str(A100_TRACE), None)[:9]
     # No device in the trace: its cutlass_80 kernels give an A100 away, judged by the A100 SXM datasheet
     # (19.5 TFLOP/s fp32, 156 TFLOP/s tf32, 2,039 GB/s).
     assert set(_roof_lines(roofline)) == {
@@ -370,7 +378,7 @@ V100_TRACES = sorted((TRACES / "kineto" / "ns_resolution_trace").glob("*.json.gz
 
 @pytest.mark.skipif(not V100_TRACES, reason="real traces live in ../shared/traces (absent here)")
 def test_a_trace_recorded_without_shapes_says_so_on_its_roofline():
-    *_, roofline, table = analyze_tab.analyze_view(str(V100_TRACES[0]), None)
+    *_, roofline, table = analyze_tab.analyze_view(str(V100_TRACES[0]), None)[:9]
     assert not _points(roofline)
     (note,) = roofline.layout.annotations
     assert note.text.startswith("no op in this trace has recorded shapes: profile with record_shapes=True")

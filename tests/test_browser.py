@@ -219,6 +219,12 @@ def test_upload_a_real_trace_and_read_the_breakdown(page):
     roofline = page.locator("#analyze-roofline")
     expect(roofline.locator(".js-plotly-plot")).to_be_visible()
     expect(roofline).to_contain_text("record_shapes=True")
+    # Every table of the analysis one pick away: the idle table first, then launch statistics.
+    page.get_by_text("All analyses: every table of the analysis").click()
+    table = page.locator("#analyze-table")
+    expect(table).to_contain_text("compute_idle_pct")
+    _choose(page, "#analyze-table-picker", "launch_stats (1 rows)")
+    expect(table).to_contain_text("launch_stats: per rank")
     if A100_TRACE.is_file():  # a trace with shapes: its kernels placed against the A100's roofs
         page.locator("#analyze-upload").get_by_role("button", name="Clear").click()
         page.locator("#analyze-upload input[type=file]").set_input_files(str(A100_TRACE))

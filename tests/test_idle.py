@@ -137,3 +137,27 @@ def test_all_devices_idle_of_a_two_gpu_nsys_capture_by_sqlite():
         span_d = max(e for _, e in mine) - min(s for s, _ in mine)
         row = out[(out["scope"] == "device") & (out["device"] == device)].iloc[0]
         assert row["idle_pct"] == pytest.approx(100 * (span_d - _union(mine)) / span_d, abs=1e-9)
+
+
+@needs_shared_traces
+def test_cli_prints_one_table_in_full_and_names_the_tables_on_a_typo(capsys):
+    from advisor.cli import main
+
+    path = str(SHARED_TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite")
+    assert main(["analyze", path, "--table", "gpu_idle"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("gpu_idle: idle per device") and lines[0].endswith("(3 rows)")
+    assert lines[1].split() == [
+        "scope",
+        "rank",
+        "device",
+        "span_ms",
+        "idle_ms",
+        "idle_pct",
+        "compute_idle_ms",
+        "compute_idle_pct",
+    ]
+    assert lines[-1].split()[:6] == ["all", "devices", "-1", "-1", "299.877", "12.536"]
+    assert main(["analyze", path, "--table", "gpu_idel"]) == 2
+    err = capsys.readouterr().err
+    assert "--table gpu_idel: no such table; the analysis has: temporal_breakdown," in err and "gpu_idle" in err

@@ -17,9 +17,12 @@ from advisor.present.views import (
     ROOFLINE_HEADERS,
     ROOFLINE_ROWS,
     TABLE_COLUMNS,
+    TABLE_NOTES,
     analysis_details,
     analysis_top_table,
     roofline_rows,
+    table_choices,
+    table_view,
 )
 from webui import common
 from webui.common import ROOFLINE_LABEL, TRACE_LABEL, TRACE_TYPES, guarded, run_dropdown
@@ -42,7 +45,30 @@ def no_analysis():
         pd.DataFrame(columns=COLLECTIVE_COLUMNS),
         None,
         pd.DataFrame(columns=ROOFLINE_HEADERS),
+        gr.Dropdown(choices=[], value=None),
+        {},
+        gr.Dataframe(value=pd.DataFrame(), label=TABLE_LABEL),
     )
+
+
+def _default_table(tables: dict[str, pd.DataFrame]) -> str | None:
+    names = [name for _, name in table_choices(tables)]
+    for preferred in ("gpu_idle", "phases"):
+        if preferred in names:
+            return preferred
+    return names[0] if names else None
+
+
+TABLE_LABEL = "Times in ms (the CLI: analyze PATH --table NAME)"
+
+
+def show_table(name: str | None, tables: dict | None):
+    """The "All analyses" picker: the chosen table of the last analysis (times in ms), labelled with
+    what it holds."""
+    if not name or not tables or name not in tables:
+        return gr.Dataframe(value=pd.DataFrame(), label=TABLE_LABEL)
+    note = TABLE_NOTES.get(name)
+    return gr.Dataframe(value=table_view(tables, name), label=f"{name}: {note}" if note else name)
 
 
 def _stage_reporter(on_stage, cancel: threading.Event | None):
@@ -69,14 +95,18 @@ def _views(report, table, roofline, label: str, skipped: str):
         t["collectives"][COLLECTIVE_COLUMNS].round(3),
         roofline_figure(roofline.table) if roofline else None,
         roofline_rows(roofline.table) if roofline else pd.DataFrame(columns=ROOFLINE_HEADERS),
+        gr.Dropdown(choices=table_choices(t), value=(first := _default_table(t))),
+        t,
+        show_table(first, t),
     )
 
 
 @guarded("Cannot analyze this trace", "The analysis", no_analysis)
 def analyze_view(upload: str | None, run_id: str | None, on_stage=None, cancel: threading.Event | None = None):
     """Analyze tab: (summary, temporal figure, category figure, step-timeline figure, top table,
-    details table, collectives table, roofline figure, roofline table) of an uploaded trace, or else of
-    a stored run's trace; outputs added later come last. ``on_stage(done, total, message)`` hears of
+    details table, collectives table, roofline figure, roofline table, the "All analyses" picker, every
+    table (its state), the picked table) of an uploaded trace, or else of a stored run's trace; outputs
+    added later come last. ``on_stage(done, total, message)`` hears of
     each stage; a set ``cancel`` stops before the next one."""
     if not (upload or run_id):
         hint = "Upload a trace (Kineto .json / .json.gz, a .zip of rank files, or an nsys .sqlite) or pick a run."
@@ -159,6 +189,12 @@ def _tables() -> dict:
         wrap=True,
         elem_id="analyze-collectives",
     )
+    with gr.Accordion("All analyses: every table of the analysis", open=False, elem_id="analyze-all"):
+        w["picker"] = gr.Dropdown(choices=[], label="Table", elem_id="analyze-table-picker")
+        w["state"] = gr.State({})
+        w["table"] = gr.Dataframe(
+            pd.DataFrame(), label=TABLE_LABEL, interactive=False, wrap=True, elem_id="analyze-table"
+        )
     return w
 
 
@@ -175,7 +211,8 @@ def build_analyze_tab() -> gr.Dropdown:
             timeline = gr.Plot(label="One step on rank 0: phases and top kernels or ops")
             t = _tables()
     outputs = [summary, temporal, categories, timeline, t["top"], t["details"], t["collectives"]]
-    outputs += [t["roofline"], t["roofline_table"]]
+    outputs += [t["roofline"], t["roofline_table"], t["picker"], t["state"], t["table"]]
+    t["picker"].change(show_table, [t["picker"], t["state"]], t["table"], api_visibility="undocumented")
     button.click(analyze_job, [upload, runs], outputs, api_name="analyze")
     upload.upload(analyze_job, [upload, runs], outputs, api_visibility="undocumented")
     cancel.click(cancel_analysis, None, summary, queue=False, api_visibility="undocumented")

@@ -182,6 +182,49 @@ def in_ms(table: pd.DataFrame) -> pd.DataFrame:
     return out.rename(columns={c: c[:-3] + "_ms" for c in ns})
 
 
+TABLE_NOTES = {
+    "temporal_breakdown": "per rank: kernel span split into idle, compute and non-compute time (HTA); also "
+    "compute-idle (no computation kernel) and copies alone",
+    "gpu_idle": "idle per device and over all devices at once; copies busy (HTA) and compute-only",
+    "kernel_type_breakdown": "busy GPU time by type, overlaps as their own rows (HTA)",
+    "comm_comp_overlap": "per rank: share of communication time overlapped by computation (HTA)",
+    "idle_time_breakdown": "per rank and stream: idle time split into host wait, kernel wait, other (HTA)",
+    "idle_split": "per rank: the idle split summed over streams, in %",
+    "kernel_categories": "GPU-event time per kernel category",
+    "top_kernels": "the kernels with the most time",
+    "launch_stats": "per rank: launch delay and runtime-call statistics, tiny kernels, CUDA graphs",
+    "memcpy": "copies and sets per direction and host memory: count, bytes, bandwidth",
+    "sync_calls": "blocking synchronisation calls per name",
+    "sync_time": "per rank: time blocked in synchronising calls",
+    "phases": "per rank: step phases (data, forward, backward, optimizer) and how they were found",
+    "memory_peak": "per rank and device: peak tensor memory seen in the trace",
+    "rank_skew": "per rank: step time against the median rank, stragglers",
+    "top_ops": "the host ops with the most self time",
+    "gemm_precision": "GEMM time by math precision (fp32 SIMT, tf32, 16-bit, fp8)",
+    "collectives": "per rank and collective kind: calls, bytes, time and exposed time",
+    "roofline": "per op or kernel: FLOPs, bytes, achieved rate and bound against the device's roofs",
+}
+"""One line on what each of analyze()'s tables holds, for the CLI's --table and the Analyze tab's picker
+(a table without a note is still shown)."""
+
+
+def table_choices(tables: dict[str, pd.DataFrame]) -> list[tuple[str, str]]:
+    """(label, name) for every non-empty table of a report, in the report's order."""
+    return [(f"{name} ({len(t):,} rows)", name) for name, t in tables.items() if not t.empty]
+
+
+def table_view(tables: dict[str, pd.DataFrame], name: str, rows: int | None = 500) -> pd.DataFrame:
+    """One of a report's tables as shown: times in ms, numbers to 3 decimals, at most ``rows`` rows
+    (None: all)."""
+    if name not in tables:
+        raise KeyError(f"no table {name!r}; this report has: {', '.join(tables)}")
+    shown = in_ms(tables[name] if rows is None else tables[name].head(rows))
+    for c in shown.columns:
+        if shown[c].dtype == object:
+            shown[c] = shown[c].map(lambda v: v if isinstance(v, (str, int, float, bool)) or v is None else str(v))
+    return shown.round(3)
+
+
 def analysis_top_table(report) -> pd.DataFrame:
     """The top kernels of a GPU trace, or the top CPU ops of a CPU one, in the same five columns."""
     t = report.tables
