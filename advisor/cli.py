@@ -353,6 +353,23 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export_trace(args: argparse.Namespace) -> int:
+    from advisor.trace.export import write_chrome_trace
+    from advisor.trace.load import load_trace
+
+    path = Path(args.path)
+    _check_trace_path(path, "export-trace")
+    if not args.max_mb > 0:
+        raise AdvisorError(f"--max-mb={args.max_mb:g}: must be > 0 (MiB of decompressed trace)")
+    out = Path(args.out) if args.out else Path(path.name.split(".")[0] + ".perfetto.json.gz")
+    if out.resolve() == path.resolve():
+        raise AdvisorError(f"--out {out} is the trace itself; give another file")
+    table = load_trace(path, max_bytes=max(1, int(args.max_mb * 2**20)))
+    write_chrome_trace(table, out)
+    print(f"wrote {out} ({len(table):,} events); open it at https://ui.perfetto.dev (Open trace file)")
+    return 0
+
+
 def _cmd_ceilings(args: argparse.Namespace) -> int:
     import torch
 
@@ -778,6 +795,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     roofs.add_argument("--ceilings-file", metavar="FILE", help="judge the roofline against this ceilings JSON file")
     an.set_defaults(func=_cmd_analyze)
+    ex = sub.add_parser(
+        "export-trace",
+        help="write any trace (nsys SQLite, Kineto folder or zip) as one Chrome trace JSON that Perfetto opens",
+    )
+    ex.add_argument("path", help="trace file, folder of rank files, .zip, .sqlite, or a run directory")
+    ex.add_argument(
+        "-o", "--out", default=None, help="output file (default: NAME.perfetto.json.gz in the current folder)"
+    )
+    ex.add_argument("--max-mb", type=float, default=8192, help="refuse traces larger than this (MiB; > 0)")
+    ex.set_defaults(func=_cmd_export_trace)
     ce = sub.add_parser(
         "ceilings", help="measure this machine's matmul FLOP/s and copy bandwidth (the roofline's measured roofs)"
     )

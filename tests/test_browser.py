@@ -234,6 +234,45 @@ def test_upload_a_real_trace_and_read_the_breakdown(page):
     _shot(page, "analyze")
 
 
+NSYS_EXPORT = TRACES / "nsys" / "pipit_cloverleaf_cuda.sqlite"
+
+# A stand-in for the Perfetto tab (no network here): records what the page opens and posts, and answers
+# PING with PONG as ui.perfetto.dev does once it is ready.
+FAKE_PERFETTO = """() => {
+  window.__opened = [];
+  window.open = (url) => {
+    const fake = {closed: false, close() { this.closed = true; }, postMessage(message, origin) {
+      if (message === "PING") {
+        window.__pinged = origin;
+        window.dispatchEvent(new MessageEvent("message", {data: "PONG"}));
+      } else {
+        window.__posted = {title: message.perfetto.title, bytes: Array.from(new Uint8Array(message.perfetto.buffer, 0, 2)),
+                           length: message.perfetto.buffer.byteLength};
+      }
+    }};
+    window.__opened.push(url);
+    return fake;
+  };
+}"""
+
+
+@pytest.mark.skipif(not NSYS_EXPORT.is_file(), reason="real traces live in ../shared/traces (absent here)")
+def test_open_an_nsys_export_in_perfetto(page):
+    _tab(page, "Analyze")
+    page.locator("#analyze-upload input[type=file]").set_input_files(str(NSYS_EXPORT))
+    expect(page.locator("#analyze-summary")).to_contain_text("pipit_cloverleaf_cuda.sqlite", timeout=60_000)
+    page.evaluate(FAKE_PERFETTO)
+    page.locator("#analyze-perfetto").click()
+    expect(page.locator("#analyze-perfetto-msg")).to_contain_text("Opening in a new tab of ui.perfetto.dev")
+    expect(page.locator("#analyze-perfetto-file")).to_contain_text("pipit_cloverleaf_cuda.perfetto.json")
+    page.wait_for_function("() => window.__posted !== undefined", timeout=30_000)
+    opened, pinged, posted = page.evaluate("() => [window.__opened, window.__pinged, window.__posted]")
+    assert opened == ["https://ui.perfetto.dev/"] and pinged == "https://ui.perfetto.dev"
+    # The nsys export, converted: a gzip file (magic 1f 8b), all of it posted.
+    assert posted["title"] == "pipit_cloverleaf_cuda.perfetto.json.gz" and posted["bytes"] == [0x1F, 0x8B]
+    assert posted["length"] > 10_000
+
+
 def test_advise_apply_and_rerun(page):
     _tab(page, "Advice")
     # The page opens on a first recommendation for the default setup.

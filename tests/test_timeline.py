@@ -39,7 +39,7 @@ def _totals_in(events: list[dict], t0: Decimal, t1: Decimal) -> dict[str, Decima
 
 
 def _work(tl):
-    return tl[~tl["lane"].isin(["step", "phase"])]
+    return tl[~tl["lane"].isin(["step", "phase"]) & (tl["kind"] != "range")]
 
 
 def _check_top(tl, reference: dict[str, Decimal], top_n: int = 12) -> None:
@@ -132,13 +132,16 @@ def test_gpu_trace_picks_the_last_complete_step_and_ranks_kernels_by_time_inside
 def test_row_cap_keeps_the_longest_occurrences():
     df = load_trace(GPU_BOUND)
     full, capped = step_timeline(df), step_timeline(df, max_rows=50)
-    # 1 step, 3 phases, 259 kernel runs. The GPU copy of "## backward ##" (a gpu_user_annotation on
-    # pid 0 = device 0, 26.944 us at 24.443 ms) is the GPU's, not a fourth host phase.
-    assert len(full) == 263 and full.attrs["dropped_rows"] == 0
-    assert len(capped) == 50 and capped.attrs["dropped_rows"] == 213
+    # 1 step, 3 phases, 10 other host ranges (DDP forward, the optimizer's, 5 all-reduces and 2
+    # broadcasts on the NCCL thread), 259 kernel runs. The GPU copy of "## backward ##" (a
+    # gpu_user_annotation on pid 0 = device 0, 26.944 us at 24.443 ms) is the GPU's, not a fourth host phase.
+    assert len(full) == 273 and full.attrs["dropped_rows"] == 0
+    ranges = full[full["kind"] == "range"]
+    assert len(ranges) == 10 and (ranges["name"] == "nccl:all_reduce").sum() == 5
+    assert len(capped) == 50 and capped.attrs["dropped_rows"] == 223
     kept, dropped_from = _work(capped)["dur_ms"], _work(full)["dur_ms"]
-    assert sorted(kept, reverse=True) == sorted(dropped_from, reverse=True)[:46]
-    assert capped.iloc[:4].equals(full.iloc[:4])  # step and phases are never dropped
+    assert sorted(kept, reverse=True) == sorted(dropped_from, reverse=True)[:36]  # 50 - 4 - 10
+    assert capped.iloc[:14].equals(full.iloc[:14])  # step, phases and (here all) ranges are kept first
 
 
 @needs_traces
@@ -187,13 +190,21 @@ def test_nsys_capture_without_profiler_steps_is_shown_whole():
 def test_timeline_figure_has_one_trace_per_name_and_lanes_in_order():
     tl = step_timeline(load_trace(SAMPLE_RUN), top_n=5)
     fig = timeline_figure(tl)
-    assert len(fig.data) == 1 + 4 + 5  # the step, four phases, five ops
+    assert len(fig.data) == 1 + 4 + 5 + 1  # the step, four phases, five ops, one lane of other ranges
+    named, ranges = fig.data[:-1], fig.data[-1]
     # One trace per name, holding every occurrence of it: 29 MmBackward0 and 29 linear calls, 4 attention
     # backwards, one fused AdamW and one log-softmax backward (the timeline's own rows).
-    assert [t.name for t in fig.data] == list(dict.fromkeys(tl["name"]))
-    assert [len(t.x) for t in fig.data] == [int((tl["name"] == t.name).sum()) for t in fig.data]
-    assert [len(t.x) for t in fig.data][5:] == [29, 29, 4, 1, 1]
-    assert list(fig.layout.yaxis.categoryarray) == ["step", "phase", "CPU ops"]
+    assert [t.name for t in named] == list(dict.fromkeys(tl[tl["kind"] != "range"]["name"]))
+    assert [len(t.x) for t in named] == [int((tl["name"] == t.name).sum()) for t in named]
+    assert [len(t.x) for t in named][5:] == [29, 29, 4, 1, 1]
+    # The loader's next(), the optimizer's step and zero_grad: one trace, out of the legend, named on hover.
+    assert ranges.name == "ranges 0" and not ranges.showlegend and len(ranges.x) == 3
+    assert list(ranges.hovertext) == [
+        "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+        "Optimizer.step#AdamW.step",
+        "Optimizer.zero_grad#AdamW.zero_grad",
+    ]
+    assert list(fig.layout.yaxis.categoryarray) == ["step", "phase", "ranges 0", "CPU ops"]
     bar = fig.data[0]
     assert bar.orientation == "h" and list(bar.base) == [0.0] and bar.x[0] == pytest.approx(66.839371)
     assert "ProfilerStep#5" in fig.layout.title.text
@@ -211,3 +222,62 @@ def test_lanes_read_step_phase_then_streams_by_number():
         "GPU stream 7",
         "GPU stream 23",
     ]
+
+
+def test_nvtx_ranges_of_an_nsys_capture_get_lanes_by_depth():
+    import numpy as np
+
+    from advisor.analysis.timeline import RANGE_DEPTHS
+    from advisor.trace.table import make_table
+
+    us = 1000
+    # One thread: "train" 0-100 us holds "fwd" 0-40 holding "attn" 5-20 holding "softmax" 6-8 (depth 3:
+    # too deep); "bwd" 40-90 sits beside "fwd"; one kernel. A second thread's range gets its own lanes.
+    table = make_table(
+        {
+            "rank": 0,
+            "kind": ["annotation"] * 6 + ["kernel"],
+            "name": ["train", "fwd", "attn", "softmax", "bwd", "loader", "k"],
+            "start_ns": np.array([0, 0, 5, 6, 40, 10, 1]) * us,
+            "dur_ns": np.array([100, 40, 15, 2, 50, 5, 30]) * us,
+            "device": [-1] * 6 + [0],
+            "stream": [-1] * 6 + [7],
+            "tid": [1, 1, 1, 1, 1, 2, -1],
+        }
+    )
+    table.attrs["source"] = "nsys"
+    tl = step_timeline(table)
+    ranges = tl[tl["kind"] == "range"][["lane", "name", "start_ms", "dur_ms"]]
+    assert RANGE_DEPTHS == 3
+    assert ranges.values.tolist() == [
+        ["NVTX thread 1 0", "train", 0.0, 0.1],
+        ["NVTX thread 2 0", "loader", 0.01, 0.005],
+        ["NVTX thread 1 1", "fwd", 0.0, 0.04],
+        ["NVTX thread 1 1", "bwd", 0.04, 0.05],
+        ["NVTX thread 1 2", "attn", 0.005, 0.015],
+    ]
+    assert tl.attrs["dropped_rows"] == 1  # softmax, at depth 3
+    # A cap on rows keeps the outer ranges first, then the longer ones.
+    capped = step_timeline(table.iloc[:5], max_rows=8)  # room for 8 // 4 = 2 ranges
+    assert capped[capped["kind"] == "range"]["name"].tolist() == ["train", "bwd"]
+
+
+@needs_traces
+def test_nsys_capture_shows_its_nvtx_ranges():
+    import sqlite3
+
+    path = TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite"
+    tl = step_timeline(load_trace(path), rank=0)
+    nvtx = tl[tl["kind"] == "range"]
+    # 9,443 NVTX ranges on rank 0's thread (emit_nvtx's per-op ranges): the 500 the cap allows
+    # (2,000 rows / 4), the outermost first.
+    assert len(nvtx) == 500 and set(nvtx["lane"]) == {"NVTX 0"}
+    with sqlite3.connect(path) as db:
+        texts = {
+            t
+            for (t,) in db.execute(
+                "SELECT COALESCE(e.text, s.value) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON e.textId = s.id"
+            )
+        }
+    assert set(nvtx["name"]) <= texts
+    assert "NVTX 0" in timeline_figure(tl).layout.yaxis.categoryarray

@@ -4,9 +4,7 @@ each with its predicted gain; Apply loads one into every tab, Verify re-runs a s
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
-import time
 
 import gradio as gr
 import pandas as pd
@@ -29,23 +27,11 @@ from webui.profile import profile_values
 from webui.size import setup_from_size_inputs, size_values
 
 SOURCES = ["stored run", "uploaded trace", "Size tab setup"]
-REPORT_MAX_AGE_S = 3600
-
-
-def _report_root() -> str:
-    """One folder per app process for downloadable reports; reports older than an hour are removed."""
-    root = os.path.join(tempfile.gettempdir(), f"advisor-reports-{os.getpid()}")
-    os.makedirs(root, exist_ok=True)
-    cutoff = time.time() - REPORT_MAX_AGE_S
-    for entry in os.scandir(root):
-        if entry.is_dir() and entry.stat().st_mtime < cutoff:
-            shutil.rmtree(entry.path, ignore_errors=True)
-    return root
 
 
 def _report_files(advice) -> list[str]:
-    """The advice as advice.md and advice.json in a fresh folder under _report_root, for download."""
-    out_dir = tempfile.mkdtemp(prefix="advice-", dir=_report_root())
+    """The advice as advice.md and advice.json in a fresh folder under common.download_root."""
+    out_dir = tempfile.mkdtemp(prefix="advice-", dir=common.download_root())
     paths = [os.path.join(out_dir, "advice.md"), os.path.join(out_dir, "advice.json")]
     for path, text in zip(paths, (advice_markdown(advice), advice.to_json()), strict=True):
         with open(path, "w", encoding="utf-8") as f:

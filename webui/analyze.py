@@ -4,6 +4,7 @@ stored run's, broken down as HolisticTraceAnalysis does, with its roofline and c
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 
 import gradio as gr
@@ -24,6 +25,7 @@ from advisor.present.views import (
     table_choices,
     table_view,
 )
+from advisor.trace.export import write_chrome_trace
 from webui import common
 from webui.common import ROOFLINE_LABEL, TRACE_LABEL, TRACE_TYPES, guarded, run_dropdown
 
@@ -125,6 +127,54 @@ def analyze_view(upload: str | None, run_id: str | None, on_stage=None, cancel: 
     return _views(report, table, roofline, label, skipped)
 
 
+PERFETTO = "https://ui.perfetto.dev"
+# Opens Perfetto in a new tab on the click itself (a popup opened later, after the server's answer, is
+# blocked), keeps the handle for PERFETTO_POST_JS, and passes the inputs on unchanged.
+PERFETTO_OPEN_JS = f"""(upload, run) => {{
+  window.__advisorPerfetto = window.open("{PERFETTO}/", "_blank");
+  return [upload, run];
+}}"""
+# Perfetto's documented handshake: PING until the UI answers PONG, then post the trace's bytes.
+PERFETTO_POST_JS = f"""async (file) => {{
+  const win = window.__advisorPerfetto;
+  if (!file || !file.url || !win) {{ if (win) win.close(); return; }}
+  const buffer = await (await fetch(file.url)).arrayBuffer();
+  const ping = setInterval(() => win.postMessage("PING", "{PERFETTO}"), 100);
+  const onPong = (event) => {{
+    if (event.data !== "PONG") return;
+    clearInterval(ping);
+    window.removeEventListener("message", onPong);
+    win.postMessage({{perfetto: {{buffer: buffer, title: file.orig_name || "trace", fileName: file.orig_name}}}}, "{PERFETTO}");
+  }};
+  window.addEventListener("message", onPong);
+}}"""
+
+
+def _is_single_kineto_file(path: str) -> bool:
+    return os.path.isfile(path) and path.endswith((".json", ".json.gz")) and not os.path.isdir(path)
+
+
+PERFETTO_OPENED = (
+    f"Opening in a new tab of [{PERFETTO.removeprefix('https://')}]({PERFETTO}) (allow pop-ups for this page); "
+    "or download the file below and use Perfetto's *Open trace file*."
+)
+
+
+@guarded("Cannot open this trace in Perfetto", "The export", lambda: (None,))
+def perfetto_file(upload: str | None, run_id: str | None) -> tuple[str, str | None]:
+    """(message, the trace to open in Perfetto): an uploaded Kineto file as it is (with every arg it
+    records), anything else (an nsys export, a zip or folder of ranks, a stored run) as one Chrome
+    trace written from its event table (advisor.trace.export)."""
+    if not (upload or run_id):
+        return "Upload a trace or pick a run first.", None
+    if upload and _is_single_kineto_file(upload):
+        return PERFETTO_OPENED, upload
+    path = upload if upload else str(common.store().path(run_id))
+    name = os.path.basename(path.rstrip("/")).split(".")[0] or "trace"
+    out = os.path.join(tempfile.mkdtemp(prefix="perfetto-", dir=common.download_root()), f"{name}.perfetto.json.gz")
+    return PERFETTO_OPENED, str(write_chrome_trace(load_trace(path), out))
+
+
 def analyze_job(upload: str | None, run_id: str | None, request: gr.Request | None = None):
     """The Analyze tab's action: analyze_view in the background, its stages shown as they pass, and
     cancellable (the stage in progress finishes, the next does not start)."""
@@ -156,6 +206,17 @@ def _inputs():
         button = gr.Button("Analyze", variant="primary", elem_id="analyze-run")
         cancel = gr.Button("Cancel")
     return upload, runs, button, cancel
+
+
+def _perfetto(upload, runs) -> None:
+    """The "Open in Perfetto" button: the trace (converted where Perfetto cannot read it) in a new tab
+    of ui.perfetto.dev, and offered for download."""
+    button = gr.Button("Open in Perfetto", elem_id="analyze-perfetto")
+    message = gr.Markdown(elem_id="analyze-perfetto-msg")
+    file = gr.File(label="Trace for Perfetto (Chrome trace JSON)", interactive=False, elem_id="analyze-perfetto-file")
+    button.click(perfetto_file, [upload, runs], [message, file], js=PERFETTO_OPEN_JS, api_name="perfetto").then(
+        None, file, None, js=PERFETTO_POST_JS
+    )
 
 
 def _tables() -> dict:
@@ -203,6 +264,7 @@ def build_analyze_tab() -> gr.Dropdown:
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
             upload, runs, button, cancel = _inputs()
+            _perfetto(upload, runs)
         with gr.Column(scale=2):
             summary = gr.Markdown("Upload a trace or pick a run.", elem_id="analyze-summary")
             with gr.Row():

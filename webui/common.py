@@ -6,8 +6,12 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import queue
+import shutil
+import tempfile
 import threading
+import time
 from collections.abc import Callable
 
 import gradio as gr
@@ -221,6 +225,21 @@ def cancel_message(kind: str, request: gr.Request | None, cancelling: str, nothi
 
 
 # --- Figures two tabs draw -----------------------------------------------------------------------
+
+
+DOWNLOAD_MAX_AGE_S = 3600
+
+
+def download_root() -> str:
+    """One folder per app process for files made to download (reports, traces for Perfetto); folders
+    in it older than an hour are removed."""
+    root = os.path.join(tempfile.gettempdir(), f"advisor-reports-{os.getpid()}")
+    os.makedirs(root, exist_ok=True)
+    cutoff = time.time() - DOWNLOAD_MAX_AGE_S
+    for entry in os.scandir(root):
+        if entry.is_dir() and entry.stat().st_mtime < cutoff:
+            shutil.rmtree(entry.path, ignore_errors=True)
+    return root
 
 
 def timeline_of(table):

@@ -9,7 +9,9 @@ trace of that rank where it has none (nsys captures, traces without a schedule).
 - on a GPU trace, the ``top_n`` kernels, copies and sets by total time inside the step, every
   occurrence of each, one lane per GPU stream;
 - on a CPU trace, the ``top_n`` top-level framework ops (those not nested in another op of the same
-  thread) by total time inside the step: their children repeat the same time and would bury them.
+  thread) by total time inside the step: their children repeat the same time and would bury them;
+- the other ranges on the host (NVTX ranges of an nsys export, record_function ranges of a Kineto
+  trace), one lane per nesting depth down to RANGE_DEPTHS, kind ``range``.
 
 The step is a window of host time: an event belongs to it for the part of it that runs inside the
 window, so GPU work queued by an earlier step but running now is shown, and the part of an event that
@@ -37,6 +39,9 @@ WHOLE_TRACE = "whole trace (no ProfilerStep)"
 PHASE_NAMES = frozenset({"data", "data_load", "forward", "backward", "optimizer"})
 MAX_NAME_CHARS = 80  # longer kernel names (templates run to 300 characters) swamp the hover and legend
 MAX_ROWS = 2000  # a browser draws a few thousand bars smoothly; GPU steps can hold 10^4 kernels
+RANGE_DEPTHS = 3  # lanes of nested ranges: deeper ones (emit_nvtx's per-op ranges) crowd the chart
+RANGE_SHARE = 4  # the ranges take at most 1/RANGE_SHARE of max_rows: the kernels are the point
+RANGE_KIND = "range"
 
 
 def _short(name: str, tag: str = "") -> str:
@@ -124,6 +129,8 @@ def step_timeline(
         first = (STEP_LANE, f"ProfilerStep#{number}", 0.0, (t1 - t0) / 1e6, "annotation")
 
     rows = [first, *_phase_rows(table, in_rank, t0, t1)]
+    ranges, dropped_ranges = _range_rows(table, in_rank, t0, t1, max(max_rows // RANGE_SHARE, 1))
+    rows += ranges
     gpu = _clip(table, np.flatnonzero(in_rank & kind_mask(table, *GPU_KINDS)), t0, t1)
     if gpu[0].size:
         source, work = "kernels", _top_rows(table, gpu, t0, top_n, _gpu_lanes)
@@ -146,9 +153,59 @@ def step_timeline(
         step_start_ns=t0,
         step_ms=(t1 - t0) / 1e6,
         source=source,
-        dropped_rows=dropped,
+        dropped_rows=dropped + dropped_ranges,
     )
     return out
+
+
+def range_lane(depth: int, tid: int | None, source: str | None) -> str:
+    """The lane of a host range at nesting ``depth`` (0: outermost) on thread ``tid`` (None: the only
+    thread with ranges)."""
+    prefix = "NVTX" if source == "nsys" else "ranges"
+    return f"{prefix} {depth}" if tid is None else f"{prefix} thread {tid} {depth}"
+
+
+def _range_rows(table: pd.DataFrame, in_rank: np.ndarray, t0: int, t1: int, limit: int) -> tuple[list[tuple], int]:
+    """Host ranges of one rank inside [t0, t1) other than the step and its phases, with their nesting
+    depth on their thread among those ranges (a range inside another that is still open), the outer
+    RANGE_DEPTHS levels;
+    beyond ``limit`` rows the outer and then the longer ones are kept. (rows, ranges dropped)."""
+    host = np.flatnonzero(in_rank & kind_mask(table, "annotation") & (table["device"].to_numpy() == -1))
+    names = table["name"].to_numpy()[host].astype(str)
+    shown = PHASE_NAMES | {STEP_LANE}  # our own runs' "step" range is the step lane's
+    other = np.array([not PROFILER_STEP_RE.match(n) and _phase_key(n) not in shown for n in names], dtype=bool)
+    host, names = host[other], names[other]
+    tid, start, dur = (table[c].to_numpy()[host] for c in ("tid", "start_ns", "dur_ns"))
+    order = np.lexsort((-dur, start, tid))
+    depth = np.zeros(host.size, dtype=np.int64)
+    stack: list[int] = []  # ends of the ranges still open on the current thread
+    last_tid = None
+    for i in order.tolist():
+        if tid[i] != last_tid:
+            stack, last_tid = [], tid[i]
+        while stack and stack[-1] <= start[i]:
+            stack.pop()
+        depth[i] = len(stack)
+        stack.append(int(start[i] + dur[i]))
+    s, e = np.maximum(start, t0), np.minimum(start + dur, t1)
+    keep = np.flatnonzero((e > s) & (depth < RANGE_DEPTHS))
+    dropped = int(((e > s) & (depth >= RANGE_DEPTHS)).sum())
+    if keep.size > limit:
+        dropped += keep.size - limit
+        keep = keep[np.lexsort((-(e[keep] - s[keep]), depth[keep]))[:limit]]
+    keep = keep[np.lexsort((s[keep], depth[keep]))]
+    threads = np.unique(tid[keep])
+    source = table.attrs.get("source")
+    return [
+        (
+            range_lane(int(depth[i]), None if threads.size == 1 else int(tid[i]), source),
+            _short(names[i]),
+            (s[i] - t0) / 1e6,
+            (e[i] - s[i]) / 1e6,
+            RANGE_KIND,
+        )
+        for i in keep.tolist()
+    ], dropped
 
 
 def _clip(table: pd.DataFrame, rows: np.ndarray, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -243,7 +243,7 @@ def _plotly_text(text: str) -> str:
 def _lane_key(lane: str) -> tuple:
     """Lanes in reading order: the step, its phases, then the others by their numbers (stream 7 before
     23; a stream of -1, where the trace gives none, first), words before numbers at each position."""
-    head = {"step": 0, "phase": 1}.get(lane, 2)
+    head = {"step": 0, "phase": 1}.get(lane, 2 if lane.startswith(("NVTX", "ranges")) else 3)
     return (head, *((0, int(w), "") if re.fullmatch(r"-?\d+", w) else (1, 0, w) for w in lane.split()))
 
 
@@ -253,7 +253,8 @@ def timeline_figure(df) -> go.Figure:
     legend names the kernels or ops; the hover gives the name, start, end and duration."""
     fig = go.Figure()
     lanes = sorted(dict.fromkeys(df["lane"]), key=_lane_key)
-    for (kind, name), part in df.groupby(["kind", "name"], sort=False):
+    ranges = df["kind"] == "range"
+    for (kind, name), part in df[~ranges].groupby(["kind", "name"], sort=False):
         start, dur = part["start_ms"].to_numpy(), part["dur_ms"].to_numpy()
         fig.add_bar(
             name=_plotly_text(name),
@@ -267,6 +268,23 @@ def timeline_figure(df) -> go.Figure:
             + "<br>%{customdata[0]:.3f} to %{customdata[1]:.3f} ms: %{x:.3f} ms<extra>"
             + _plotly_text(str(kind))
             + "</extra>",
+        )
+    # Host ranges (NVTX, record_function) run to thousands of names: one trace per lane, the name in
+    # the hover, so the legend keeps naming the kernels or ops.
+    for lane, part in df[ranges].groupby("lane", sort=False):
+        start, dur = part["start_ms"].to_numpy(), part["dur_ms"].to_numpy()
+        fig.add_bar(
+            name=_plotly_text(lane),
+            base=start,
+            x=dur,
+            y=part["lane"],
+            orientation="h",
+            marker_color="#9ecae9",
+            marker_line={"width": 0.5, "color": "#4c78a8"},
+            showlegend=False,
+            hovertext=[_plotly_text(n) for n in part["name"]],
+            customdata=list(zip(start, start + dur, strict=True)),
+            hovertemplate="%{hovertext}<br>%{customdata[0]:.3f} to %{customdata[1]:.3f} ms: %{x:.3f} ms<extra>range</extra>",
         )
     steps = df[df["lane"] == "step"]
     title = f"{steps['name'].iloc[0]}: {steps['dur_ms'].iloc[0]:.1f} ms" if len(steps) else "Step timeline"
