@@ -447,7 +447,18 @@ def test_the_public_api_is_each_tabs_main_action():
     deps = app.build_app().config["dependencies"]
     public = {d["api_name"] for d in deps if d.get("api_visibility") == "public"}
     # Everything else (refreshes, cancel, page-load fills) is undocumented, not "false_1"-style names.
-    assert public == {"size", "profile", "open_run", "analyze", "perfetto", "advise", "verify", "plan", "compare", "calibrate"}
+    assert public == {
+        "size",
+        "profile",
+        "open_run",
+        "analyze",
+        "perfetto",
+        "advise",
+        "verify",
+        "plan",
+        "compare",
+        "calibrate",
+    }
     assert not any(str(d.get("api_name")).startswith("false") for d in deps)
 
 
