@@ -290,6 +290,16 @@ def fusion(target: str, g: GainInput) -> Gain | None:
     )
 
 
+@register("kernel_chains")
+def kernel_chains(target: str, g: GainInput) -> Gain | None:
+    """The repeated memory-bound kernel chains fused: each costs its longest kernel (the saving the
+    trace analysis measured, advisor.analysis.sequences), the GPU span taken as the step."""
+    share = g.ctx.get("fusion_chain_saving_pct")
+    if share is None:
+        return None
+    return _share_gain(target, g, share, f"repeated elementwise/norm chains fused: {share:.1f} % of the GPU span")
+
+
 # GEMM speed-ups taken for the trace rules, deliberately below the datasheet ratios because real GEMMs
 # reach a smaller share of the tensor-core peak than of the FP32 peak: FP32 SIMT -> 16-bit tensor
 # cores at 4x (datasheets: 8x on V100, 16x on A100), TF32 -> bf16 at 1.6x (datasheet 2x).

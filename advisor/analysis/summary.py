@@ -17,6 +17,7 @@ from advisor.analysis.collectives import collective_sizes, collective_table
 from advisor.analysis.collectives import wants_args as collectives_wants_args
 from advisor.analysis.roofline import VERDICTS, Roofline, step_roofline_summary, trace_roofline
 from advisor.analysis.roofline import wants_args as roofline_wants_args
+from advisor.analysis.sequences import chain_saving_pct, kernel_chains
 from advisor.analysis.steps import BASES, fused_attention, optimizer_of, step_phases
 from advisor.errors import AdvisorError
 from advisor.spec.ceilings import Ceilings
@@ -85,6 +86,7 @@ def analyze(
         "top_ops": host_ops.head(10),
         "gemm_precision": A.gemm_precision(df),
         "collectives": collective_table(df, collective_sizes(df)),
+        "kernel_chains": kernel_chains(df),
     }
     metrics = _summary(df, tables, run_id, host_self_ns=int(host_ops["time_ns"].sum()))
     if roofline is not None:
@@ -259,6 +261,7 @@ def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_sel
         idle_other_pct=_mean(t["idle_split"], "other_pct"),
         kernel_category_pct={r.category: round(float(r.time_pct), 3) for r in t["kernel_categories"].itertuples()},
         tiny_kernel_frac=_mean(t["launch_stats"], "tiny_kernel_frac"),
+        fusion_chain_saving_pct=chain_saving_pct(t["kernel_chains"], len(t["temporal_breakdown"])) if gpu else None,
         fp32_gemm_pct=_gemm_pct(t["gemm_precision"], "fp32") if gpu else None,
         tf32_gemm_pct=_gemm_pct(t["gemm_precision"], "tf32") if gpu else None,
         launch_bound=_launch_bound(t),
@@ -307,6 +310,13 @@ def format_report(report: TraceReport, name: str) -> str:
         cats = ", ".join(f"{k} {v:.1f} %" for k, v in sorted(m.kernel_category_pct.items(), key=lambda kv: -kv[1]))
         out.append(f"Kernel time by category: {cats}")
         out.append(f"Tiny kernels (<10 us): {100 * (m.tiny_kernel_frac or 0):.0f} % of launches")
+        chains = report.tables["kernel_chains"]
+        if len(chains):
+            top = chains.iloc[0]
+            out.append(
+                f"Repeated memory-bound kernel chains: {len(chains)}; fused, about {m.fusion_chain_saving_pct:.1f} % "
+                f"of the GPU span less (top: {top['length']} kernels x {top['count']}, {top['categories']})"
+            )
         if m.launch_bound:
             out.append("Verdict: launch/host-bound: the GPU mostly waits for the host to launch work")
     if m.comm_time_pct is not None:

@@ -202,6 +202,8 @@ TABLE_NOTES = {
     "top_ops": "the host ops with the most self time",
     "gemm_precision": "GEMM time by math precision (fp32 SIMT, tf32, 16-bit, fp8)",
     "collectives": "per rank and collective kind: calls, bytes, time and exposed time",
+    "kernel_chains": "repeated chains of elementwise/reduction/norm kernels on a stream (fusion candidates): "
+    "count, time, and what fusing saves",
     "roofline": "per op or kernel: FLOPs, bytes, achieved rate and bound against the device's roofs",
 }
 """One line on what each of analyze()'s tables holds, for the CLI's --table and the Analyze tab's picker

@@ -330,6 +330,7 @@ _ANALYSIS_FIELDS = (
     "idle_other_pct",
     "kernel_category_pct",
     "tiny_kernel_frac",
+    "fusion_chain_saving_pct",
     "fp32_gemm_pct",
     "tf32_gemm_pct",
     "launch_bound",

@@ -143,6 +143,9 @@ class StepMetrics:
     """Of the GPU's idle time: waiting for the host to launch work."""
     idle_kernel_wait_pct: float | None = None
     idle_other_pct: float | None = None
+    fusion_chain_saving_pct: float | None = None
+    """What fusing the repeated chains of elementwise/reduction/norm kernels would save, % of the GPU
+    kernel span, mean over ranks: each chain costing its longest kernel (advisor.analysis.sequences)."""
     kernel_category_pct: dict = field(default_factory=dict)
     """Share of summed GPU-event time per category: gemm, attention, elementwise, reduction,
     normalization, optimizer, communication, memcpy, memset, convolution, other."""
