@@ -283,3 +283,56 @@ def test_cli_resolves_run_ids_and_refuses_what_it_cannot_read(tmp_path, capsys):
     assert main(["diff", "nope", SAMPLE_B, "--traces", str(tmp_path)]) == 2
     assert "diff 'nope': not a run in" in capsys.readouterr().err
     assert main(["diff", SAMPLE_A, SAMPLE_B, "--traces", str(tmp_path), "--noise-pct", "-1"]) == 2
+
+
+def _verification(new_run_id: str):
+    from advisor.advice.verify import Verification
+
+    return Verification(
+        run_id=SAMPLE_A,
+        rule_id="prec-amp",
+        target="step_time_ms",
+        before=65.07,
+        predicted_after=50.0,
+        measured_after=59.99,
+        predicted_gain_pct=23.2,
+        measured_gain_pct=7.8,
+        new_run_id=new_run_id,
+        changes={"train.precision": "bf16"},
+        basis="test",
+        baseline_run_id=SAMPLE_A,
+        stored_before=65.07,
+    )
+
+
+def test_the_rerun_view_shows_the_before_and_after_diff(tmp_path, monkeypatch):
+    # The re-run itself is replaced by the pair of shipped runs (fp32, then bf16 with full recompute),
+    # filed as a verification's baseline and re-run: the view diffs their traces.
+    pytest.importorskip("gradio")
+    from advisor.store.runstore import RunStore
+    from webui import advice as advice_tab
+    from webui import common
+
+    for run in (SAMPLE_A, SAMPLE_B):
+        shutil.copytree(ROOT / "traces" / run, tmp_path / run)
+    store = RunStore(tmp_path)
+    monkeypatch.setattr(common, "store", lambda: store)
+    monkeypatch.setattr(advice_tab, "verify", lambda run_id, rule_id, s, on_progress: _verification(SAMPLE_B))
+    msg, table, categories, changes = advice_tab.verify_view(SAMPLE_A, None, progress=lambda *a, **k: None)
+    assert table.iloc[0]["re-run"] == SAMPLE_B
+    (step_a, _), (step_b, _) = _raw_steps(SAMPLE_A), _raw_steps(SAMPLE_B)
+    step = categories.set_index("category").loc["step"]
+    assert (step["before ms"], step["after ms"]) == pytest.approx((step_a / 1e6, step_b / 1e6), abs=1e-3)
+    others = categories[categories["category"] != "step"]
+    assert others["change ms"].sum() == pytest.approx(step["change ms"], abs=2e-3)  # the rows sum to the step
+    assert set(others["category"]) == {"host", "idle"}
+    assert f"Trace diff, per step: {step_a / 1e6:,.1f} → {step_b / 1e6:,.1f} ms" in msg
+    mm = changes[(changes["what"] == "op") & (changes["name"] == "aten::mm")].iloc[0]
+    assert mm["status"] == "faster" and mm["change ms"] < 0
+    assert (changes["status"] != "unchanged").all() and len(changes[changes["what"] == "op"]) == 10
+    # A re-run whose trace is gone still shows its verification, with the reason instead of the diff.
+    (tmp_path / SAMPLE_B / "trace.json.gz").unlink(missing_ok=True)
+    msg, table, categories, changes = advice_tab.verify_view(SAMPLE_A, None, progress=lambda *a, **k: None)
+    assert msg.startswith("### Re-ran with `train.precision = bf16`") and len(table) == 1
+    assert f"no trace diff of {SAMPLE_A} and {SAMPLE_B}: run {SAMPLE_B} has no trace" in msg
+    assert categories.empty and changes.empty
