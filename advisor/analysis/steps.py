@@ -122,6 +122,10 @@ def step_windows(df: pd.DataFrame) -> dict[int, tuple[np.ndarray, np.ndarray, st
     ``basis`` they were found on (see ``BASES``), the steps whose times the phases table holds: the
     trace's own ``step`` ranges, else its ``ProfilerStep#N`` ranges (both 'ranges'), else the steps
     inferred from the optimizer updates. A rank with none of these is left out."""
+    names = df["name"]
+    labels = names.cat.categories if names.dtype == "category" else names.unique()
+    if "step" not in labels and not _marks_any(df, "profiler", "update"):
+        return {}  # nothing marks a step: an nsys export's thousands of NVTX texts are not judged five times
     host = _host(df)
     out = {}
     for rank, rank_host in host.groupby("rank"):
