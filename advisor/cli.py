@@ -476,6 +476,37 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trace_target(target: str, store: RunStore, command: str) -> Path:
+    """The trace a command's argument names: a run id of the store, else a trace file or folder."""
+    if RUN_ID_RE.match(target) and (store.root / target).is_dir():
+        return store.path(target)
+    path = Path(target)
+    if not path.exists():
+        raise AdvisorError(
+            f"{command} {target!r}: not a run in {store.root} nor a trace file or folder "
+            "(give a run id from `python -m advisor runs` or a trace path)"
+        )
+    _check_trace_path(path, command)
+    return path
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from advisor.analysis.diff import diff_paths, format_diff
+
+    if not args.noise_pct >= 0:  # also refuses NaN
+        raise AdvisorError(f"--noise-pct={args.noise_pct:g}: must be >= 0 (% of A's time per step)")
+    if args.top < 0:
+        raise AdvisorError(f"--top={args.top}: must be >= 0")
+    store = _existing_store(args.traces, required=False)
+    a, b = (_trace_target(t, store, "diff") for t in (args.a, args.b))
+    d = diff_paths(a, b, noise_pct=args.noise_pct)
+    if args.json:
+        print(json.dumps({"a": str(a), "b": str(b), **d.to_dict()}, indent=2))
+    else:
+        print(format_diff(d, args.a, args.b, top=args.top))
+    return 0
+
+
 def _cmd_presets(args: argparse.Namespace) -> int:
     models = {k: {"n_params": f().n_params, "n_active_params": f().n_active_params} for k, f in MODELS.items()}
     hardware = {k: {"name": f().name, "memory_bytes": f().memory_bytes} for k, f in HARDWARE.items()}
@@ -530,6 +561,28 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     result = plan(request)
     print(json.dumps(result.as_dict(), indent=2) if args.json else format_plan(result))
     return 0 if result.top else 1
+
+
+def add_diff_parser(sub: argparse._SubParsersAction) -> None:
+    """``diff``: two traces or runs compared per step: categories, kernels and ops that changed."""
+    from advisor.analysis.diff import NOISE_PCT
+
+    d = sub.add_parser(
+        "diff",
+        help="two traces or runs per step: where the step time changed, kernels and ops added/removed/slower/faster",
+    )
+    d.add_argument("a", help="the baseline: a run id, or a trace file or folder (as analyze takes)")
+    d.add_argument("b", help="the trace compared with it; changes are B relative to A")
+    d.add_argument("--top", type=int, default=10, help="rows of each status to list (default: %(default)s)")
+    d.add_argument(
+        "--noise-pct",
+        type=float,
+        default=NOISE_PCT,
+        help="a name's time per step changed where it moved by more than this %% of A's (default: %(default)s)",
+    )
+    d.add_argument("--traces", default=None, help="run store directory for run ids (default: traces/)")
+    d.add_argument("--json", action="store_true", help="every table in full as JSON")
+    d.set_defaults(func=_cmd_diff)
 
 
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:
@@ -834,6 +887,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--traces", default=None, help="run store directory (default: traces/)")
     cmp.add_argument("--json", action="store_true")
     cmp.set_defaults(func=_cmd_compare)
+    add_diff_parser(sub)
     presets = sub.add_parser("presets", help="list the model and device presets")
     presets.add_argument("--json", action="store_true")
     presets.set_defaults(func=_cmd_presets)

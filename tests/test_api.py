@@ -199,9 +199,11 @@ def test_open_analyze_and_verify_a_stored_run(served, profiled):
     assert served.client.predict(run_id, api_name="/open_run")[0] == summary
     analysed = served.client.predict(None, run_id, api_name="/analyze")[0]
     assert f"{run_id}: 1 rank(s), cpu" in analysed
-    message, table = served.client.predict(run_id, "no-such-rule", api_name="/verify")
+    message, table, categories, changes = served.client.predict(run_id, "no-such-rule", api_name="/verify")
     assert message.startswith(f"### Cannot verify\nrule 'no-such-rule' did not fire on run {run_id}")
-    assert table["data"] == [] or table["data"] == [[]]
+    for empty in (table, categories, changes):
+        assert empty["data"] == [] or empty["data"] == [[]]
+    assert categories["headers"][:4] == ["category", "before ms", "after ms", "change ms"]
     bad = served.client.predict("../../etc", api_name="/open_run")[0]
     assert bad.startswith("### Cannot open run\nrun id '../../etc' is not valid")
 

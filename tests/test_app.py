@@ -423,8 +423,8 @@ def test_advice_tab_on_a_stored_run_and_bad_input(tmp_path, monkeypatch):
 
 def test_verify_view_without_a_run_or_with_an_unknown_rule(store):
     assert advice_tab.verify_view(None, None)[0].startswith("Verification re-runs a stored run")
-    msg, table = advice_tab.verify_view("20261130-165248-tiny-6bcb2f", "no-such-rule")
-    assert msg.startswith("### Cannot") and table.empty
+    msg, table, categories, changes = advice_tab.verify_view("20261130-165248-tiny-6bcb2f", "no-such-rule")
+    assert msg.startswith("### Cannot") and table.empty and categories.empty and changes.empty
 
 
 def test_plan_tab_ranks_layouts_and_rejects_bad_input():

@@ -167,7 +167,10 @@ def test_help_lists_the_user_commands_only(capsys):
         main(["--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    assert "{size,profile,dryrun,analyze,ceilings,runs,compare,presets,plan,calibrate,advise,rules,verify}" in out
+    assert (
+        "{size,profile,dryrun,analyze,export-trace,ceilings,runs,compare,diff,presets,plan,calibrate,advise,rules,verify}"
+        in out
+    )
     # The profiling child's command works but is not offered (no "_child", no "==SUPPRESS==" line).
     assert "_child" not in out and "SUPPRESS" not in out
     with pytest.raises(SystemExit) as exit_:

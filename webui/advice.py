@@ -10,14 +10,18 @@ import gradio as gr
 import pandas as pd
 
 from advisor.advice.advise import advice_markdown, advise, advise_run, advise_trace
-from advisor.advice.verify import verify
+from advisor.advice.verify import verification_diff, verify
 from advisor.present.views import (
     ADVICE_COLUMNS,
+    DIFF_CATEGORY_COLUMNS,
+    DIFF_CHANGE_COLUMNS,
     VERIFY_COLUMNS,
     advice_summary,
     advice_table,
     applied_message,
     apply_label,
+    diff_category_table,
+    diff_changes_table,
     verify_message,
     verify_table,
 )
@@ -88,17 +92,21 @@ def apply_recommendation(advice, choice: str | None, source: str):
 
 
 def _empty_verify():
-    return (pd.DataFrame(columns=VERIFY_COLUMNS),)
+    return tuple(pd.DataFrame(columns=c) for c in (VERIFY_COLUMNS, DIFF_CATEGORY_COLUMNS, DIFF_CHANGE_COLUMNS))
 
 
 @guarded("Cannot verify", "The re-run", _empty_verify)
 def verify_view(run_id: str | None, rule_id: str | None, progress=gr.Progress()):  # noqa: B008 (Gradio injects it)
-    """Re-run a stored run with a recommendation applied: (message, predicted vs measured table)."""
+    """Re-run a stored run with a recommendation applied: (message, predicted vs measured table, the
+    trace diff of the before and after runs: step-time categories, top changed kernels and ops)."""
     if not run_id:
         return "Verification re-runs a stored run: pick one first.", *_empty_verify()
     rule_id = (rule_id or "").strip() or None
-    v = verify(run_id, rule_id, common.store(), on_progress=lambda d, t, m: progress((d, t), desc=m))
-    return verify_message(v), verify_table(v)
+    store = common.store()
+    v = verify(run_id, rule_id, store, on_progress=lambda d, t, m: progress((d, t), desc=m))
+    diff, note = verification_diff(v, store)
+    tables = (diff_category_table(diff), diff_changes_table(diff)) if diff is not None else _empty_verify()[1:]
+    return verify_message(v, diff, note), verify_table(v), *tables
 
 
 def _inputs() -> dict:
@@ -123,6 +131,16 @@ def _outputs() -> dict:
     w["verify_table"] = gr.Dataframe(
         pd.DataFrame(columns=VERIFY_COLUMNS), label="Predicted vs measured", interactive=False
     )
+    w["diff_categories"] = gr.Dataframe(
+        pd.DataFrame(columns=DIFF_CATEGORY_COLUMNS),
+        label="Before vs after, per step: where the step time changed (rows sum to the step)",
+        interactive=False,
+    )
+    w["diff_changes"] = gr.Dataframe(
+        pd.DataFrame(columns=DIFF_CHANGE_COLUMNS),
+        label="Before vs after, per step: kernels and ops that changed most",
+        interactive=False,
+    )
     w["files"] = gr.File(label="Report (Markdown, JSON)", file_count="multiple", interactive=False)
     with gr.Accordion("Full report", open=False):
         w["report"] = gr.Markdown()
@@ -145,7 +163,7 @@ def build_advice_tab(size_inputs: list) -> dict:
     parts["verify"].click(
         verify_view,
         [parts["runs"], parts["rule"]],
-        [parts["verify_msg"], parts["verify_table"]],
+        [parts[k] for k in ("verify_msg", "verify_table", "diff_categories", "diff_changes")],
         api_name="verify",
         concurrency_limit=1,
         concurrency_id="device",

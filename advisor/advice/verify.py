@@ -16,6 +16,7 @@ from typing import Any
 
 from advisor.advice.advise import Recommendation, advise_run
 from advisor.advice.gains import improvement_pct
+from advisor.analysis.diff import TraceDiff, diff_paths
 from advisor.errors import AdvisorError
 from advisor.run.launcher import ProgressFn, local_device_type, profile_run
 from advisor.spec.options import RunOptions
@@ -80,6 +81,16 @@ def _rerun(setup, options: RunOptions, store: RunStore, on_progress: ProgressFn 
             f"the re-run {label} ({run.run_id}) ended with status {run.status!r}: {run.record.get('message', '')}"
         )
     return run
+
+
+def verification_diff(v: Verification, store: RunStore) -> tuple[TraceDiff | None, str]:
+    """(the trace diff of a verification's before run, the baseline re-run or else the stored run, and
+    its re-run; ""), or (None, why there is none: a run without a trace, one removed since)."""
+    before = v.baseline_run_id or v.run_id
+    try:
+        return diff_paths(store.path(before), store.path(v.new_run_id)), ""
+    except AdvisorError as err:  # TraceError is one: a run whose trace is missing or damaged
+        return None, f"no trace diff of {before} and {v.new_run_id}: {err}"
 
 
 def verifiable(rec: Recommendation, device_type: str) -> str:

@@ -117,6 +117,31 @@ def _windows(rank_host: pd.DataFrame, updates: pd.DataFrame) -> tuple[list[tuple
     return list(zip(starts, ends.tolist(), strict=True)), "optimizer steps"
 
 
+def step_windows(df: pd.DataFrame) -> dict[int, tuple[np.ndarray, np.ndarray, str]]:
+    """Per rank that has steps: the (start, end) arrays of its steps in ns, sorted by start, and the
+    ``basis`` they were found on (see ``BASES``), the steps whose times the phases table holds: the
+    trace's own ``step`` ranges, else its ``ProfilerStep#N`` ranges (both 'ranges'), else the steps
+    inferred from the optimizer updates. A rank with none of these is left out."""
+    names = df["name"]
+    labels = names.cat.categories if names.dtype == "category" else names.unique()
+    if "step" not in labels and not _marks_any(df, "profiler", "update"):
+        return {}  # nothing marks a step: an nsys export's thousands of NVTX texts are not judged five times
+    host = _host(df)
+    out = {}
+    for rank, rank_host in host.groupby("rank"):
+        ranged = rank_host[(rank_host["kind"] == "annotation").to_numpy() & (rank_host["name"] == "step").to_numpy()]
+        if ranged.empty:
+            ranged = rank_host[rank_host["profiler"]]
+        if len(ranged):
+            windows, basis = list(zip(ranged["start_ns"].tolist(), ranged["end_ns"].tolist(), strict=True)), "ranges"
+        else:
+            windows, basis = _windows(rank_host, rank_host[rank_host["update"]].sort_values("start_ns"))
+        if windows:
+            starts, ends = (np.array(v, dtype=np.int64) for v in zip(*sorted(windows), strict=True))
+            out[int(rank)] = (starts, ends, basis)
+    return out
+
+
 def inferred_phases(df: pd.DataFrame) -> pd.DataFrame:
     """Per rank and phase (step, data, forward, backward, optimizer): count of steps that have it,
     total and mean in ns, and the ``basis`` the steps were found on (see ``BASES``), for a trace whose

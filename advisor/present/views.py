@@ -53,6 +53,10 @@ ADVICE_COLUMNS += ["estimator says", "calibrated says", "basis"]
 VERIFY_COLUMNS = ["rule", "on", "before", "predicted", "measured", "predicted gain %", "measured gain %"]
 VERIFY_COLUMNS += ["baseline spread %", "baseline run", "re-run"]
 PLAN_COLUMNS = ["rank", "layout", "tokens/s", "step ms", "MFU %", "memory GiB", "memory %"]
+DIFF_CATEGORY_COLUMNS = ["category", "before ms", "after ms", "change ms", "before %", "after %"]
+DIFF_CHANGE_COLUMNS = ["what", "status", "name", "before ms", "after ms", "change ms", "before calls"]
+DIFF_CHANGE_COLUMNS += ["after calls"]
+DIFF_ROWS = 10  # changed kernels, and changed ops, shown
 
 
 def _sentence(line: str) -> str:
@@ -321,8 +325,40 @@ def verify_table(v) -> pd.DataFrame:
     return pd.DataFrame([row], columns=VERIFY_COLUMNS)
 
 
-def verify_message(v) -> str:
-    """Whether the re-run improved on the target, beyond the baseline's step-to-step spread."""
+def diff_category_table(d) -> pd.DataFrame:
+    """A trace diff's step-time categories (``advisor.analysis.diff.trace_diff``) in ms per step, with
+    a last row 'step': their sum, the step time of each run."""
+    c = d.categories
+    rows = [[r.category, r.a_ns / 1e6, r.b_ns / 1e6, r.delta_ns / 1e6, r.a_pct, r.b_pct] for r in c.itertuples()]
+    rows.append(["step", d.step_a_ns / 1e6, d.step_b_ns / 1e6, d.step_delta_ns / 1e6, 100.0, 100.0])
+    return pd.DataFrame(rows, columns=DIFF_CATEGORY_COLUMNS).round(3)
+
+
+def diff_changes_table(d, n: int = DIFF_ROWS) -> pd.DataFrame:
+    """The ``n`` kernels and the ``n`` host ops (self time) of a trace diff that changed most (added,
+    removed, slower, faster), in ms and calls per step."""
+    rows = []
+    for what, t in (("kernel", d.kernels), ("op", d.ops)):
+        for r in t[t["status"] != "unchanged"].head(n).itertuples():
+            rows.append([what, r.status, str(r.name)[:NAME_CHARS], r.a_ns / 1e6, r.b_ns / 1e6, r.delta_ns / 1e6])
+            rows[-1] += [r.a_count, r.b_count]
+    return pd.DataFrame(rows, columns=DIFF_CHANGE_COLUMNS).round(3)
+
+
+def diff_line(d) -> str:
+    """One sentence: the step time per step in both traces and the categories that moved most."""
+    moved = ", ".join(f"{r.category} {r.delta_ns / 1e6:+.1f} ms" for r in d.categories.head(3).itertuples())
+    return (
+        f"Trace diff, per step: {d.step_a_ns / 1e6:,.1f} → {d.step_b_ns / 1e6:,.1f} ms"
+        + (f"; most changed: {moved}" if moved else "")
+        + "."
+    )
+
+
+def verify_message(v, diff=None, diff_note: str = "") -> str:
+    """Whether the re-run improved on the target, beyond the baseline's step-to-step spread; with the
+    trace ``diff`` of the before and after runs (``advisor.advice.verify.verification_diff``), its
+    line, or ``diff_note`` where there is none."""
     if v.noise_pct is not None and abs(v.measured_gain_pct) <= v.noise_pct:
         outcome = f"within the baseline's step-to-step spread of {v.noise_pct:.0f} %"
     else:
@@ -335,6 +371,10 @@ def verify_message(v) -> str:
             f"\nBefore is the original setup re-run just now, side by side with the change: "
             f"{fmt_value(v.target, v.before)} (the stored run measured {fmt_value(v.target, v.stored_before)})."
         )
+    if diff is not None:
+        msg += f"\n\n{diff_line(diff)}"
+    elif diff_note:
+        msg += f"\n\n<small>{diff_note}</small>"
     return msg
 
 
