@@ -1,0 +1,104 @@
+"""A large Nsight Systems export in a real export's schema, for the scale benchmark (bench/scale.py).
+
+The template's schema is copied as it is (every table, column and type of an nsys 2026.2 export), its
+small tables once, and its event tables (kernels, copies, sets, runtime calls, synchronisations, NVTX
+ranges) again and again: each copy shifted in time by the capture's span and in correlation ids by
+their range, as if the job had been captured for that much longer. SQLite copies the rows itself
+(``INSERT ... SELECT`` from the attached template), so a 3.7 GB file takes a minute or two.
+
+Run: ``.venv/bin/python bench/make_nsys.py --size-gb 3.7 --out /tmp/big.sqlite``
+(template: ``../shared/traces/nsys/nsysai_mfu_2gpu_before.sqlite``; ``--template`` for another).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "nsys" / "nsysai_mfu_2gpu_before.sqlite"
+EVENT_TABLES = (
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+    "NVTX_EVENTS",
+)
+SHIFTED = ("start", "end")
+"""Time columns moved by each copy's offset."""
+
+
+def _columns(conn: sqlite3.Connection, schema: str, table: str) -> list[str]:
+    return [r[1] for r in conn.execute(f'PRAGMA {schema}.table_info("{table}")')]
+
+
+def make(template: Path, out: Path, size_bytes: int) -> dict:
+    """Write ``out`` from ``template`` until it holds at least ``size_bytes``; the counts of what was
+    written."""
+    if out.exists():
+        out.unlink()
+    conn = sqlite3.connect(out)
+    conn.execute("PRAGMA journal_mode = OFF")
+    conn.execute("PRAGMA synchronous = OFF")
+    conn.execute(f"ATTACH DATABASE '{template}' AS src")
+    tables = [r[0] for r in conn.execute("SELECT name FROM src.sqlite_master WHERE type = 'table'")]
+    for (sql,) in conn.execute("SELECT sql FROM src.sqlite_master WHERE type = 'table' AND sql IS NOT NULL").fetchall():
+        conn.execute(sql)
+    events = [t for t in EVENT_TABLES if t in tables]
+    for t in tables:
+        if t not in events and not t.startswith("sqlite_"):
+            conn.execute(f'INSERT INTO main."{t}" SELECT * FROM src."{t}"')
+    lo = min(conn.execute(f'SELECT MIN(start) FROM src."{t}"').fetchone()[0] for t in events)
+    hi = max(conn.execute(f'SELECT MAX("end") FROM src."{t}"').fetchone()[0] for t in events)
+    span = hi - lo + 1000  # a microsecond between copies
+    corr = max(
+        conn.execute(f'SELECT MAX(correlationId) FROM src."{t}"').fetchone()[0] or 0
+        for t in events
+        if "correlationId" in _columns(conn, "src", t)
+    )
+    copies = 0
+    conn.commit()
+    while copies == 0 or os.path.getsize(out) < size_bytes:
+        for t in events:
+            cols = _columns(conn, "src", t)
+            exprs = [
+                f'"{c}" + {copies * span}'
+                if c in SHIFTED
+                else f'"{c}" + {copies * (corr + 1)}'
+                if c == "correlationId"
+                else f'"{c}"'
+                for c in cols
+            ]
+            names = ", ".join(f'"{c}"' for c in cols)
+            conn.execute(f'INSERT INTO main."{t}" ({names}) SELECT {", ".join(exprs)} FROM src."{t}"')
+        conn.commit()
+        copies += 1
+    rows = {t: conn.execute(f'SELECT COUNT(*) FROM main."{t}"').fetchone()[0] for t in events}
+    conn.close()
+    return {"copies": copies, "bytes": os.path.getsize(out), "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-gb", type=float, required=True, help="at least this many GB (1e9 bytes)")
+    ap.add_argument("--out", required=True, help="the export to write (replaced)")
+    ap.add_argument("--template", default=str(TEMPLATE), help="a real export whose schema and events to copy")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    made = make(Path(args.template), Path(args.out), int(args.size_gb * 1e9))
+    print(
+        f"{args.out}: {made['bytes'] / 1e9:.2f} GB, {made['copies']} copies of {Path(args.template).name}, "
+        f"{sum(made['rows'].values()):,} event rows, {time.perf_counter() - t0:.0f} s",
+        file=sys.stderr,
+    )
+    for t, n in made["rows"].items():
+        print(f"  {t}: {n:,}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
