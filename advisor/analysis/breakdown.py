@@ -159,8 +159,12 @@ def round_like_hta(df: pd.DataFrame) -> pd.DataFrame:
     if not (df["start_ns"] % 1000).any() and not (df["dur_ns"] % 1000).any():
         return df  # whole-microsecond trace: HTA leaves it as it is
     # HTA does this in float64 microseconds, where ts + dur itself rounds (to 0.25 us at epoch times):
-    # the same arithmetic here gives its boundaries exactly.
-    start_us = df["start_ns"].to_numpy() / 1000.0
+    # the same arithmetic here gives its boundaries exactly. The start is rebuilt as the float the JSON
+    # held, whole microseconds and the fraction apart: ``start_ns / 1000.0`` would first round the ns
+    # (to 256 ns at epoch times) and move ~1 in 1000 boundaries across a whole microsecond.
+    start_ns = df["start_ns"].to_numpy()
+    whole_us = start_ns // 1000
+    start_us = whole_us.astype(np.float64) + (start_ns - whole_us * 1000) / 1000.0
     end_us = start_us + df["dur_ns"].to_numpy() / 1000.0
     first = np.ceil(start_us).astype(np.int64)
     last = np.floor(end_us).astype(np.int64)
