@@ -159,8 +159,12 @@ def round_like_hta(df: pd.DataFrame) -> pd.DataFrame:
     if not (df["start_ns"] % 1000).any() and not (df["dur_ns"] % 1000).any():
         return df  # whole-microsecond trace: HTA leaves it as it is
     # HTA does this in float64 microseconds, where ts + dur itself rounds (to 0.25 us at epoch times):
-    # the same arithmetic here gives its boundaries exactly.
-    start_us = df["start_ns"].to_numpy() / 1000.0
+    # the same arithmetic here gives its boundaries exactly. The start is rebuilt as the float the JSON
+    # held, whole microseconds and the fraction apart: ``start_ns / 1000.0`` would first round the ns
+    # (to 256 ns at epoch times) and move ~1 in 1000 boundaries across a whole microsecond.
+    start_ns = df["start_ns"].to_numpy()
+    whole_us = start_ns // 1000
+    start_us = whole_us.astype(np.float64) + (start_ns - whole_us * 1000) / 1000.0
     end_us = start_us + df["dur_ns"].to_numpy() / 1000.0
     first = np.ceil(start_us).astype(np.int64)
     last = np.floor(end_us).astype(np.int64)
@@ -372,6 +376,68 @@ def launch_calls(df: pd.DataFrame) -> dict[int, LaunchCalls]:
     return out
 
 
+IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
+IDLE_INTERVAL_COLUMNS = ["rank", "stream", "idle_category", "start_ns", "idle_ns"]
+
+
+def _idle_gaps(
+    df: pd.DataFrame, consecutive_delay_ns: int, launches: dict[int, LaunchCalls] | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The gaps between consecutive GPU events of each stream, classified by idle_time_breakdown's rules:
+    (rank and stream of each stream with a GPU event, ordered by rank then stream; per gap in that order
+    and then by time: its stream's position in those, its start (the earlier event's end), its length in
+    ns, its category as an index into IDLE_CATEGORIES)."""
+    launches = launch_calls(df) if launches is None else launches
+    gpu = kind_mask(df, *GPU_KINDS)
+    rank, stream, start, dur, corr = (
+        df[c].to_numpy()[gpu] for c in ("rank", "stream", "start_ns", "dur_ns", "correlation")
+    )
+    order = np.lexsort((start, stream, rank))  # stable, as sort_values on several columns
+    rank, stream, start, corr = rank[order], stream[order], start[order], corr[order]
+    end = start + dur[order]
+    first = np.ones(rank.size, dtype=bool)  # the first event of its stream
+    first[1:] = (rank[1:] != rank[:-1]) | (stream[1:] != stream[:-1])
+    after = np.flatnonzero(~first)  # each event that follows another on its stream closes a gap
+    prev_end = end[after - 1]
+    gaps = start[after] - prev_end
+    # Launch starts as float, NaN where no call launched the event (HTA compares in float too).
+    launched = np.full(after.size, np.nan)
+    gap_rank = rank[after]
+    bounds = np.flatnonzero(gap_rank[1:] != gap_rank[:-1]) + 1  # ranks are sorted: one slice each
+    for a, b in itertools.pairwise([0, *bounds.tolist(), gap_rank.size] if gap_rank.size else []):
+        calls = launches.get(int(gap_rank[a]), _NO_CALLS)
+        found, pos = calls.find(corr[after[a:b]])
+        launched[a + np.flatnonzero(found)] = calls.start_ns[pos[found]]
+    host = launched > prev_end
+    kernel = ~host & (gaps < consecutive_delay_ns)
+    category = np.where(host, 0, np.where(kernel, 1, 2))
+    return rank[first], stream[first], np.cumsum(first)[after] - 1, prev_end, gaps, category
+
+
+def idle_intervals(
+    df: pd.DataFrame,
+    consecutive_delay_ns: int = CONSECUTIVE_KERNEL_DELAY_NS,
+    *,
+    launches: dict[int, LaunchCalls] | None = None,
+) -> pd.DataFrame:
+    """Every idle interval of every GPU stream, the ones idle_time_breakdown sums: per rank and stream,
+    one row per GPU event that follows another on its stream, ordered by rank, stream and time, with
+    ``start_ns`` (the earlier event's end), ``idle_ns`` (the gap to this event's start; negative where
+    the two overlap) and ``idle_category`` (host_wait, kernel_wait or other, by idle_time_breakdown's
+    rules). ``launches`` takes launch_calls(df) already computed."""
+    ranks, streams, at, start, gaps, category = _idle_gaps(df, consecutive_delay_ns, launches)
+    return pd.DataFrame(
+        {
+            "rank": ranks[at],
+            "stream": streams[at],
+            "idle_category": pd.Categorical.from_codes(category, categories=list(IDLE_CATEGORIES)),
+            "start_ns": start,
+            "idle_ns": gaps,
+        },
+        columns=IDLE_INTERVAL_COLUMNS,
+    )
+
+
 def idle_time_breakdown(
     df: pd.DataFrame,
     consecutive_delay_ns: int = CONSECUTIVE_KERNEL_DELAY_NS,
@@ -381,36 +447,28 @@ def idle_time_breakdown(
     """Per rank and stream: idle time between consecutive GPU events split into host wait (the next
     event was launched only after the previous one finished: the GPU waited for the CPU), kernel wait
     (a gap shorter than ``consecutive_delay_ns`` between back-to-back events: launch overhead) and
-    other, with each category's share of that stream's idle time.
+    other, with each category's share of that stream's idle time (every stream has the three rows;
+    ``idle_intervals`` lists the intervals themselves).
 
     HTA's exact rules, for comparable numbers: the gap is measured from the previous event's end, host
     wait needs the launch to start strictly after it, and (rare) negative gaps from overlapping events
     on one stream count in the sums. ``launches`` takes launch_calls(df) already computed."""
-    launches = launch_calls(df) if launches is None else launches
-    gpu = kind_mask(df, *GPU_KINDS)
-    rank, stream, start, dur, corr = (
-        df[c].to_numpy()[gpu] for c in ("rank", "stream", "start_ns", "dur_ns", "correlation")
+    ranks, streams, at, _, gaps, category = _idle_gaps(df, consecutive_delay_ns, launches)
+    n = len(IDLE_CATEGORIES)
+    idle = np.zeros(ranks.size * n, dtype=np.int64)
+    np.add.at(idle, at * n + category, gaps)
+    total = np.repeat(idle.reshape(-1, n).sum(axis=1), n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = np.where(total != 0, idle / total, np.nan)
+    return pd.DataFrame(
+        {
+            "rank": np.repeat(ranks.astype(np.int64), n),
+            "stream": np.repeat(streams.astype(np.int64), n),
+            "idle_category": np.tile(np.array(IDLE_CATEGORIES, dtype=object), ranks.size),
+            "idle_ns": idle,
+            "idle_frac": frac,
+        }
     )
-    order = np.lexsort((start, stream, rank))  # stable, as sort_values on several columns
-    rank, stream, start, corr = rank[order], stream[order], start[order], corr[order]
-    end = start + dur[order]
-    bounds = np.flatnonzero((rank[1:] != rank[:-1]) | (stream[1:] != stream[:-1])) + 1
-    rows = []
-    for a, b in itertools.pairwise([0, *bounds.tolist(), rank.size] if rank.size else []):
-        gaps = start[a + 1 : b] - end[a : b - 1]
-        # Launch starts as float, NaN where no call launched the event (HTA compares in float too).
-        launched = np.full(b - a - 1, np.nan)
-        calls = launches.get(int(rank[a]), _NO_CALLS)
-        found, pos = calls.find(corr[a + 1 : b])
-        launched[found] = calls.start_ns[pos[found]]
-        host = launched > end[a : b - 1]
-        kernel = ~host & (gaps < consecutive_delay_ns)
-        other = ~host & ~kernel
-        total = int(gaps.sum())
-        for cat, sel in (("host_wait", host), ("kernel_wait", kernel), ("other", other)):
-            t = int(gaps[sel].sum())
-            rows.append((int(rank[a]), int(stream[a]), cat, t, t / total if total else float("nan")))
-    return pd.DataFrame(rows, columns=["rank", "stream", "idle_category", "idle_ns", "idle_frac"])
 
 
 def idle_split(df: pd.DataFrame, consecutive_delay_ns: int = CONSECUTIVE_KERNEL_DELAY_NS) -> pd.DataFrame:

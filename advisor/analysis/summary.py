@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from advisor.analysis import breakdown as A
+from advisor.analysis import queues as Q
 from advisor.analysis.collectives import collective_sizes, collective_table
 from advisor.analysis.collectives import wants_args as collectives_wants_args
 from advisor.analysis.roofline import VERDICTS, Roofline, step_roofline_summary, trace_roofline
@@ -67,6 +68,7 @@ def analyze(
     temporal, phases = A.temporal_breakdown(df, sweeps), step_phases(df, A.phase_breakdown(df))
     idle = A.idle_time_breakdown(df, launches=launches)
     waits = A.sync_waits(df, launches=launches)
+    queue = Q.queue_length_series(df, launches=launches)
     tables = {
         "temporal_breakdown": temporal,
         "kernel_type_breakdown": A.kernel_type_breakdown(df, sweeps),
@@ -87,6 +89,10 @@ def analyze(
         "gemm_precision": A.gemm_precision(df),
         "collectives": collective_table(df, collective_sizes(df)),
         "kernel_chains": kernel_chains(df),
+        "queue_length": Q.queue_length_summary(df, series=queue),
+        "blocked_on_full_queue": Q.blocked_on_full_queue(df, series=queue),
+        "idle_intervals": Q.idle_interval_stats(df, launches=launches),
+        "memory_bw": Q.memory_bw_summary(df),
     }
     metrics = _summary(df, tables, run_id, host_self_ns=int(host_ops["time_ns"].sum()))
     if roofline is not None:

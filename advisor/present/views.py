@@ -208,6 +208,10 @@ TABLE_NOTES = {
     "collectives": "per rank and collective kind: calls, bytes, time and exposed time",
     "kernel_chains": "repeated chains of elementwise/reduction/norm kernels on a stream (fusion candidates): "
     "count, time, and what fusing saves",
+    "queue_length": "per rank and stream: operations launched and not yet finished, over its change points (HTA)",
+    "blocked_on_full_queue": "per rank and stream: time the launch queue was at 1024 operations (HTA)",
+    "idle_intervals": "per rank, stream and idle category: count and length statistics of the gaps (HTA)",
+    "memory_bw": "per rank and copy kind: bandwidth of the copies running at once, GB/s (HTA)",
     "roofline": "per op or kernel: FLOPs, bytes, achieved rate and bound against the device's roofs",
 }
 """One line on what each of analyze()'s tables holds, for the CLI's --table and the Analyze tab's picker

@@ -1,0 +1,384 @@
+"""Launch queues, idle intervals and copy bandwidth over time: HolisticTraceAnalysis' trace counters
+(``hta/analyzers/trace_counters.py``: queue length, time blocked on a full queue, memory bandwidth) and
+its idle-interval statistics (``get_idle_time_breakdown(show_idle_interval_stats=True)``).
+
+Each series is one row per event that changes it, in time order per rank and stream (or copy kind),
+as HTA gives them: a row's value holds from its time until the next row's. Where several events share
+one time, all of them are rows and the last one holds; those that end something come first (an
+operation completes, a copy ends), so work that ends as other work begins never counts as concurrent.
+The summaries are pandas' ``describe`` over those rows, as HTA's are: one value per event, not
+weighted by time (the queue summary adds the time-weighted mean beside them).
+
+Where we differ from HTA, and why (``bench/results/hta_series.md`` measures each on the shared traces):
+
+- A launch is the runtime call with the GPU event's correlation id, whatever its name: HTA takes only
+  the calls it lists (``cudaLaunchKernel``, ``cudaMemcpyAsync``...), so it misses nsys' versioned names,
+  ``cuLaunchKernelEx`` and synchronous ``cudaMemcpy``. A GPU event whose call is outside the trace, or
+  a call whose GPU event is, is left out: when it joined its queue is unknown (HTA drops them too).
+- Queue length counts launched operations not yet finished by default (``dequeue="end"``); HTA counts
+  those not yet started (``dequeue="start"``), which reads one less while an operation runs.
+- Copy bandwidth is bytes over the copy's duration in the table (bytes/ns = GB/s). HTA reads Kineto's
+  ``memory bandwidth (GB/s)`` argument, the same ratio over CUPTI's nanosecond duration, so the two
+  agree on nanosecond traces and differ on microsecond-rounded ones by that rounding. A copy without a
+  byte count or with no measured duration has no known bandwidth: it is counted
+  (``unknown_count``), never a 0 GB/s point (HTA stretches a 0 us copy to 1 us).
+- HTA's cumulative float sum leaves residues such as 1.1e-16 GB/s where all copies have ended, which
+  its summary counts as points; ours is exactly 0 there (a sum restarted whenever no copy is active).
+- The order of events at one time follows the rule above; HTA's unstable sort orders them by chance
+  (differently on different machines), which moves its statistics on traces where its microsecond
+  rounding makes many events share a time.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+
+from advisor.analysis.breakdown import (
+    _NO_CALLS,
+    CONSECUTIVE_KERNEL_DELAY_NS,
+    IDLE_CATEGORIES,
+    LaunchCalls,
+    idle_intervals,
+    launch_calls,
+)
+from advisor.errors import TraceError
+from advisor.trace.table import GPU_KINDS, kind_mask
+
+MAX_QUEUE_LENGTH = 1024  # CUDA's launch queue depth that HTA assumes (trace_analysis.py default)
+DEQUEUES = ("end", "start")
+BW_KINDS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "memset", "unknown")
+"""Copy kinds of the bandwidth series: the table's memcpy directions, memsets, and copies of no known
+direction."""
+_STATS = ("mean", "std", "min", "p25", "p50", "p75", "max")
+
+QUEUE_SERIES_COLUMNS = ["rank", "stream", "time_ns", "queue_length"]
+QUEUE_SUMMARY_COLUMNS = [
+    "rank",
+    "stream",
+    "change_count",
+    *(f"{s}_ops" for s in _STATS),
+    "time_mean_ops",
+]
+BLOCKED_COLUMNS = ["rank", "stream", "limit_ops", "peak_ops", "blocked_ns", "kernel_span_ns", "blocked_pct"]
+IDLE_STATS_COLUMNS = ["rank", "stream", "idle_category", "interval_count", *(f"{s}_ns" for s in _STATS)]
+BW_SERIES_COLUMNS = ["rank", "copy_kind", "time_ns", "bandwidth_gbps", "active_count"]
+BW_SUMMARY_COLUMNS = [
+    "rank",
+    "copy_kind",
+    "copy_count",
+    "unknown_count",
+    "point_count",
+    *(f"{s}_gbps" for s in _STATS),
+]
+
+
+def _require(df: pd.DataFrame, *columns: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise TraceError(f"the event table lacks column(s) {', '.join(missing)} (advisor/trace/table.py)")
+
+
+def _first_of_group(*keys: np.ndarray) -> np.ndarray:
+    """Whether each row of arrays sorted by ``keys`` starts a new group (a new combination of keys)."""
+    n = keys[0].size if keys else 0
+    first = np.zeros(n, dtype=bool)
+    first[:1] = True
+    for k in keys:
+        first[1:] |= k[1:] != k[:-1]
+    return first
+
+
+def _describe(group: np.ndarray, values: np.ndarray, n_groups: int) -> dict[str, np.ndarray]:
+    """pandas' ``describe`` of ``values`` per group (``group``: 0 .. n_groups-1): count, mean, std
+    (ddof 1), min, 25th/50th/75th percentiles (linear interpolation) and max; NaN for a group without
+    values, and std NaN for one value."""
+    count = np.bincount(group, minlength=n_groups)
+    out: dict[str, np.ndarray] = {"count": count}
+    v = values.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = np.bincount(group, weights=v, minlength=n_groups) / count
+        dev = np.bincount(group, weights=(v - mean[group]) ** 2, minlength=n_groups)
+        out["mean"] = mean
+        out["std"] = np.where(count > 1, np.sqrt(dev / (count - 1)), np.nan)
+    v = v[np.lexsort((v, group))]
+    first = np.cumsum(count) - count
+    has = count > 0
+    for name, q in (("min", 0.0), ("p25", 0.25), ("p50", 0.5), ("p75", 0.75), ("max", 1.0)):
+        pos = first + (count - 1) * q
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, first + count - 1)
+        at = np.full(n_groups, np.nan)
+        if has.any():
+            a, b = v[lo[has]], v[hi[has]]
+            at[has] = a + (b - a) * (pos[has] - lo[has])
+        out[name] = at
+    return out
+
+
+def _launch_starts(
+    rank: np.ndarray, corr: np.ndarray, launches: dict[int, LaunchCalls]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(whether each GPU event has a launching call in the trace, that call's start in ns)."""
+    found = np.zeros(rank.size, dtype=bool)
+    start = np.zeros(rank.size, dtype=np.int64)
+    order = np.argsort(rank, kind="stable")
+    bounds = np.flatnonzero(rank[order][1:] != rank[order][:-1]) + 1
+    for a, b in itertools.pairwise([0, *bounds.tolist(), rank.size] if rank.size else []):
+        rows = order[a:b]
+        calls = launches.get(int(rank[rows[0]]), _NO_CALLS)
+        ok, pos = calls.find(corr[rows])
+        found[rows] = ok
+        start[rows[ok]] = calls.start_ns[pos[ok]]
+    return found, start
+
+
+def queue_length_series(
+    df: pd.DataFrame, *, dequeue: str = "end", launches: dict[int, LaunchCalls] | None = None
+) -> pd.DataFrame:
+    """Per rank and CUDA stream, the number of GPU operations (kernels, copies, sets) launched and not
+    yet finished, as change points: ``rank``, ``stream``, ``time_ns``, ``queue_length`` (operations, from
+    this row's time on). An operation joins its stream's queue when the runtime call with its correlation
+    id starts and leaves it when it ends (``dequeue="end"``) or, as HTA counts, when it starts
+    (``dequeue="start"``). Two rows per operation, ordered by rank, stream and time; at one time,
+    departures before arrivals. ``launches`` takes launch_calls(df) already computed."""
+    if dequeue not in DEQUEUES:
+        raise ValueError(f"dequeue={dequeue!r}: allowed {', '.join(DEQUEUES)}")
+    _require(df, "rank", "kind", "stream", "start_ns", "dur_ns", "correlation")
+    launches = launch_calls(df) if launches is None else launches
+    gpu = kind_mask(df, *GPU_KINDS)
+    rank, stream, start, dur, corr = (
+        df[c].to_numpy()[gpu] for c in ("rank", "stream", "start_ns", "dur_ns", "correlation")
+    )
+    found, launched = _launch_starts(rank, corr, launches)
+    rank, stream, launched = rank[found], stream[found], launched[found]
+    leaves = start[found] + (dur[found] if dequeue == "end" else 0)
+    n = rank.size
+    rank, stream = np.concatenate([rank, rank]), np.concatenate([stream, stream])
+    time = np.concatenate([launched, leaves])
+    step = np.concatenate([np.ones(n, dtype=np.int64), -np.ones(n, dtype=np.int64)])
+    order = np.lexsort((step, time, stream, rank))
+    # Every stream's steps sum to 0, so one running sum over all of them restarts at 0 on each stream.
+    return pd.DataFrame(
+        {
+            "rank": rank[order].astype(np.int64),
+            "stream": stream[order].astype(np.int64),
+            "time_ns": time[order].astype(np.int64),
+            "queue_length": np.cumsum(step[order]),
+        },
+        columns=QUEUE_SERIES_COLUMNS,
+    )
+
+
+def queue_length_summary(
+    df: pd.DataFrame,
+    *,
+    dequeue: str = "end",
+    series: pd.DataFrame | None = None,
+    launches: dict[int, LaunchCalls] | None = None,
+) -> pd.DataFrame:
+    """Per rank and stream, HTA's queue length summary: ``change_count`` (rows of the series: two per
+    operation) and the mean, std, min, 25th/50th/75th percentiles and max of the queue length over
+    those rows (``*_ops``, operations), plus ``time_mean_ops``, the queue length averaged over time from
+    the stream's first launch to its last departure. ``series`` takes queue_length_series(df) already
+    computed (with the same ``dequeue``)."""
+    series = queue_length_series(df, dequeue=dequeue, launches=launches) if series is None else series
+    rank, stream, time, length = (series[c].to_numpy() for c in QUEUE_SERIES_COLUMNS)
+    first = _first_of_group(rank, stream)
+    group = np.cumsum(first) - 1
+    n_groups = int(first.sum())
+    stats = _describe(group, length, n_groups)
+    held = np.zeros(time.size, dtype=np.float64)  # how long each row's value holds within its stream
+    if time.size:
+        held[:-1] = np.where(first[1:], 0, np.diff(time))
+    last = np.flatnonzero(np.r_[first[1:], True]) if time.size else np.zeros(0, dtype=np.int64)
+    span = (time[last] - time[first]).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        time_mean = np.bincount(group, weights=length * held, minlength=n_groups) / span
+    return pd.DataFrame(
+        {
+            "rank": rank[first],
+            "stream": stream[first],
+            "change_count": stats["count"],
+            **{f"{s}_ops": stats[s] for s in _STATS},
+            "time_mean_ops": time_mean,
+        },
+        columns=QUEUE_SUMMARY_COLUMNS,
+    )
+
+
+def _kernel_spans(df: pd.DataFrame) -> dict[int, int]:
+    """Per rank: first GPU event's start to last one's end, in ns (breakdown's kernel span)."""
+    gpu = kind_mask(df, *GPU_KINDS)
+    rank, start = df["rank"].to_numpy()[gpu], df["start_ns"].to_numpy()[gpu]
+    end = start + df["dur_ns"].to_numpy()[gpu]
+    out = {}
+    for r in np.unique(rank).tolist():
+        sel = rank == r
+        out[int(r)] = int(end[sel].max() - start[sel].min())
+    return out
+
+
+def blocked_on_full_queue(
+    df: pd.DataFrame,
+    max_queue_length: int = MAX_QUEUE_LENGTH,
+    *,
+    dequeue: str = "end",
+    series: pd.DataFrame | None = None,
+    launches: dict[int, LaunchCalls] | None = None,
+) -> pd.DataFrame:
+    """Per rank and stream with GPU operations: the time its launch queue was full, so that a new launch
+    would block the host. HTA's definition: the time the queue length was at least ``max_queue_length``
+    (``limit_ops``), summed over the series' rows. Columns: ``limit_ops``, ``peak_ops`` (the longest the
+    queue got), ``blocked_ns``, the rank's ``kernel_span_ns`` (first GPU event's start to last one's end)
+    and ``blocked_pct`` of it (HTA divides by the span of all the rank's events' starts instead, and
+    keeps one stream per rank). ``series`` takes queue_length_series(df) already computed."""
+    if max_queue_length < 1:
+        raise ValueError(f"max_queue_length={max_queue_length}: must be at least 1")
+    series = queue_length_series(df, dequeue=dequeue, launches=launches) if series is None else series
+    rank, stream, time, length = (series[c].to_numpy() for c in QUEUE_SERIES_COLUMNS)
+    first = _first_of_group(rank, stream)
+    group = np.cumsum(first) - 1
+    n_groups = int(first.sum())
+    held = np.zeros(time.size, dtype=np.int64)
+    if time.size:
+        held[:-1] = np.where(first[1:], 0, np.diff(time))
+    blocked = np.zeros(n_groups, dtype=np.int64)
+    full = length >= max_queue_length
+    np.add.at(blocked, group[full], held[full])
+    peak = np.full(n_groups, np.iinfo(np.int64).min)
+    np.maximum.at(peak, group, length)
+    spans = _kernel_spans(df)
+    span = np.array([spans.get(int(r), 0) for r in rank[first].tolist()], dtype=np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pct = np.where(span > 0, 100 * blocked / span, np.nan)
+    return pd.DataFrame(
+        {
+            "rank": rank[first],
+            "stream": stream[first],
+            "limit_ops": np.full(n_groups, max_queue_length, dtype=np.int64),
+            "peak_ops": peak,
+            "blocked_ns": blocked,
+            "kernel_span_ns": span,
+            "blocked_pct": pct,
+        },
+        columns=BLOCKED_COLUMNS,
+    )
+
+
+def idle_interval_stats(
+    df: pd.DataFrame,
+    consecutive_delay_ns: int = CONSECUTIVE_KERNEL_DELAY_NS,
+    *,
+    intervals: pd.DataFrame | None = None,
+    launches: dict[int, LaunchCalls] | None = None,
+) -> pd.DataFrame:
+    """Per rank, stream and idle category (host_wait, kernel_wait, other: the intervals
+    ``breakdown.idle_time_breakdown`` sums), HTA's idle interval statistics: ``interval_count`` and the
+    mean, std, min, 25th/50th/75th percentiles and max of the intervals' lengths in ns. Every stream with
+    a GPU event has the three rows (count 0 and NaN where it has no interval of that kind; HTA lists only
+    the kinds present, and "other" always). ``intervals`` takes breakdown.idle_intervals(df) already
+    computed (with the same delay)."""
+    _require(df, "rank", "kind", "stream", "start_ns", "dur_ns", "correlation")
+    if intervals is None:
+        intervals = idle_intervals(df, consecutive_delay_ns, launches=launches)
+    gpu = kind_mask(df, *GPU_KINDS)
+    streams = pd.MultiIndex.from_arrays([df["rank"].to_numpy()[gpu], df["stream"].to_numpy()[gpu]]).unique()
+    streams = streams.sort_values()
+    at = streams.get_indexer(pd.MultiIndex.from_arrays([intervals["rank"], intervals["stream"]]))
+    n = len(IDLE_CATEGORIES)
+    category = intervals["idle_category"].cat.codes.to_numpy().astype(np.int64)
+    stats = _describe(at * n + category, intervals["idle_ns"].to_numpy(), len(streams) * n)
+    return pd.DataFrame(
+        {
+            "rank": np.repeat(streams.get_level_values(0).to_numpy().astype(np.int64), n),
+            "stream": np.repeat(streams.get_level_values(1).to_numpy().astype(np.int64), n),
+            "idle_category": np.tile(np.array(IDLE_CATEGORIES, dtype=object), len(streams)),
+            "interval_count": stats["count"],
+            **{f"{s}_ns": stats[s] for s in _STATS},
+        },
+        columns=IDLE_STATS_COLUMNS,
+    )
+
+
+def _copies(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per copy or set: (rank, index into BW_KINDS, start ns, duration ns, bytes)."""
+    _require(df, "rank", "kind", "start_ns", "dur_ns", "bytes", "copy_kind")
+    rows = kind_mask(df, "memcpy", "memset")
+    copy_kind = df["copy_kind"]
+    labels = copy_kind.cat.categories if isinstance(copy_kind.dtype, pd.CategoricalDtype) else None
+    if labels is None:
+        copy_kind = copy_kind.astype("category")
+        labels = copy_kind.cat.categories
+    unknown = BW_KINDS.index("unknown")
+    # Per category code, the extra last slot for code -1 (no direction).
+    per_code = np.array([BW_KINDS.index(c) if c in BW_KINDS[:5] else unknown for c in labels] + [unknown])
+    kind = per_code[copy_kind.cat.codes.to_numpy()[rows]]
+    kind[kind_mask(df, "memset")[rows]] = BW_KINDS.index("memset")
+    rank, start, dur, nbytes = (df[c].to_numpy()[rows] for c in ("rank", "start_ns", "dur_ns", "bytes"))
+    return rank, kind.astype(np.int64), start, dur, nbytes
+
+
+def memory_bw_series(df: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and copy kind (BW_KINDS: HtoD, DtoH, DtoD, HtoH, PtoP, memset, unknown), the bandwidth
+    of all its copies running at once, as change points (HTA's memory bandwidth time series):
+    ``rank``, ``copy_kind``, ``time_ns``, ``bandwidth_gbps`` (GB/s from this row's time on: the sum of
+    bytes/duration of the copies running), ``active_count`` (copies running). Two rows per copy of known
+    bandwidth (one at its start, one at its end); copies without a byte count or a duration are left
+    out, not counted as 0 GB/s (memory_bw_summary counts them)."""
+    rank, kind, start, dur, nbytes = _copies(df)
+    known = (nbytes > 0) & (dur > 0)
+    rank, kind, start, dur = rank[known], kind[known], start[known], dur[known]
+    bw = nbytes[known] / dur  # bytes per ns = GB/s
+    n = rank.size
+    rank, kind = np.concatenate([rank, rank]), np.concatenate([kind, kind])
+    time = np.concatenate([start, start + dur])
+    step = np.concatenate([np.ones(n, dtype=np.int64), -np.ones(n, dtype=np.int64)])
+    order = np.lexsort((step, time, kind, rank))
+    step, change = step[order], np.concatenate([bw, -bw])[order]
+    active = np.cumsum(step)  # every group's steps sum to 0: the count restarts at 0 on each
+    # The running sum restarts wherever nothing runs, so it is exactly 0 there, not a float residue.
+    total = np.cumsum(change)
+    idle_at = np.maximum.accumulate(np.where(active == 0, np.arange(active.size), -1)) if active.size else active
+    level = total - np.where(idle_at >= 0, total[np.maximum(idle_at, 0)], 0.0)
+    return pd.DataFrame(
+        {
+            "rank": rank[order].astype(np.int64),
+            "copy_kind": pd.Categorical.from_codes(kind[order], categories=list(BW_KINDS)),
+            "time_ns": time[order].astype(np.int64),
+            "bandwidth_gbps": np.where(active == 0, 0.0, level),
+            "active_count": active,
+        },
+        columns=BW_SERIES_COLUMNS,
+    )
+
+
+def memory_bw_summary(df: pd.DataFrame, *, series: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per rank and copy kind with a copy, HTA's memory bandwidth summary: ``copy_count``,
+    ``unknown_count`` (copies without a byte count or a duration: no bandwidth known), ``point_count``
+    (rows of memory_bw_series with copies running) and the mean, std, min, 25th/50th/75th percentiles and
+    max of the bandwidth over those rows in GB/s (NaN where no copy of the kind has a known bandwidth).
+    ``series`` takes memory_bw_series(df) already computed."""
+    rank, kind, _, dur, nbytes = _copies(df)
+    series = memory_bw_series(df) if series is None else series
+    keys = rank.astype(np.int64) * len(BW_KINDS) + kind
+    groups, at, copy_count = np.unique(keys, return_inverse=True, return_counts=True)
+    unknown = np.bincount(at[(nbytes <= 0) | (dur <= 0)], minlength=groups.size)
+    running = series["active_count"].to_numpy() > 0
+    s_keys = series["rank"].to_numpy().astype(np.int64) * len(BW_KINDS) + series["copy_kind"].cat.codes.to_numpy()
+    stats = _describe(
+        np.searchsorted(groups, s_keys[running]), series["bandwidth_gbps"].to_numpy()[running], groups.size
+    )
+    return pd.DataFrame(
+        {
+            "rank": (groups // len(BW_KINDS)),
+            "copy_kind": pd.Categorical.from_codes(groups % len(BW_KINDS), categories=list(BW_KINDS)),
+            "copy_count": copy_count,
+            "unknown_count": unknown,
+            "point_count": stats["count"],
+            **{f"{s}_gbps": stats[s] for s in _STATS},
+        },
+        columns=BW_SUMMARY_COLUMNS,
+    )
