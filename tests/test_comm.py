@@ -7,11 +7,13 @@ import gzip
 import json
 import math
 import sqlite3
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from advisor.advice.rules import load_rules
 from advisor.analysis import breakdown as A
 from advisor.analysis.comm import comm_by_communicator, comm_calls, comm_skew, comm_stragglers
 from advisor.analysis.summary import analyze, load_trace
@@ -305,3 +307,34 @@ def test_nsys_two_gpus_waits_match_the_kernels_in_the_export():
     late = comm_stragglers(calls).set_index("rank")
     assert late.loc[1, "last_count"] == 22 and late.loc[0, "last_count"] == 11
 
+
+def test_the_straggler_rule_reads_the_late_start_of_communication_where_measured():
+    from advisor.advice.advise import advise
+    from advisor.spec.metrics import StepMetrics
+
+    rule = [r for r in load_rules() if r.id == "par-straggler"]
+    # Rank 3 makes the others wait 20 % of each step at the collectives, though every step is as long.
+    comm = StepMetrics(
+        run_id="t",
+        source="trace",
+        n_ranks=8,
+        step_time_ms=100.0,
+        step_skew_pct=0.5,
+        stragglers=[],
+        comm_late_pct=20.0,
+        comm_stragglers=[3],
+    )
+    rec = advise(comm, rules=rule).recommendations[0]
+    assert rec.message == (
+        "A rank straggles, measured by the start of communication kernels: the earliest rank waits 20.0 % "
+        "of each step for the latest one (1 flagged)."
+    )
+    assert rec.gain.after == pytest.approx(80.0)  # the wait removed
+    # One rank's trace (or nothing matched): step time decides, as before.
+    steps = StepMetrics(run_id="t", source="trace", n_ranks=8, step_time_ms=100.0, step_skew_pct=25.0, stragglers=[5])
+    rec = advise(steps, rules=rule).recommendations[0]
+    assert rec.message == (
+        "A rank straggles, measured by step time: the slowest rank's step is 25.0 % above the median rank's (1 flagged)."
+    )
+    assert rec.gain.after == pytest.approx(100 * (1 - 25 / 125))
+    assert not advise(replace(comm, comm_late_pct=2.0), rules=rule).recommendations
