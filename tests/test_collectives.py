@@ -97,7 +97,10 @@ def test_kinds_from_op_range_and_kernel_names():
         "nccl:_all_gather_base": "all_gather",
         "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "reduce_scatter",
         "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)": "all_reduce",
-        "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)": "other",
+        "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)": "send_recv",
+        "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<(unsigned long)4096>)": "send_recv",
+        "nccl:all_to_all, op_id = 991144": "all_to_all",  # a PyTorch NVTX range in an Nsight Systems export
+        "nccl:send": "send",
     }
     assert {n: collective_kind(n) for n in names} == names
     assert set(names.values()) <= set(KINDS)

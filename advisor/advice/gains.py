@@ -347,8 +347,12 @@ def sync_time(target: str, g: GainInput) -> Gain | None:
 
 @register("straggler")
 def straggler(target: str, g: GainInput) -> Gain | None:
-    """Every rank waits for the slowest: bringing it to the median removes the skew."""
-    skew = g.ctx.get("step_skew_pct")
+    """Every rank waits for the slowest: removing the wait removes its share of the step. Measured at the
+    collectives (``comm_late_pct``: the wait per step is the share) where the trace allows, else from
+    step time (bringing the slowest step to the median's)."""
+    late, skew = g.ctx.get("comm_late_pct"), g.ctx.get("step_skew_pct")
+    if late is not None:
+        return _share_gain(target, g, late, f"the earliest rank waits {late:.1f} % of each step for the latest one")
     if skew is None:
         return None
     share = 100.0 * skew / (100.0 + skew)

@@ -56,7 +56,7 @@ GiB = 2**30
 _METRIC_FIELDS = {
     f.name: f"StepMetrics.{f.name}"
     for f in fields(StepMetrics)
-    if f.name not in ("run_id", "nvml", "kernel_category_pct", "stragglers", "top_ops", "proxy_note")
+    if f.name not in ("run_id", "nvml", "kernel_category_pct", "stragglers", "comm_stragglers", "top_ops", "proxy_note")
 }
 _DERIVED_FIELDS = {
     "data_pct": "measured data-loading time, % of step time",
@@ -69,7 +69,12 @@ _DERIVED_FIELDS = {
     "memory_capacity_gib": "device (or budget) capacity, GiB",
     "optimizer_impl": "for-loop, foreach or fused (from the spec or the run's optimizer label)",
     "sync_calls_per_step": "blocking host calls per profiled step",
-    "n_stragglers": "ranks flagged as stragglers",
+    "n_stragglers": "ranks flagged as stragglers, by the figure straggler_basis names",
+    "straggler_pct": (
+        "what the slowest rank costs, %: comm_late_pct (the earliest rank's wait per step for the latest-"
+        "starting one at the collectives matched across ranks) where measured, else step_skew_pct"
+    ),
+    "straggler_basis": "which figure straggler_pct is, with its value, in words",
     "reserved_over_peak": "CUDA allocator reservation over peak allocation (fragmentation), ratio",
     "act_offload_exposed_pct": "measured activation-offload copy time not hidden behind compute, % of step time",
     "reserved_pct": "CUDA allocator reservation at its peak, % of device capacity",
@@ -497,6 +502,20 @@ def build_context(
         if m.sync_calls is not None and m.steps_measured:
             ctx["sync_calls_per_step"] = m.sync_calls / m.steps_measured
         ctx["n_stragglers"] = len(m.stragglers) if m.n_ranks else None
+        # The late start of communication kernels finds the rank the others wait for; step time is the
+        # fallback where one rank's trace (or no matched collective) leaves that unmeasured.
+        if m.comm_late_pct is not None:
+            ctx["straggler_pct"] = m.comm_late_pct
+            ctx["n_stragglers"] = len(m.comm_stragglers)
+            ctx["straggler_basis"] = (
+                f"measured by the start of communication kernels: the earliest rank waits {m.comm_late_pct:.1f} % "
+                "of each step for the latest one"
+            )
+        elif m.step_skew_pct is not None:
+            ctx["straggler_pct"] = m.step_skew_pct
+            ctx["straggler_basis"] = (
+                f"measured by step time: the slowest rank's step is {m.step_skew_pct:.1f} % above the median rank's"
+            )
         if m.activation_offload and step:
             ctx["act_offload_exposed_pct"] = _pct(m.activation_offload.get("exposed_ms"), step)
         if m.reserved_memory_bytes and m.peak_memory_bytes:

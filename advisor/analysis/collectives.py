@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -31,7 +32,22 @@ from advisor.errors import AdvisorError
 from advisor.spec.specs import Setup
 from advisor.trace.table import EventArgs, kind_mask
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send", "recv", "broadcast", "all_to_all", "barrier", "other")
+KINDS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "send",
+    "recv",
+    "send_recv",
+    "broadcast",
+    "all_to_all",
+    "barrier",
+    "other",
+)
+P2P_KINDS = ("send", "recv", "send_recv")
+"""Point-to-point kinds. ``send_recv`` is NCCL's p2p kernel seen without the op that launched it: it runs
+sends, receives and all-to-alls alike, so the op (or the ``nccl:*`` range) around its launch, where the
+trace has one, says which."""
 # Name fragments (lower case, underscores removed) in the order they are tried: reduce-scatter before
 # all-reduce, SendRecv (NCCL's kernel for send, recv and all-to-all alike) before send and recv.
 _KIND_FRAGMENTS = (
@@ -41,11 +57,12 @@ _KIND_FRAGMENTS = (
     ("alltoall", "all_to_all"),
     ("broadcast", "broadcast"),
     ("barrier", "barrier"),
-    ("sendrecv", "other"),
+    ("sendrecv", "send_recv"),
     ("send", "send"),
     ("recv", "recv"),
 )
 _COMM_KERNEL = re.compile(r"^nccl|ncclkernel|nccldevkernel")  # analysis.COMM_RE, on lower-cased names
+_NCCL_KERNEL_KEY = re.compile(r"nccl\w*kernel")  # a kernel's name, not a nccl:* range, in collective_kind's key
 _ISSUE_PREFIXES = ("c10d::", "_c10d_functional::")
 _NOT_ISSUE = ("wait_tensor", "_wrap_tensor_autograd")  # functional-collective helpers that send nothing
 _COMM_OP_PREFIXES = (*_ISSUE_PREFIXES, "record_param_comms")
@@ -78,9 +95,12 @@ _NOT_TENSOR = ("", "Scalar", "ScalarList", "GenericList", "None", "TensorList")
 
 
 def collective_kind(name: str) -> str:
-    """The kind (one of ``KINDS``) a c10d op, backend range or NCCL kernel name stands for."""
+    """The kind (one of ``KINDS``) a c10d op, backend range or NCCL kernel name stands for. NCCL's
+    point-to-point kernels (``SendRecv``, older ``Send`` / ``Recv``) are ``send_recv``: one kernel
+    runs both directions."""
     key = name.split("(", 1)[0].lower().replace("_", "")
-    return next((kind for fragment, kind in _KIND_FRAGMENTS if fragment in key), "other")
+    kind = next((kind for fragment, kind in _KIND_FRAGMENTS if fragment in key), "other")
+    return "send_recv" if kind in P2P_KINDS and _NCCL_KERNEL_KEY.match(key) else kind
 
 
 def collective_calls(table: pd.DataFrame, sizes: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -92,7 +112,15 @@ def collective_calls(table: pd.DataFrame, sizes: pd.DataFrame | None = None) -> 
     (see :func:`collective_table`); ``bytes`` (float, NaN without ``sizes``): the collective's full
     buffer, i.e. the all-reduced tensor, an all-gather's gathered output, a reduce-scatter's unreduced
     input, the tensor sent, received or broadcast, an all-to-all's larger side: the largest tensor or
-    NCCL message the trace records for the call or the op that issued it, times its element size.
+    NCCL message the trace records for the call or the op that issued it, times its element size;
+    ``launch_ns``: when the host issued it (the runtime call that launched an NCCL kernel, the c10d op
+    of a gloo range; the event's own start where neither is found); the process group as the trace
+    records it on the call's events (NCCL kernels' arguments in Kineto traces of torch 2.2 and later;
+    '' and 0 where not recorded, and always without ``sizes``): ``pg_name``, ``pg_desc``,
+    ``pg_ranks`` (the global ranks as recorded, e.g. '[0, 1]') and ``group_size``.
+
+    ``kind`` comes from the op that issued the call, else the ``nccl:*`` range around its launch
+    (Nsight Systems exports of PyTorch runs), else the event's own name.
 
     ``sizes``: :func:`collective_sizes` of the same table.
     """
@@ -117,9 +145,16 @@ def collective_table(table: pd.DataFrame, sizes: pd.DataFrame | None = None) -> 
       count as exposed. Kinds that run at the same time (a send and a recv posted together) each count
       the stretch they share.
     """
+    return collective_calls_and_table(table, sizes)[1]
+
+
+def collective_calls_and_table(
+    table: pd.DataFrame, sizes: pd.DataFrame | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(:func:`collective_calls`, :func:`collective_table`) of ``table`` from one pass over it."""
     calls, busy = _calls_and_busy(table, sizes)
     if calls.empty:
-        return pd.DataFrame(columns=["rank", "kind", "calls", "time_ms", "bytes", "exposed_ms"])
+        return calls, pd.DataFrame(columns=["rank", "kind", "calls", "time_ms", "bytes", "exposed_ms"])
     rows = []
     for (rank, kind), group in calls.groupby(["rank", "kind"], sort=True):
         starts = group["start_ns"].to_numpy()
@@ -131,7 +166,7 @@ def collective_table(table: pd.DataFrame, sizes: pd.DataFrame | None = None) -> 
         rows.append((rank, kind, len(group), group["dur_ns"].sum() / 1e6, nbytes, exposed / 1e6))
     out = pd.DataFrame(rows, columns=["rank", "kind", "calls", "time_ms", "bytes", "exposed_ms"])
     out["kind"] = pd.Categorical(out["kind"], categories=KINDS)
-    return out.sort_values(["rank", "kind"]).reset_index(drop=True).astype({"kind": "str"})
+    return calls, out.sort_values(["rank", "kind"]).reset_index(drop=True).astype({"kind": "str"})
 
 
 def wants_args(name: str) -> bool:
@@ -145,8 +180,9 @@ def collective_sizes(table: pd.DataFrame) -> pd.DataFrame | None:
     (``advisor.analysis.summary.load_trace``): one row per NCCL kernel, ``gloo:*`` / ``nccl:*`` range
     and ``c10d::*`` / ``_c10d_functional::*`` op, with ``rank``, ``name``, ``start_ns``, ``numel`` (the
     largest tensor or NCCL message of the event, in elements; NaN where the trace records none, e.g.
-    without record_shapes) and ``elem_bytes`` (NaN where unknown). None for a table without kept
-    arguments (an Nsight Systems export records no shapes)."""
+    without record_shapes), ``elem_bytes`` (NaN where unknown) and the process group the event records
+    (``pg_name``, ``pg_desc``, ``pg_ranks``, ``group_size``; '' and 0 where it records none). None for a
+    table without kept arguments (an Nsight Systems export records no shapes)."""
     kept = EventArgs.of(table)
     if kept is None:
         return None
@@ -158,7 +194,9 @@ def collective_sizes(table: pd.DataFrame) -> pd.DataFrame | None:
     codes = names.codes.to_numpy()
     sized = np.where(kind_mask(table, "kernel"), as_kernel[codes], as_other[codes])
     rows = table[sized]
-    sizes = [_size_of(kept.get(i)) for i in rows.index.tolist()]
+    args = [kept.get(i) for i in rows.index.tolist()]
+    sizes = [_size_of(a) for a in args]
+    groups = [_group_of(a) for a in args]
     return pd.DataFrame(
         {
             "rank": rows["rank"].to_numpy(dtype=np.int32),
@@ -166,6 +204,10 @@ def collective_sizes(table: pd.DataFrame) -> pd.DataFrame | None:
             "start_ns": rows["start_ns"].to_numpy(dtype=np.int64),
             "numel": np.asarray([n for n, _ in sizes], dtype=np.float64),
             "elem_bytes": np.asarray([b for _, b in sizes], dtype=np.float64),
+            "pg_name": pd.Series([g[0] for g in groups], dtype="str"),
+            "pg_desc": pd.Series([g[1] for g in groups], dtype="str"),
+            "pg_ranks": pd.Series([g[2] for g in groups], dtype="str"),
+            "group_size": np.asarray([g[3] for g in groups], dtype=np.int64),
         }
     )
 
@@ -255,6 +297,11 @@ def _calls_and_busy(
                 "dur_ns": pd.Series(dtype="int64"),
                 "exposed_ns": pd.Series(dtype="int64"),
                 "bytes": pd.Series(dtype="float64"),
+                "launch_ns": pd.Series(dtype="int64"),
+                "pg_name": pd.Series(dtype="str"),
+                "pg_desc": pd.Series(dtype="str"),
+                "pg_ranks": pd.Series(dtype="str"),
+                "group_size": pd.Series(dtype="int64"),
             }
         ), busy
     return pd.concat(frames, ignore_index=True), busy
@@ -331,23 +378,28 @@ def _rank_calls(cols: _Columns, rank: int, lookup: dict, busy: tuple[np.ndarray,
         calls = kernels[np.argsort(cols.start[kernels], kind="stable")]
         # The nccl:* range around the launch records the tensor where the c10d op may not (trace_filter).
         ranges = np.flatnonzero(cols.host_annotation & on_rank & cols.flag(lambda n: n.startswith("nccl:")))
-        ops, extra = _launching_ops(cols, rank, calls, issue, ranges)
+        ops, extra, launch_t = _launching_ops(cols, rank, calls, issue, ranges)
     else:
         gloo = np.flatnonzero(cols.host_annotation & on_rank & cols.flag(lambda n: n.startswith("gloo:")))
         calls = gloo[np.argsort(cols.start[gloo], kind="stable")]
         ops = _issuing_ops_fifo(cols, calls, _innermost(cols, issue))
         extra = np.full(calls.size, -1, dtype=np.int64)
+        launch_t = np.where(ops >= 0, cols.start[np.maximum(ops, 0)], cols.start[calls]).astype(np.int64)
     if not calls.size:
         return pd.DataFrame()
     names = [cols.name(i) for i in calls.tolist()]
     op_names = [cols.name(o) if o >= 0 else "" for o in ops.tolist()]
-    kinds = [collective_kind(o or n) for o, n in zip(op_names, names, strict=True)]
+    range_names = [cols.name(r) if r >= 0 else "" for r in extra.tolist()]
+    kinds = [collective_kind(o or r or n) for o, r, n in zip(op_names, range_names, names, strict=True)]
     starts, ends = cols.start[calls], cols.end[calls]
     exposed = (ends - starts) - _covered(starts, ends, *busy)
-    nbytes = [
-        _call_bytes(lookup, [(cols.name(r), int(cols.start[r])) for r in rows if r >= 0], rank)
+    events = [
+        [(cols.name(r), int(cols.start[r])) for r in rows if r >= 0]
         for rows in zip(calls.tolist(), ops.tolist(), extra.tolist(), strict=True)
     ]
+    nbytes = [_call_bytes(lookup.sizes, ev, rank) for ev in events]
+    groups = [_call_group(lookup.groups, ev, rank) for ev in events]
+    pg_name, pg_desc, pg_ranks, group_size = zip(*groups, strict=True)
     return pd.DataFrame(
         {
             "rank": np.full(calls.size, rank, dtype=np.int32),
@@ -358,6 +410,11 @@ def _rank_calls(cols: _Columns, rank: int, lookup: dict, busy: tuple[np.ndarray,
             "dur_ns": (ends - starts).astype(np.int64),
             "exposed_ns": exposed.astype(np.int64),
             "bytes": np.asarray(nbytes, dtype=np.float64),
+            "launch_ns": launch_t,
+            "pg_name": list(pg_name),
+            "pg_desc": list(pg_desc),
+            "pg_ranks": list(pg_ranks),
+            "group_size": np.asarray(group_size, dtype=np.int64),
         }
     )
 
@@ -401,14 +458,16 @@ def _issuing_ops_fifo(cols: _Columns, calls: np.ndarray, ops: np.ndarray) -> np.
 
 def _launching_ops(
     cols: _Columns, rank: int, kernels: np.ndarray, ops: np.ndarray, ranges: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each NCCL kernel, the innermost c10d op and the innermost of ``ranges`` (nccl:* ranges)
-    around the runtime call with the kernel's correlation id, on its thread; -1 where there is none."""
+    around the runtime call with the kernel's correlation id, on its thread (-1 where there is none),
+    and the start of that call (the kernel's own start where none is found)."""
     ops_out = np.full(kernels.size, -1, dtype=np.int64)
     ranges_out = np.full(kernels.size, -1, dtype=np.int64)
+    launch_t = cols.start[kernels].astype(np.int64)
     runtime = np.flatnonzero(cols.runtime & (cols.rank == rank) & (cols.corr >= 0))
     if not runtime.size:
-        return ops_out, ranges_out
+        return ops_out, ranges_out, launch_t
     corr, first = np.unique(cols.corr[runtime], return_index=True)
     launch = runtime[first]
     pos = np.minimum(np.searchsorted(corr, cols.corr[kernels]), corr.size - 1)
@@ -416,7 +475,8 @@ def _launching_ops(
     tid, t = cols.tid[launch[pos[found]]], cols.start[launch[pos[found]]]
     ops_out[found] = _around(cols, ops, tid, t)
     ranges_out[found] = _around(cols, ranges, tid, t)
-    return ops_out, ranges_out
+    launch_t[found] = t
+    return ops_out, ranges_out, launch_t
 
 
 def _around(cols: _Columns, rows: np.ndarray, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -435,12 +495,30 @@ def _around(cols: _Columns, rows: np.ndarray, tid: np.ndarray, t: np.ndarray) ->
     return out
 
 
-def _size_lookup(sizes: pd.DataFrame | None) -> dict[tuple[int, str, int], tuple[float, float]]:
+@dataclass(frozen=True)
+class _Lookup:
+    """collective_sizes' rows by (rank, name, start_ns): sizes, and the process group where recorded."""
+
+    sizes: dict[tuple[int, str, int], tuple[float, float]]
+    groups: dict[tuple[int, str, int], tuple[str, str, str, int]]
+
+
+def _size_lookup(sizes: pd.DataFrame | None) -> _Lookup:
     if sizes is None or sizes.empty:
-        return {}
-    keys = zip(sizes["rank"].tolist(), sizes["name"].tolist(), sizes["start_ns"].tolist(), strict=True)
+        return _Lookup({}, {})
+    keys = list(zip(sizes["rank"].tolist(), sizes["name"].tolist(), sizes["start_ns"].tolist(), strict=True))
     values = zip(sizes["numel"].tolist(), sizes["elem_bytes"].tolist(), strict=True)
-    return dict(zip(keys, values, strict=True))
+    groups = {}
+    if "pg_name" in sizes:  # a sizes table of an older caller may lack the group columns
+        pg = zip(sizes["pg_name"], sizes["pg_desc"], sizes["pg_ranks"], sizes["group_size"].tolist(), strict=True)
+        groups = {k: g for k, g in zip(keys, pg, strict=True) if g[0] or g[2] or g[3]}
+    return _Lookup(dict(zip(keys, values, strict=True)), groups)
+
+
+def _call_group(groups: dict, events: list[tuple[str, int]], rank: int) -> tuple[str, str, str, int]:
+    """(process group name, description, ranks as recorded, group size; 0 unknown) of a call: the first of
+    its events (its own, the op that issued it, the range around the launch) that records one."""
+    return next((groups[k] for name, start in events if (k := (rank, name, start)) in groups), ("", "", "", 0))
 
 
 def _call_bytes(lookup: dict, events: list[tuple[str, int]], rank: int) -> float:
@@ -482,6 +560,23 @@ def _size_of(args: dict) -> tuple[float, float]:
         if not math.isnan(n):
             numel = n if math.isnan(numel) else max(numel, n)
     return numel, elem
+
+
+def _group_of(args: dict) -> tuple[str, str, str, int]:
+    """(process group name, description, ranks as recorded e.g. '[0, 1]', group size; 0 unknown) from
+    the NCCL arguments Kineto records on a collective's kernel and its record_param_comms op."""
+    try:
+        size = int(args.get("Group size") or 0)
+    except (TypeError, ValueError):
+        size = 0
+    ranks = args.get("Process Group Ranks", "")
+    ranks = str(list(ranks)) if isinstance(ranks, list) else str(ranks or "")
+    return (
+        str(args.get("Process Group Name", "") or ""),
+        str(args.get("Process Group Description", "") or ""),
+        ranks,
+        size,
+    )
 
 
 def _is_shape(d: object) -> bool:

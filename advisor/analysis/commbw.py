@@ -59,6 +59,7 @@ _BUS_FACTORS = {
     "broadcast": lambda n: 1.0,
     "send": lambda n: 1.0,
     "recv": lambda n: 1.0,
+    "send_recv": lambda n: 1.0,
 }
 
 
@@ -84,7 +85,7 @@ def matched_calls(calls: pd.DataFrame, group_size: int) -> pd.DataFrame:
         dtypes = {"kind": "str", "bytes": "float64", "ranks": "int64", "dur_ns": "int64"}
         return pd.DataFrame({c: pd.Series(dtype=dtypes.get(c, "float64")) for c in cols})
     own = sized["name"].map(collective_kind)
-    kind = own.where(own != "other", sized["kind"])
+    kind = own.where(~own.isin(("other", "send_recv")), sized["kind"])  # NCCL's SendRecv kernel runs many kinds
     frame = pd.DataFrame(
         {
             "rank": sized["rank"].to_numpy(),

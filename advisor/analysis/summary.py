@@ -14,8 +14,9 @@ import pandas as pd
 
 from advisor.analysis import breakdown as A
 from advisor.analysis import queues as Q
-from advisor.analysis.collectives import collective_sizes, collective_table
+from advisor.analysis.collectives import collective_calls_and_table, collective_sizes
 from advisor.analysis.collectives import wants_args as collectives_wants_args
+from advisor.analysis.comm import comm_by_communicator, comm_calls, comm_skew, comm_stragglers
 from advisor.analysis.roofline import VERDICTS, Roofline, step_roofline_summary, trace_roofline
 from advisor.analysis.roofline import wants_args as roofline_wants_args
 from advisor.analysis.sequences import chain_saving_pct, kernel_chains
@@ -69,6 +70,8 @@ def analyze(
     idle = A.idle_time_breakdown(df, launches=launches)
     waits = A.sync_waits(df, launches=launches)
     queue = Q.queue_length_series(df, launches=launches)
+    calls, collectives = collective_calls_and_table(df, collective_sizes(df))
+    comm = comm_calls(df, calls)
     tables = {
         "temporal_breakdown": temporal,
         "kernel_type_breakdown": A.kernel_type_breakdown(df, sweeps),
@@ -87,13 +90,16 @@ def analyze(
         "rank_skew": A.rank_skew(df, phases=phases, temporal=temporal),
         "top_ops": host_ops.head(10),
         "gemm_precision": A.gemm_precision(df),
-        "collectives": collective_table(df, collective_sizes(df)),
+        "collectives": collectives,
+        "comm_by_communicator": comm_by_communicator(comm),
+        "comm_skew": comm_skew(comm),
         "kernel_chains": kernel_chains(df),
         "queue_length": Q.queue_length_summary(df, series=queue),
         "blocked_on_full_queue": Q.blocked_on_full_queue(df, series=queue),
         "idle_intervals": Q.idle_interval_stats(df, launches=launches),
         "memory_bw": Q.memory_bw_summary(df),
     }
+    tables["comm_stragglers"] = comm_stragglers(comm, tables["rank_skew"])
     metrics = _summary(df, tables, run_id, host_self_ns=int(host_ops["time_ns"].sum()))
     if roofline is not None:
         tables["roofline"] = roofline.table
@@ -155,6 +161,11 @@ def _mean(frame: pd.DataFrame, col: str) -> float | None:
 def _all_devices_idle(table: pd.DataFrame) -> float | None:
     rows = table[table["scope"] == "all devices"] if not table.empty else table
     return float(rows["idle_pct"].iloc[0]) if len(rows) and pd.notna(rows["idle_pct"].iloc[0]) else None
+
+
+def _max(frame: pd.DataFrame, col: str) -> float | None:
+    values = frame[col].dropna() if col in frame else []
+    return float(values.max()) if len(values) else None
 
 
 LAUNCH_BOUND_IDLE_PCT = 30.0
@@ -224,7 +235,7 @@ def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_sel
     phases = t["phases"].groupby("phase")["mean_ns"].mean() / 1e6 if not t["phases"].empty else pd.Series(dtype=float)
     memcpy = t["memcpy"]
     pageable = memcpy[memcpy["pageable"]] if not memcpy.empty else memcpy
-    skew = t["rank_skew"]
+    skew, late = t["rank_skew"], t["comm_stragglers"]
     top = t["top_kernels"] if gpu else t["top_ops"]
     # Shares of all GPU-event time, or of all host-op self time.
     base = float(t["kernel_categories"]["time_ns"].sum() if gpu else host_self_ns) or 1.0
@@ -278,6 +289,8 @@ def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_sel
         sync_time_ms=float(t["sync_time"]["blocking_ns"].mean()) / 1e6 if len(t["sync_time"]) else 0.0,
         step_skew_pct=float(skew["above_median_pct"].max()) if len(skew) > 1 else None,
         stragglers=[int(r) for r in skew.loc[skew["straggler"], "rank"]] if len(skew) > 1 else [],
+        comm_late_pct=_max(t["comm_stragglers"], "late_of_step_pct"),
+        comm_stragglers=[int(r) for r in late.loc[late["comm_straggler"].astype(bool), "rank"]] if len(late) else [],
         top_ops=[
             {"name": str(r.name)[:160], "time_ms": float(r.time_ns) / 1e6, "share_pct": 100 * float(r.time_ns) / base}
             for r in top.head(10).itertuples()

@@ -341,6 +341,8 @@ _ANALYSIS_FIELDS = (
     "sync_time_ms",
     "step_skew_pct",
     "stragglers",
+    "comm_late_pct",
+    "comm_stragglers",
     "top_ops",
     "roofline_bound",
     "roofline_compute_frac",

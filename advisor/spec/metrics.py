@@ -172,6 +172,13 @@ class StepMetrics:
     step_skew_pct: float | None = None
     """Slowest rank's step time above the median rank's."""
     stragglers: list = field(default_factory=list)
+    comm_late_pct: float | None = None
+    """How long per step the earliest rank waits for the latest-starting one at the collectives matched
+    across ranks, % of its step (the largest ``late_of_step_pct`` of
+    ``advisor.analysis.comm.comm_stragglers``); None where it cannot be measured (one rank's trace, no
+    collective matched across ranks)."""
+    comm_stragglers: list = field(default_factory=list)
+    """Ranks whose communication kernels typically start late (``comm_stragglers``' ``comm_straggler``)."""
     top_ops: list = field(default_factory=list)
     """The ops or kernels with the most time: [{name, time_ms, share_pct}]."""
     # --- the roofline (advisor.analysis.roofline.step_roofline_summary) ---
