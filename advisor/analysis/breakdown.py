@@ -159,8 +159,11 @@ def round_like_hta(df: pd.DataFrame) -> pd.DataFrame:
     if not (df["start_ns"] % 1000).any() and not (df["dur_ns"] % 1000).any():
         return df  # whole-microsecond trace: HTA leaves it as it is
     # HTA does this in float64 microseconds, where ts + dur itself rounds (to 0.25 us at epoch times):
-    # the same arithmetic here gives its boundaries exactly.
-    start_us = df["start_ns"].to_numpy() / 1000.0
+    # the same arithmetic here gives its boundaries exactly. The start is the float nearest the trace's
+    # decimal microseconds, as the JSON parser makes it: ns / 1000.0 would first round the int64 ns to
+    # a float (256 ns apart at epoch times), and a whole-microsecond start could then round up by 1 us.
+    start_ns = df["start_ns"].to_numpy()
+    start_us = (start_ns // 1000).astype(np.float64) + (start_ns % 1000) / 1000.0
     end_us = start_us + df["dur_ns"].to_numpy() / 1000.0
     first = np.ceil(start_us).astype(np.int64)
     last = np.floor(end_us).astype(np.int64)
