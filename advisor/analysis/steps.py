@@ -117,6 +117,19 @@ def _windows(rank_host: pd.DataFrame, updates: pd.DataFrame) -> tuple[list[tuple
     return list(zip(starts, ends.tolist(), strict=True)), "optimizer steps"
 
 
+def step_windows(df: pd.DataFrame) -> pd.DataFrame:
+    """Each step the trace marks, per rank, as ``inferred_phases`` finds them: ``rank``, ``step`` (its
+    position in the rank's steps, from 0), ``start_ns``, ``end_ns`` and ``basis`` (see ``BASES``).
+    Empty where nothing marks a step."""
+    rows = []
+    if _marks_any(df, "profiler", "update"):
+        for rank, rank_host in _host(df).groupby("rank"):
+            windows, basis = _windows(rank_host, rank_host[rank_host["update"]].sort_values("start_ns"))
+            rows.extend((int(rank), i, a, b, basis) for i, (a, b) in enumerate(windows))
+    out = pd.DataFrame(rows, columns=["rank", "step", "start_ns", "end_ns", "basis"])
+    return out.astype({"rank": "int32", "step": "int64", "start_ns": "int64", "end_ns": "int64"})
+
+
 def inferred_phases(df: pd.DataFrame) -> pd.DataFrame:
     """Per rank and phase (step, data, forward, backward, optimizer): count of steps that have it,
     total and mean in ns, and the ``basis`` the steps were found on (see ``BASES``), for a trace whose

@@ -15,6 +15,7 @@ import pandas as pd
 from advisor.analysis import breakdown as A
 from advisor.analysis.collectives import collective_sizes, collective_table
 from advisor.analysis.collectives import wants_args as collectives_wants_args
+from advisor.analysis.critical_path import critical_path, critical_path_summary
 from advisor.analysis.roofline import VERDICTS, Roofline, step_roofline_summary, trace_roofline
 from advisor.analysis.roofline import wants_args as roofline_wants_args
 from advisor.analysis.steps import BASES, fused_attention, optimizer_of, step_phases
@@ -66,6 +67,7 @@ def analyze(
     temporal, phases = A.temporal_breakdown(df, sweeps), step_phases(df, A.phase_breakdown(df))
     idle = A.idle_time_breakdown(df, launches=launches)
     waits = A.sync_waits(df, launches=launches)
+    path = critical_path(df)  # one step of one rank: the slowest's longest
     tables = {
         "temporal_breakdown": temporal,
         "kernel_type_breakdown": A.kernel_type_breakdown(df, sweeps),
@@ -84,6 +86,8 @@ def analyze(
         "top_ops": host_ops.head(10),
         "gemm_precision": A.gemm_precision(df),
         "collectives": collective_table(df, collective_sizes(df)),
+        "critical_path": path,
+        "critical_path_summary": critical_path_summary(path),
     }
     metrics = _summary(df, tables, run_id, host_self_ns=int(host_ops["time_ns"].sum()))
     if roofline is not None:
@@ -303,6 +307,17 @@ def format_report(report: TraceReport, name: str) -> str:
         basis = step_rows["basis"].iloc[0] if len(step_rows) else "ranges"
         found = "" if basis == "ranges" else f" (steps: {BASES[basis]}; {m.steps_measured} steps)"
         out.append(f"Step {m.step_time_ms:.1f} ms" + (f": {phases}" if phases else "") + found)
+    cp = report.tables.get("critical_path_summary")
+    if cp is not None and not cp.empty:
+        total = cp[cp["category"] == "total"].iloc[0]
+        shares = ", ".join(
+            f"{r.category} {r.share_pct:.1f} %"
+            for r in cp.itertuples()
+            if r.category != "total" and r.share_pct >= 0.05
+        )
+        out.append(
+            f"Critical path (rank {total['rank']}, {total['step']}): {total['time_ms']:.1f} ms, {total['step_pct']:.0f} % of the step: {shares}"
+        )
     if m.optimizer:
         out.append(f"Optimizer: {m.optimizer}")
     if m.peak_memory_bytes is not None:
