@@ -289,8 +289,6 @@ class _Graph:
         launch = by_corr[np.searchsorted(corr_sorted, corr[gpu])]  # the runtime row of each GPU event
         self.df, self.in_rank, self.host, self.gpu, self.launch = df, in_rank, host, gpu, launch
         n_host = host.size
-        self.host_pos = np.full(len(df), -1, dtype=np.int64)  # table row -> host event index
-        self.host_pos[host] = np.arange(n_host)
         self.n_nodes = 2 * (n_host + gpu.size)
         self.ts = np.zeros(self.n_nodes, dtype=np.int64)
         recs = np.flatnonzero(in_rank & kind_mask(df, "sync"))  # the rank's synchronization records
@@ -396,7 +394,7 @@ class _Graph:
         chained = ~launched & has_prev & (cross_end < prev_end)
         out = [spans]
         g = np.flatnonzero(launched)
-        rt_node = 2 * self.host_pos[self.launch[g]]
+        rt_node = 2 * np.searchsorted(self.host, self.launch[g])  # host rows are in table order
         tid = df["tid"].to_numpy()
         out.append(
             (
