@@ -93,7 +93,8 @@ def test_temporal_breakdown_sub_microsecond_traces_match_hta(folder):
 
 @needs_traces
 def test_we_keep_nanoseconds_on_purpose():
-    # Without HTA's rounding the ~1 us memcpys of this trace keep their length: less idle time.
+    # Without HTA's rounding the ~1 us memcpys of this trace keep their length: less idle time. Rounded,
+    # it is HTA's 2.63 % (reference temporal_breakdown.csv).
     exact = temporal_breakdown(_analysed("ns_resolution_trace")).loc[0]
     rounded = temporal_breakdown(round_like_hta(_analysed("ns_resolution_trace"))).loc[0]
     assert exact["idle_pct"] == pytest.approx(1.68, abs=0.01) and rounded["idle_pct"] == pytest.approx(2.63, abs=0.005)

@@ -17,6 +17,7 @@ from advisor.analysis import queues as Q
 from advisor.analysis.collectives import collective_calls_and_table, collective_sizes
 from advisor.analysis.collectives import wants_args as collectives_wants_args
 from advisor.analysis.comm import comm_by_communicator, comm_calls, comm_skew, comm_stragglers
+from advisor.analysis.critical_path import critical_path, critical_path_summary
 from advisor.analysis.roofline import VERDICTS, Roofline, step_roofline_summary, trace_roofline
 from advisor.analysis.roofline import wants_args as roofline_wants_args
 from advisor.analysis.sequences import chain_saving_pct, kernel_chains
@@ -72,6 +73,7 @@ def analyze(
     queue = Q.queue_length_series(df, launches=launches)
     calls, collectives = collective_calls_and_table(df, collective_sizes(df))
     comm = comm_calls(df, calls)
+    path = critical_path(df)  # one step of one rank: the slowest's longest
     tables = {
         "temporal_breakdown": temporal,
         "kernel_type_breakdown": A.kernel_type_breakdown(df, sweeps),
@@ -93,6 +95,8 @@ def analyze(
         "collectives": collectives,
         "comm_by_communicator": comm_by_communicator(comm),
         "comm_skew": comm_skew(comm),
+        "critical_path": path,
+        "critical_path_summary": critical_path_summary(path),
         "kernel_chains": kernel_chains(df),
         "queue_length": Q.queue_length_summary(df, series=queue),
         "blocked_on_full_queue": Q.blocked_on_full_queue(df, series=queue),
@@ -353,6 +357,17 @@ def format_report(report: TraceReport, name: str) -> str:
         basis = step_rows["basis"].iloc[0] if len(step_rows) else "ranges"
         found = "" if basis == "ranges" else f" (steps: {BASES[basis]}; {m.steps_measured} steps)"
         out.append(f"Step {m.step_time_ms:.1f} ms" + (f": {phases}" if phases else "") + found)
+    cp = report.tables.get("critical_path_summary")
+    if cp is not None and not cp.empty:
+        total = cp[cp["category"] == "total"].iloc[0]
+        shares = ", ".join(
+            f"{r.category} {r.share_pct:.1f} %"
+            for r in cp.itertuples()
+            if r.category != "total" and r.share_pct >= 0.05
+        )
+        out.append(
+            f"Critical path (rank {total['rank']}, {total['step']}): {total['time_ms']:.1f} ms, {total['step_pct']:.0f} % of the step: {shares}"
+        )
     if m.optimizer:
         out.append(f"Optimizer: {m.optimizer}")
     if m.peak_memory_bytes is not None:
