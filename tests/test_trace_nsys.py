@@ -446,3 +446,42 @@ def test_odd_file_names_load(tmp_path, name):
     with pytest.raises(TraceError) as err:
         load_nsys_sqlite(odd, max_bytes=2**20)
     assert str(err.value).startswith(odd.name)
+
+
+@pytest.mark.parametrize("file", WITH_TABLES)
+def test_the_columnar_and_the_row_reader_give_the_same_table(file, monkeypatch):
+    # connectorx is an optional speed-up (requirements.txt installs it; an image may lack it): without
+    # it sqlite3's rows give the same table, categories and attrs included.
+    from advisor.trace import nsys as trace_nsys
+
+    if trace_nsys._cx is None:
+        pytest.skip("connectorx is not installed here: only the row reader runs")
+    read = []
+    columnar = trace_nsys._read_columnar
+
+    def counted(*args, **kwargs):
+        out = columnar(*args, **kwargs)
+        read.append(out is not None)
+        return out
+
+    monkeypatch.setattr(trace_nsys, "_read_columnar", counted)
+    fast = load_nsys_sqlite(NSYS / file)
+    assert read and all(read)  # every table went through connectorx
+    monkeypatch.setattr(trace_nsys, "_cx", None)
+    slow = load_nsys_sqlite(NSYS / file)
+    pd.testing.assert_frame_equal(fast, slow)
+    assert fast.attrs == slow.attrs
+
+
+def test_odd_file_names_and_bad_values_fall_back_to_the_row_reader(tmp_path):
+    odd = tmp_path / "my run (1) ünïcode.sqlite"  # not a name connectorx's URI takes: sqlite3 reads it
+    shutil.copy(NSYS / "pipit_cloverleaf_cuda.sqlite", odd)
+    pd.testing.assert_frame_equal(load_nsys_sqlite(odd), load_nsys_sqlite(NSYS / "pipit_cloverleaf_cuda.sqlite"))
+    bad = tmp_path / "bad.sqlite"
+    shutil.copy(NSYS / "pipit_cloverleaf_cuda.sqlite", bad)
+    with closing(sqlite3.connect(bad)) as db:
+        db.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET streamId = 'seven' WHERE rowid = 3")
+        db.commit()
+    # Whichever reader meets it first, the text in an integer column is named.
+    with pytest.raises(TraceError, match="column streamId of table CUPTI_ACTIVITY_KIND_KERNEL holds non-integer"):
+        load_nsys_sqlite(bad)

@@ -83,9 +83,10 @@ DEVICE_SYNC_RE = re.compile(r"^(?:cuda|hip)DeviceSynchronize|^cuCtxSynchronize")
 ALL_STREAMS = 2**32 - 1
 """A synchronization record's stream when it waited on no one stream (CUPTI_SYNCHRONIZATION_INVALID_VALUE;
 Kineto may also write -1)."""
-MAX_HOST_EVENTS = 250_000
-"""The most host events graphed (about a second of work here): a longer window, a capture without steps
-graphed whole, is cut after that many, and its label says so."""
+MAX_HOST_EVENTS = 100_000
+"""The most host events graphed (about a second of work on these 2 cores; a training step of a large
+model has tens of thousands): a longer window, a capture without steps graphed whole, is cut after that
+many, and its label says so."""
 _KIND = {k: i for i, k in enumerate(SEGMENT_KINDS)}
 _DEPENDENCY = -1  # an edge that only orders (weight 0, no segment)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import warnings
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -32,6 +33,11 @@ import pandas as pd
 
 from advisor.errors import TraceError
 from advisor.trace.table import COPY_KINDS, HOST_MEM, make_table
+
+try:  # an optional speed-up: reads a table's columns in Rust, 4-6x faster than sqlite3's row tuples
+    import connectorx as _cx
+except ImportError:  # the same rows through the standard library, slower
+    _cx = None
 
 DEFAULT_MAX_BYTES = 2 * 2**30
 FETCH_ROWS = 200_000  # rows per fetch: ~ a few tens of MiB of Python tuples at most
@@ -110,7 +116,8 @@ def load_nsys_sqlite(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) ->
     path = Path(path)
     _check_file(path, max_bytes)
     try:
-        with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as conn:
+        with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, factory=_Connection)) as conn:
+            conn.path = path.absolute()
             return _load(conn, path.name)
     except sqlite3.DatabaseError as err:
         raise TraceError(f"{path.name} is a damaged SQLite database ({err}); expected an intact nsys export") from None
@@ -234,6 +241,12 @@ def _attrs(conn: sqlite3.Connection, tables: set[str], file: str, keys: np.ndarr
     }
 
 
+class _Connection(sqlite3.Connection):
+    """A connection that knows its file, for the columnar reader (connectorx opens the file itself)."""
+
+    path: Path | None = None
+
+
 class _Names:
     """One list of distinct names; events hold integer codes into it."""
 
@@ -253,7 +266,20 @@ class _Names:
         distinct key."""
         if keys.shape[0] == 0:
             return np.empty(0, dtype=np.int64)
-        distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
+        columns = [np.unique(col, return_inverse=True) for col in keys.T] if keys.ndim == 2 else []
+        if columns and np.prod([float(v.size) for v, _ in columns]) < 2.0**62:
+            # Rows as one int64 each (mixed radix over each column's distinct values, which keeps
+            # np.unique(axis=0)'s lexicographic order): a 1-D unique is several times faster than its sort
+            # of rows.
+            flat = np.zeros(keys.shape[0], dtype=np.int64)
+            for values, inv in columns:
+                flat = flat * values.size + inv.reshape(-1)
+            _, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+            distinct = keys[first]
+        elif columns:
+            distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
+        else:
+            distinct, inverse = np.unique(keys, return_inverse=True)
         lookup = np.array(
             [self.code(name_of(*k) if keys.ndim == 2 else name_of(k)) for k in distinct.tolist()], dtype=np.int64
         )
@@ -293,8 +319,52 @@ def _read(
             raise TraceError(f"{file}: table {table} has no column {required!r}; expected an nsys export's schema")
     keep = [c for c in [*ints, *texts] if c in have]
     exprs = [f'COALESCE("{c}", {ints[c]})' if c in ints else f'"{c}"' for c in keep]
+    sql = f'SELECT {", ".join(exprs)} FROM "{table}" {where}'
+    out = _read_columnar(conn, sql, keep, ints, texts)
+    if out is None:
+        out = _read_rows(conn, file, table, sql, keep, texts)
+    n = out["start"].size
+    for c in [*ints, *texts]:
+        if c not in out:
+            out[c] = np.full(n, ints.get(c, -1), dtype=np.int64)
+    return out
+
+
+def _read_columnar(
+    conn: sqlite3.Connection, sql: str, keep: list[str], ints: dict[str, int], texts: dict[str, Callable]
+) -> dict[str, np.ndarray] | None:
+    """``sql``'s columns read by connectorx, as _read_rows gives them; None where connectorx is not
+    installed or cannot read the file (a name it cannot take as a URI, a value it cannot type): the
+    standard library's reader then reads it, and says what is wrong with a bad value."""
+    path = getattr(conn, "path", None)
+    if _cx is None or path is None or not re.fullmatch(r"[\w./-]+", str(path)):
+        return None
+    try:
+        with warnings.catch_warnings():  # its pandas path uses internals pandas 3 deprecates
+            warnings.simplefilter("ignore")
+            frame = _cx.read_sql(f"sqlite://{path}", sql, return_type="pandas")
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # a Rust panic arrives as a BaseException: the other reader decides
+        return None
+    if len(frame.columns) != len(keep):
+        return None
+    out = {}
+    for c, column in zip(keep, (frame[k] for k in frame.columns), strict=True):
+        if c in texts:
+            out[c] = texts[c](column.to_numpy(dtype=object))
+        elif column.dtype.kind in "iu" or str(column.dtype) in ("Int64", "Int32", "Int16", "Int8"):
+            out[c] = column.to_numpy(dtype=np.int64, na_value=ints[c])
+        else:  # text or real in an integer column: the row reader raises the error that names it
+            return None
+    return out
+
+
+def _read_rows(
+    conn: sqlite3.Connection, file: str, table: str, sql: str, keep: list[str], texts: dict[str, Callable]
+) -> dict[str, np.ndarray]:
     blocks: dict[str, list[np.ndarray]] = {c: [] for c in keep}
-    cursor = conn.execute(f'SELECT {", ".join(exprs)} FROM "{table}" {where}')
+    cursor = conn.execute(sql)
     while rows := cursor.fetchmany(FETCH_ROWS):
         for c, values in zip(keep, zip(*rows, strict=True), strict=True):
             try:
@@ -304,12 +374,7 @@ def _read(
                     f"{file}: column {c} of table {table} holds non-integer values; expected integers"
                 ) from None
         del rows
-    out = {c: np.concatenate(b) if b else np.empty(0, dtype=np.int64) for c, b in blocks.items()}
-    n = out["start"].size
-    for c in [*ints, *texts]:
-        if c not in out:
-            out[c] = np.full(n, ints.get(c, -1), dtype=np.int64)
-    return out
+    return {c: np.concatenate(b) if b else np.empty(0, dtype=np.int64) for c, b in blocks.items()}
 
 
 def _event(
@@ -421,8 +486,11 @@ def _nvtx(conn: sqlite3.Connection, file: str, strings: dict[int, str], names: _
     if "eventType" in have:
         where += f" AND eventType IN ({', '.join(map(str, _NVTX_RANGE_TYPES))})"
 
-    def inline(block: tuple) -> np.ndarray:
-        return np.array([-1 if t is None else names.code(str(t)) for t in block], dtype=np.int64)
+    def inline(block) -> np.ndarray:
+        # Each distinct text coded once (pandas' hash table in C); None stays -1.
+        codes, distinct = pd.factorize(np.asarray(block, dtype=object), use_na_sentinel=True)
+        lookup = np.array([names.code(str(t)) for t in distinct.tolist()] + [-1], dtype=np.int64)
+        return lookup[codes]
 
     ints = {"start": 0, "end": 0, "globalTid": -1, "textId": -1}
     r = _read(conn, file, "NVTX_EVENTS", ints, {"text": inline}, where)
