@@ -49,6 +49,13 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--hf-config", metavar="PATH", help="a Hugging Face config.json file to import instead of a preset"
     )
+    g.add_argument(
+        "--rope-scaling",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="RoPE context extension (YaRN, linear): sequences up to F x the model's trained context (default: 1)",
+    )
     g.add_argument("--gpu", default=d["gpu"], help=f"device: {', '.join(HARDWARE)} (default: %(default)s)")
     g.add_argument(
         "--gpus",
@@ -160,6 +167,7 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
         gpus=gpus,
         dp=args.dp,
         seq=args.seq if args.seq is not None else fit_seq(int(DEFAULTS["seq"]), model),
+        rope_scaling=args.rope_scaling,
         micro_batch=args.micro_batch,
         global_batch=args.global_batch,
         precision=args.precision,

@@ -161,8 +161,23 @@ BAD_INPUTS = [
     (lambda: _llama(norm_bias=True), "model.norm_bias=True", "norm='layernorm'"),
     (lambda: _llama(n_experts=8, top_k=9), "model.top_k=9", "from 1 to 8"),
     (lambda: _llama(top_k=2), "model.n_experts=0", "top_k"),
-    (lambda: TrainSpec(seq_len=0), "train.seq_len=0", "integer >= 1"),
-    (lambda: TrainSpec(micro_batch=2.5), "train.micro_batch=2.5", "integer >= 1"),
+    (lambda: TrainSpec(seq_len=0), "train.seq_len=0", "integer from 1 to 16777216"),
+    # A sequence of 10^12 tokens was sized at 3,176,655,986,390.6 days (issue 21): refused above 2^24.
+    (lambda: TrainSpec(seq_len=10**12), "train.seq_len=1000000000000", "integer from 1 to 16777216"),
+    (lambda: TrainSpec(micro_batch=2.5), "train.micro_batch=2.5", "integer from 1 to 65536"),
+    (lambda: TrainSpec(global_batch=2**27), "train.global_batch=134217728", "integer from 0 to 67108864"),
+    (lambda: _llama(rope_scaling=0.5), "model.rope_scaling=0.5", "number from 1 to 256"),
+    # Beyond the trained context (Llama 3.1: 131,072) only with RoPE scaling chosen.
+    (
+        lambda: make_setup(model="llama-3.1-8b", seq=1_000_000),
+        "train.seq_len=1000000",
+        "trained on sequences up to 131,072 tokens; a longer one needs RoPE context extension (rope_scaling >= 8",
+    ),
+    (
+        lambda: make_setup(model="llama-2-7b", seq=16384, rope_scaling=2),
+        "train.seq_len=16384",
+        "up to 4,096 tokens with rope_scaling=2; a longer one needs RoPE context extension (rope_scaling >= 4",
+    ),
     (lambda: TrainSpec(precision="int8"), "train.precision='int8'", "fp32, bf16, fp16, fp8"),
     (lambda: TrainSpec(optimizer="lion"), "train.optimizer='lion'", "adamw, sgd, adafactor"),
     (lambda: TrainSpec(recompute="some"), "train.recompute='some'", "none, selective, selective-op, full"),
@@ -385,3 +400,13 @@ def test_the_fastest_precision_of_each_device(monkeypatch):
     assert presets.fastest_precision(presets.cpu_host()) == "fp32"
     monkeypatch.setattr(presets, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
     assert presets.fastest_precision(presets.cpu_host()) == "bf16"
+
+
+def test_rope_scaling_extends_the_context_it_names():
+    # Llama 2 was trained on 4,096 positions: 16,384 tokens need a 4x extension, and size like any
+    # other sequence then (RoPE has no parameters: the parameter count is unchanged).
+    plain = make_setup(model="llama-2-7b", seq=4096)
+    scaled = make_setup(model="llama-2-7b", seq=16384, rope_scaling=4)
+    assert scaled.model.max_seq_len == 16384 and scaled.model.n_params == plain.model.n_params
+    assert make_setup(model="llama-2-7b", rope_scaling=4).train.seq_len == 4096  # the default seq
+    assert make_setup(model="tiny").train.seq_len == 2048  # the default 4096 fitted to its context

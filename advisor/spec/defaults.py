@@ -107,9 +107,9 @@ fp32 on a CPU without AVX512-BF16 or AMX, where bf16 runs at 1/30 of fp32), ``gp
 
 
 def fit_seq(seq: int, model: ModelSpec) -> int:
-    """``seq``, or the model's learned positions where it has fewer (GPT-2's 1024 against 8192, which
-    would only be refused)."""
-    return min(seq, model.max_positions) if model.position == "learned" else seq
+    """``seq``, or the longest sequence the model takes where that is shorter (GPT-2's 1024 learned
+    positions against 8192, the tiny model's 2048 against 4096, which would only be refused)."""
+    return min(seq, model.max_seq_len)
 
 
 def setup_value(setup: Setup, key: str) -> object:

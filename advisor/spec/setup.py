@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from advisor.errors import SpecError
 from advisor.spec.hf_config import load_hf_config
 from advisor.spec.presets import get_hardware, get_model
@@ -33,8 +35,8 @@ DEFAULT_SEQ = 4096
 
 
 def default_seq(model: ModelSpec) -> int:
-    """4096 tokens, or the model's learned positions where it has fewer (GPT-2's 1024)."""
-    return min(DEFAULT_SEQ, model.max_positions) if model.position == "learned" else DEFAULT_SEQ
+    """4096 tokens, or the longest sequence the model takes where that is shorter (GPT-2's 1024)."""
+    return min(DEFAULT_SEQ, model.max_seq_len)
 
 
 def make_setup(
@@ -68,18 +70,22 @@ def make_setup(
     zero: int = 0,
     sequence_parallel: bool = False,
     offload: str = "none",
+    rope_scaling: float = 1.0,
 ) -> Setup:
     """The Setup these values describe; a config.json path overrides the preset. Raises AdvisorError.
 
     Left out, ``seq`` is 4096, or the model's learned positions where it has fewer (GPT-2's 1024: 4096
     would only be refused), ``optimizer_impl`` is fused, or foreach for Adafactor (no fused kernel), and
-    ``fp32_grads`` the framework's default (``TrainSpec.fp32_grads``)."""
+    ``fp32_grads`` the framework's default (``TrainSpec.fp32_grads``). ``rope_scaling`` extends a RoPE
+    model's context (``ModelSpec.rope_scaling``)."""
     if hf_config:
         model_spec = load_hf_config(hf_config)
     elif isinstance(model, ModelSpec):
         model_spec = model
     else:
         model_spec = get_model(model)
+    if rope_scaling != model_spec.rope_scaling:
+        model_spec = replace(model_spec, rope_scaling=rope_scaling)
     if seq is None:
         seq = default_seq(model_spec)
     if optimizer_impl is None:

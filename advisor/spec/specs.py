@@ -7,6 +7,7 @@ the value and what is allowed. :class:`Setup` holds one of each and runs the cro
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from advisor.errors import SpecError
@@ -21,6 +22,14 @@ OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 FRAMEWORKS = ("megatron", "pytorch")
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
+MAX_SEQ_LEN = 2**24
+"""16,777,216 tokens: longer than any model card's context (Llama 4 Scout: 10 M); beyond it a figure
+only overflows (a sequence of 10^12 tokens read as 3 trillion days)."""
+MAX_MICRO_BATCH = 2**16
+MAX_GLOBAL_BATCH = 2**26
+"""Sequences per step: 67 M, a thousand times the largest published pretraining batch (Llama 3: 16 M
+tokens = 2,048 sequences of 8,192)."""
+MAX_ROPE_SCALING = 256.0
 POSITION_KINDS = ("learned", "rope")
 HOST_LINKS = ("pcie3", "pcie4", "pcie5", "nvlink-c2c", "none")
 DEVICE_KINDS = ("gpu", "cpu")
@@ -85,7 +94,12 @@ class ModelSpec:
     position: str = "rope"
     """'learned' absolute position embeddings (GPT-2) or 'rope' (no parameters)."""
     max_positions: int = 131072
-    """Longest sequence the model accepts; the size of the learned position table."""
+    """Longest sequence the model was trained on (a Hugging Face config's max_position_embeddings, which
+    already counts the RoPE scaling it was trained with); the size of the learned position table."""
+    rope_scaling: float = 1.0
+    """Context extension of RoPE positions beyond max_positions (YaRN, linear or NTK scaling, chosen for
+    this run): sequences up to max_positions x rope_scaling are accepted. 1.0: none. Learned positions
+    cannot be extended."""
     tied_embeddings: bool = False
     """The output head shares the input embedding matrix."""
     qkv_bias: bool = False
@@ -116,6 +130,9 @@ class ModelSpec:
         _check_int("model.n_kv_heads", self.n_kv_heads, 0)
         _check_int("model.head_dim", self.head_dim, 0)
         _check_int("model.max_positions", self.max_positions, 1)
+        ok = isinstance(self.rope_scaling, (int, float)) and not isinstance(self.rope_scaling, bool)
+        if not ok or not 1.0 <= self.rope_scaling <= MAX_ROPE_SCALING:
+            raise SpecError("model.rope_scaling", self.rope_scaling, f"must be a number from 1 to {MAX_ROPE_SCALING:g}")
         _check_choice("model.mlp", self.mlp, MLP_KINDS)
         _check_choice("model.norm", self.norm, NORM_KINDS)
         _check_choice("model.position", self.position, POSITION_KINDS)
@@ -149,6 +166,14 @@ class ModelSpec:
             raise SpecError("model.n_experts", 0, "must be >= 1 when top_k or n_shared_experts is set")
 
     # --- derived sizes -------------------------------------------------------------------------
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest sequence this model takes: its learned positions, or its RoPE positions times the
+        chosen rope_scaling."""
+        if self.position == "learned":
+            return self.max_positions
+        return int(self.max_positions * self.rope_scaling)
 
     @property
     def is_moe(self) -> bool:
@@ -319,9 +344,9 @@ class TrainSpec:
     or 'rowwise' (a scale per row: more accurate, somewhat slower)."""
 
     def __post_init__(self) -> None:
-        _check_int("train.seq_len", self.seq_len, 1)
-        _check_int("train.micro_batch", self.micro_batch, 1)
-        _check_int("train.global_batch", self.global_batch, 0)
+        _check_int("train.seq_len", self.seq_len, 1, MAX_SEQ_LEN)
+        _check_int("train.micro_batch", self.micro_batch, 1, MAX_MICRO_BATCH)
+        _check_int("train.global_batch", self.global_batch, 0, MAX_GLOBAL_BATCH)
         _check_choice("train.precision", self.precision, PRECISIONS)
         _check_choice("train.fp8_recipe", self.fp8_recipe, FP8_RECIPES)
         _check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
@@ -544,6 +569,15 @@ class Setup:
             )
         if m.position == "learned" and t.seq_len > m.max_positions:
             raise SpecError("train.seq_len", t.seq_len, f"{m.name} has learned positions up to {m.max_positions}")
+        if t.seq_len > m.max_seq_len:
+            need = math.ceil(t.seq_len / m.max_positions)
+            scaled = f" with rope_scaling={m.rope_scaling:g}" if m.rope_scaling > 1 else ""
+            raise SpecError(
+                "train.seq_len",
+                t.seq_len,
+                f"{m.name} was trained on sequences up to {m.max_positions:,} tokens{scaled}; a longer one needs "
+                f"RoPE context extension (rope_scaling >= {need}, e.g. YaRN) or a model with a longer context",
+            )
         if t.global_batch and t.global_batch % (t.micro_batch * p.dp):
             raise SpecError(
                 "train.global_batch",
