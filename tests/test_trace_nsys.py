@@ -457,14 +457,14 @@ def test_the_columnar_and_the_row_reader_give_the_same_table(file, monkeypatch):
     if trace_nsys._cx is None:
         pytest.skip("connectorx is not installed here: only the row reader runs")
     read = []
-    columnar = trace_nsys._read_columnar
+    columnar = trace_nsys._columnar
 
     def counted(*args, **kwargs):
         out = columnar(*args, **kwargs)
         read.append(out is not None)
         return out
 
-    monkeypatch.setattr(trace_nsys, "_read_columnar", counted)
+    monkeypatch.setattr(trace_nsys, "_columnar", counted)
     fast = load_nsys_sqlite(NSYS / file)
     assert read and all(read)  # every table went through connectorx
     monkeypatch.setattr(trace_nsys, "_cx", None)
