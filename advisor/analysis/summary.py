@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -64,6 +65,26 @@ def analyze(
     skipped = tuple(df.attrs.get("skipped_files") or ())
     if trim_last_step and df.attrs.get("source") == "kineto" and not df.attrs.get("own_run"):
         df = A.drop_last_profiler_step(df)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="analyze") as pool:
+        # The analyses that need no other's result and cost the most on large traces run beside the
+        # rest: their numpy sorts release the GIL (a 3.7 GB export's analysis: see bench/scale.py).
+        beside = {
+            "critical_path": pool.submit(critical_path, df),  # one step of one rank: the slowest's longest
+            "gpu_idle": pool.submit(A.gpu_idle, df),
+            "kernel_chains": pool.submit(kernel_chains, df),
+            "memory_bw": pool.submit(Q.memory_bw_summary, df),
+        }
+        tables, host_self_ns = _tables(df, beside)
+    metrics = _summary(df, tables, run_id, host_self_ns=host_self_ns)
+    if roofline is not None:
+        tables["roofline"] = roofline.table
+        metrics = replace(metrics, **_roofline_fields(roofline, metrics))
+    return TraceReport(metrics, tables, skipped)
+
+
+def _tables(df: pd.DataFrame, beside: dict[str, Future]) -> tuple[dict[str, pd.DataFrame], int]:
+    """Every table but the ``beside`` ones' (filled in, in the same order, once they are done), and the
+    host ops' summed self time."""
     categories, top = A.kernel_breakdown(df)
     sweeps, launches = A.type_sweeps(df), A.launch_calls(df)
     host_ops = A.host_op_times(df)
@@ -73,12 +94,11 @@ def analyze(
     queue = Q.queue_length_series(df, launches=launches)
     calls, collectives = collective_calls_and_table(df, collective_sizes(df))
     comm = comm_calls(df, calls)
-    path = critical_path(df)  # one step of one rank: the slowest's longest
     tables = {
         "temporal_breakdown": temporal,
         "kernel_type_breakdown": A.kernel_type_breakdown(df, sweeps),
         "comm_comp_overlap": A.comm_comp_overlap(df, sweeps),
-        "gpu_idle": A.gpu_idle(df),
+        "gpu_idle": None,  # from beside, in this order
         "idle_time_breakdown": idle,
         "idle_split": A.idle_split_of(idle) if not idle.empty else pd.DataFrame(),
         "kernel_categories": categories,
@@ -95,20 +115,19 @@ def analyze(
         "collectives": collectives,
         "comm_by_communicator": comm_by_communicator(comm),
         "comm_skew": comm_skew(comm),
-        "critical_path": path,
-        "critical_path_summary": critical_path_summary(path),
-        "kernel_chains": kernel_chains(df),
+        "critical_path": None,
+        "critical_path_summary": None,
+        "kernel_chains": None,
         "queue_length": Q.queue_length_summary(df, series=queue),
         "blocked_on_full_queue": Q.blocked_on_full_queue(df, series=queue),
         "idle_intervals": Q.idle_interval_stats(df, launches=launches),
-        "memory_bw": Q.memory_bw_summary(df),
+        "memory_bw": None,
     }
     tables["comm_stragglers"] = comm_stragglers(comm, tables["rank_skew"])
-    metrics = _summary(df, tables, run_id, host_self_ns=int(host_ops["time_ns"].sum()))
-    if roofline is not None:
-        tables["roofline"] = roofline.table
-        metrics = replace(metrics, **_roofline_fields(roofline, metrics))
-    return TraceReport(metrics, tables, skipped)
+    for name, pending in beside.items():
+        tables[name] = pending.result()
+    tables["critical_path_summary"] = critical_path_summary(tables["critical_path"])
+    return tables, int(host_ops["time_ns"].sum())
 
 
 def _roofline_fields(roofline: Roofline, m: StepMetrics) -> dict:
