@@ -1,9 +1,10 @@
 """A large Nsight Systems export in a real export's schema, for the scale benchmark (bench/scale.py).
 
-The template's schema is copied as it is (every table, column and type of an nsys 2026.2 export), its
-small tables once, and its event tables (kernels, copies, sets, runtime calls, synchronisations, NVTX
-ranges) again and again: each copy shifted in time by the capture's span and in correlation ids by
-their range, as if the job had been captured for that much longer. SQLite copies the rows itself
+The template's schema is copied as it is (every table, column and type of the export), its small
+tables once, and its timed tables again and again: the event tables (kernels, copies, sets, runtime
+calls, synchronisations, NVTX ranges) and, in a default capture, the OS runtime calls, CPU samples,
+their call stacks and the scheduling events. Each copy is shifted in time by the capture's span and in
+correlation and call-stack ids by their range, as if the job had been captured for that much longer. SQLite copies the rows itself
 (``INSERT ... SELECT`` from the attached template), so a 3.7 GB file takes a minute or two.
 
 Run: ``.venv/bin/python bench/make_nsys.py --size-gb 3.7 --out /tmp/big.sqlite``
@@ -30,6 +31,14 @@ EVENT_TABLES = (
 )
 SHIFTED = ("start", "end")
 """Time columns moved by each copy's offset."""
+ID_FAMILIES = (
+    (("OSRT_CALLCHAINS", "id"), ("OSRT_API", "callchainId")),
+    (("SAMPLING_CALLCHAINS", "id"), ("COMPOSITE_EVENTS", "id")),
+)
+"""Ids shared between tables (an OS runtime call's call stack, a CPU sample's): each copy moves them by
+the family's range, so a copy's rows point at its own copies and (id, stackDepth) stays unique."""
+ALSO_REPEATED = ("SCHED_EVENTS",)
+"""Timed tables outside the families that a default capture fills (thread scheduling)."""
 
 
 def _columns(conn: sqlite3.Connection, schema: str, table: str) -> list[str]:
@@ -49,11 +58,23 @@ def make(template: Path, out: Path, size_bytes: int) -> dict:
     for (sql,) in conn.execute("SELECT sql FROM src.sqlite_master WHERE type = 'table' AND sql IS NOT NULL").fetchall():
         conn.execute(sql)
     events = [t for t in EVENT_TABLES if t in tables]
+    id_offset: dict[tuple[str, str], int] = {}
+    for family in ID_FAMILIES:
+        present = [(t, c) for t, c in family if t in tables]
+        top = max((conn.execute(f'SELECT MAX("{c}") FROM src."{t}"').fetchone()[0] or 0 for t, c in present), default=0)
+        id_offset.update({(t, c): top + 1 for t, c in present})
+    repeated = events + sorted({t for t, _ in id_offset} | {t for t in ALSO_REPEATED if t in tables})
     for t in tables:
-        if t not in events and not t.startswith("sqlite_"):
+        if t not in repeated and not t.startswith("sqlite_"):
             conn.execute(f'INSERT INTO main."{t}" SELECT * FROM src."{t}"')
-    lo = min(conn.execute(f'SELECT MIN(start) FROM src."{t}"').fetchone()[0] for t in events)
-    hi = max(conn.execute(f'SELECT MAX("end") FROM src."{t}"').fetchone()[0] for t in events)
+    timed = [t for t in repeated if "start" in _columns(conn, "src", t)]
+    lo = min(conn.execute(f'SELECT MIN(start) FROM src."{t}"').fetchone()[0] for t in timed)
+    hi = max(
+        conn.execute(
+            f'SELECT MAX({"end" if "end" in _columns(conn, "src", t) else "start"}) FROM src."{t}"'
+        ).fetchone()[0]
+        for t in timed
+    )
     span = hi - lo + 1000  # a microsecond between copies
     corr = max(
         conn.execute(f'SELECT MAX(correlationId) FROM src."{t}"').fetchone()[0] or 0
@@ -63,13 +84,15 @@ def make(template: Path, out: Path, size_bytes: int) -> dict:
     copies = 0
     conn.commit()
     while copies == 0 or os.path.getsize(out) < size_bytes:
-        for t in events:
+        for t in repeated:
             cols = _columns(conn, "src", t)
             exprs = [
                 f'"{c}" + {copies * span}'
                 if c in SHIFTED
                 else f'"{c}" + {copies * (corr + 1)}'
                 if c == "correlationId"
+                else f'"{c}" + {copies * id_offset[(t, c)]}'
+                if (t, c) in id_offset
                 else f'"{c}"'
                 for c in cols
             ]
@@ -77,7 +100,7 @@ def make(template: Path, out: Path, size_bytes: int) -> dict:
             conn.execute(f'INSERT INTO main."{t}" ({names}) SELECT {", ".join(exprs)} FROM src."{t}"')
         conn.commit()
         copies += 1
-    rows = {t: conn.execute(f'SELECT COUNT(*) FROM main."{t}"').fetchone()[0] for t in events}
+    rows = {t: conn.execute(f'SELECT COUNT(*) FROM main."{t}"').fetchone()[0] for t in repeated}
     conn.close()
     return {"copies": copies, "bytes": os.path.getsize(out), "rows": rows}
 
