@@ -29,6 +29,7 @@ TRACES = SHARED_TRACES
 V100_TRACE = TRACES / "kineto" / "ns_resolution_trace" / "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
 A100_TRACE = TRACES / "kineto" / "trace_filter" / "sampled_rank-0.json.gz"  # recorded with shapes
 FP32_RUN = "20261130-165248-tiny-6bcb2f"  # a shipped sample run, profiled in fp32
+SAMPLE_TRACE = Path(__file__).resolve().parents[1] / "traces" / FP32_RUN / "trace.json.gz"
 SHOTS = os.environ.get("ADVISOR_SCREENSHOTS")
 
 pytestmark = pytest.mark.skipif(
@@ -151,6 +152,17 @@ def test_bad_input_shows_a_clear_message_and_the_app_keeps_working(page):
     expect(verdict).to_contain_text("global_batch")
     _set_number(page, "Global batch (0 = no accum)", 64)
     expect(verdict).to_contain_text("FITS: 99.9 GiB")
+    # Out of range (issue 21): the spec's message replaces the verdict, none of it is left on screen.
+    for label, value, message in (
+        ("Sequence length", 0, "train.seq_len=0: must be an integer from 1 to 16777216"),
+        ("Sequence length", 1_000_000, "llama-3.1-8b was trained on sequences up to 131,072 tokens"),
+        ("GPUs", -5, "gpus=-5"),
+    ):
+        _set_number(page, label, value)
+        expect(verdict).to_contain_text(message)
+        expect(verdict).not_to_contain_text("FITS")
+        _set_number(page, label, 8192 if label == "Sequence length" else 8)
+        expect(verdict).to_contain_text("FITS: 99.9 GiB")
     _tab(page, "Analyze")
     page.locator("#analyze-upload input[type=file]").set_input_files(
         files=[{"name": "broken.json", "mimeType": "application/json", "buffer": b"{not json"}]
@@ -232,6 +244,18 @@ def test_upload_a_real_trace_and_read_the_breakdown(page):
         expect(roofline).to_contain_text("tf32 peak 156 TFLOP/s")
         expect(roofline.locator(".js-plotly-plot .scatterlayer .point").first).to_be_visible()
     _shot(page, "analyze")
+
+
+def test_a_stored_run_picked_after_an_upload_is_what_is_analysed(page):
+    # Issue 21: a leftover upload used to win silently over the run just picked.
+    _tab(page, "Analyze")
+    page.locator("#analyze-upload input[type=file]").set_input_files(str(SAMPLE_TRACE))
+    summary = page.locator("#analyze-summary")
+    expect(summary).to_contain_text("Analysed: the uploaded file trace.json.gz", timeout=60_000)
+    _choose(page, "#analyze-run-choice", FP32_RUN)
+    expect(page.locator("#analyze-upload")).not_to_contain_text("trace.json.gz")  # the upload gave way
+    page.locator("#analyze-run").click()
+    expect(summary).to_contain_text(f"Analysed: the stored run {FP32_RUN}", timeout=60_000)
 
 
 NSYS_EXPORT = TRACES / "nsys" / "pipit_cloverleaf_cuda.sqlite"

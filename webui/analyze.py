@@ -83,10 +83,11 @@ def _stage_reporter(on_stage, cancel: threading.Event | None):
     return stage
 
 
-def _views(report, table, roofline, label: str, skipped: str):
+def _views(report, table, roofline, label: str, skipped: str, source: str = ""):
     t = report.tables
     gpu = not t["temporal_breakdown"].empty
-    summary = "```\n" + format_report(report, label) + "\n```" + (f"\n\n{skipped}" if skipped else "")
+    summary = (source and f"{source}\n\n") + "```\n" + format_report(report, label) + "\n```"
+    summary += f"\n\n{skipped}" if skipped else ""
     return (
         summary,
         temporal_figure(t["temporal_breakdown"]) if gpu else None,
@@ -114,6 +115,7 @@ def analyze_view(upload: str | None, run_id: str | None, on_stage=None, cancel: 
         hint = "Upload a trace (Kineto .json / .json.gz, a .zip of rank files, or an nsys .sqlite) or pick a run."
         return (hint, *no_analysis())
     path, label = (upload, os.path.basename(upload)) if upload else (str(common.store().path(run_id)), run_id)
+    source = f"Analysed: the uploaded file `{label}`" if upload else f"Analysed: the stored run `{label}`"
     stage = _stage_reporter(on_stage, cancel)
     try:
         stage(0, f"loading {label}")
@@ -124,7 +126,7 @@ def analyze_view(upload: str | None, run_id: str | None, on_stage=None, cancel: 
         stage(2, "drawing")
     except _Cancelled:
         return ("### Analysis cancelled", *no_analysis())
-    return _views(report, table, roofline, label, skipped)
+    return _views(report, table, roofline, label, skipped, source)
 
 
 PERFETTO = "https://ui.perfetto.dev"
@@ -201,7 +203,7 @@ def cancel_analysis(request: gr.Request | None = None) -> str:
 
 def _inputs():
     upload = gr.File(label=TRACE_LABEL, file_types=TRACE_TYPES, type="filepath", elem_id="analyze-upload")
-    runs = run_dropdown("…or a stored run")
+    runs = run_dropdown("…or a stored run", elem_id="analyze-run-choice")
     with gr.Row():
         button = gr.Button("Analyze", variant="primary", elem_id="analyze-run")
         cancel = gr.Button("Cancel")
@@ -276,6 +278,8 @@ def build_analyze_tab() -> gr.Dropdown:
     outputs += [t["roofline"], t["roofline_table"], t["picker"], t["state"], t["table"]]
     t["picker"].change(show_table, [t["picker"], t["state"]], t["table"], api_visibility="undocumented")
     button.click(analyze_job, [upload, runs], outputs, api_name="analyze")
+    # A stored run picked replaces a leftover upload: the upload would otherwise win silently.
+    runs.input(lambda run: None if run else gr.skip(), runs, upload, api_visibility="undocumented")
     upload.upload(analyze_job, [upload, runs], outputs, api_visibility="undocumented")
     cancel.click(cancel_analysis, None, summary, queue=False, api_visibility="undocumented")
     return runs

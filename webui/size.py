@@ -88,9 +88,10 @@ def _model_inputs(d: dict) -> dict:
     w["config_file"] = gr.File(label="…or a Hugging Face config.json", file_types=[".json"], type="filepath")
     with gr.Row():
         w["gpu"] = gr.Dropdown(list(HARDWARE), value=d["gpu"], label="Device")
-        w["gpus"] = gr.Number(
-            value=d["gpus"], precision=0, minimum=1, label="GPUs", info="empty: tp x pp x cp x ep, one replica"
-        )
+        # No minimum or maximum on these numbers: Gradio would refuse a value out of range before the
+        # handler runs and leave the last verdict on screen beside its toast; the spec names the field
+        # and what is allowed, and the verdict, charts and tables give way to that message.
+        w["gpus"] = gr.Number(value=d["gpus"], precision=0, label="GPUs", info="empty: tp x pp x cp x ep, one replica")
     return w
 
 
@@ -98,11 +99,9 @@ def _step_inputs(d: dict) -> dict:
     gr.Markdown("#### Training step")
     w = {}
     with gr.Row():
-        w["seq"] = gr.Number(value=d["seq"], precision=0, minimum=1, label="Sequence length")
-        w["micro_batch"] = gr.Number(value=d["micro_batch"], precision=0, minimum=1, label="Micro-batch")
-        w["global_batch"] = gr.Number(
-            value=d["global_batch"], precision=0, minimum=0, label="Global batch (0 = no accum)"
-        )
+        w["seq"] = gr.Number(value=d["seq"], precision=0, label="Sequence length")  # bounds: see gpus
+        w["micro_batch"] = gr.Number(value=d["micro_batch"], precision=0, label="Micro-batch")
+        w["global_batch"] = gr.Number(value=d["global_batch"], precision=0, label="Global batch (0 = no accum)")
     w["precision"] = gr.Radio(list(PRECISIONS), value=d["precision"], label="Precision")
     with gr.Row():
         w["optimizer"] = gr.Radio(list(OPTIMIZERS), value=d["optimizer"], label="Optimizer")
