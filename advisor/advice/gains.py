@@ -234,13 +234,19 @@ def act_offload_exposed(target: str, g: GainInput) -> Gain | None:
     )
 
 
+def _measured_share(target: str, g: GainInput, field: str, basis: str) -> Gain | None:
+    """The step less the measured share ``field`` (% of the step or GPU span), removed entirely;
+    ``basis`` formats ``{share}``."""
+    share = g.ctx.get(field)
+    if share is None:
+        return None
+    return _share_gain(target, g, share, basis.format(share=share))
+
+
 @register("exposed_collectives")
 def exposed_collectives(target: str, g: GainInput) -> Gain | None:
     """Collective time with no compute beside it on its rank (measured per rank, CPU or GPU), hidden."""
-    share = g.ctx.get("comm_exposed_pct")
-    if share is None:
-        return None
-    return _share_gain(target, g, share, f"{share:.1f} % of the step waits for collectives")
+    return _measured_share(target, g, "comm_exposed_pct", "{share:.1f} % of the step waits for collectives")
 
 
 @register("host_idle")
@@ -294,10 +300,8 @@ def fusion(target: str, g: GainInput) -> Gain | None:
 def kernel_chains(target: str, g: GainInput) -> Gain | None:
     """The repeated memory-bound kernel chains fused: each costs its longest kernel (the saving the
     trace analysis measured, advisor.analysis.sequences), the GPU span taken as the step."""
-    share = g.ctx.get("fusion_chain_saving_pct")
-    if share is None:
-        return None
-    return _share_gain(target, g, share, f"repeated elementwise/norm chains fused: {share:.1f} % of the GPU span")
+    basis = "repeated elementwise/norm chains fused: {share:.1f} % of the GPU span"
+    return _measured_share(target, g, "fusion_chain_saving_pct", basis)
 
 
 # GEMM speed-ups taken for the trace rules, deliberately below the datasheet ratios because real GEMMs
@@ -386,10 +390,8 @@ def pageable_copies(target: str, g: GainInput) -> Gain | None:
 @register("exposed_copies")
 def exposed_copies(target: str, g: GainInput) -> Gain | None:
     """Copies and sets that run with no computation beside them, hidden under compute."""
-    share = g.ctx.get("gpu_memory_alone_pct")
-    if share is None:
-        return None
-    return _share_gain(target, g, share, f"{share:.1f} % of the GPU span is copies with no compute beside them")
+    basis = "{share:.1f} % of the GPU span is copies with no compute beside them"
+    return _measured_share(target, g, "gpu_memory_alone_pct", basis)
 
 
 @register("fragmentation")
