@@ -22,26 +22,28 @@ bench/results/scale.md`` (about 20 GB of disk; files are kept in --workdir for r
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from analyze_speed import (
-    GIB,
-    KINETO_SOURCE,
-    MIB,
-    OURS_BASELINE,
-    OURS_CHILD,
-    TRACES,
-    decompressed_bytes,
-    machine,
-    run_child,
-    write_large_trace,
-)
-from make_nsys import make
+def _sibling(name: str):
+    """A module of this folder (the bench scripts are not a package), loaded from its file."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_speed = _sibling("analyze_speed")
+GIB, KINETO_SOURCE, MIB, TRACES = _speed.GIB, _speed.KINETO_SOURCE, _speed.MIB, _speed.TRACES
+OURS_BASELINE, OURS_CHILD = _speed.OURS_BASELINE, _speed.OURS_CHILD
+decompressed_bytes, machine, run_child = _speed.decompressed_bytes, _speed.machine, _speed.run_child
+write_large_trace = _speed.write_large_trace
+make = _sibling("make_nsys").make
 
 LAYOUTS = {
     "dense": TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite",
