@@ -570,9 +570,19 @@ def test_the_app_links_tabs_and_opens_on_a_recommendation():
         value = 64 if source.label == "GPUs" else "h100" if source.label == "Device" else source.value
         copied = demo.fns[d["id"]].fn(value)
         assert copied == value or isinstance(copied, dict), (source.label, copied)  # dict: gr.skip()
-    loads = [d for d in deps if d["targets"] and d["targets"][0][1] == "load"]
+    # On a page load, or chained after one (the setup in the page address is read first).
+    by_id = {d["id"]: d for d in deps}
+
+    def on_load(d) -> bool:
+        if d["targets"] and d["targets"][0][1] == "load":
+            return True
+        return d.get("trigger_after") is not None and on_load(by_id[d["trigger_after"]])
+
+    loads = [d for d in deps if on_load(d)]
     advice_load = [d for d in loads if any(ids[o].elem_id == "advice-summary" for o in d["outputs"] if o in ids)]
     assert len(advice_load) == 1  # the Advice tab opens on a first recommendation
+    url_load = [d for d in loads if any(ids[o].elem_id == "link-note" for o in d["outputs"] if o in ids)]
+    assert len(url_load) == 1 and by_id[advice_load[0]["trigger_after"]]["trigger_after"] == url_load[0]["id"]
 
 
 # --- Calibration (History tab) ---

@@ -109,6 +109,16 @@ def verify_view(run_id: str | None, rule_id: str | None, progress=gr.Progress())
     return verify_message(v, diff, note), verify_table(v), *tables
 
 
+AFTER_ADVICE = ("rule", "apply_msg", "verify_msg", "verify_table", "diff_categories", "diff_changes")
+"""What a new advice makes stale: the rule carried to the re-run box, the last Apply's message and the
+last re-run's results (all of an earlier advice's recommendation)."""
+
+
+def cleared_after_advice():
+    """AFTER_ADVICE's widgets emptied."""
+    return "", "", "", *_empty_verify()
+
+
 def _inputs() -> dict:
     w = {"source": gr.Radio(SOURCES, value="Size tab setup", label="Advise on", elem_id="advice-source")}
     w["runs"] = run_dropdown("Stored run", elem_id="advice-run-choice")
@@ -116,7 +126,9 @@ def _inputs() -> dict:
     w["button"] = gr.Button("Advise", variant="primary", elem_id="advice-run")
     gr.Markdown("#### Apply a recommendation")
     w["apply_choice"] = gr.Dropdown(choices=[], label="Recommendation", elem_id="advice-apply-choice")
-    w["apply"] = gr.Button("Apply to the current setup", elem_id="advice-apply")
+    with gr.Row():
+        w["apply"] = gr.Button("Apply to the current setup", elem_id="advice-apply")
+        w["undo"] = gr.Button("Undo Apply", elem_id="advice-undo")
     gr.Markdown("#### Verify by re-running (stored runs)")
     w["rule"] = gr.Textbox(label="Rule id (empty: the top one that can re-run here)", max_lines=1)
     w["verify"] = gr.Button("Re-run with the recommendation applied", elem_id="advice-verify")
@@ -155,11 +167,12 @@ def build_advice_tab(size_inputs: list) -> dict:
         with gr.Column(scale=2):
             parts |= _outputs()
     parts["state"] = gr.State(None)
+    parts["undo_state"] = gr.State(None)  # the widgets' values before the last Apply
     parts["advise_inputs"] = [parts["source"], parts["runs"], parts["upload"], *size_inputs]
     parts["outputs"] = [parts[k] for k in ("summary", "table", "report", "files", "state")]
     parts["button"].click(advice_view, parts["advise_inputs"], parts["outputs"], api_name="advise").then(
         apply_choices, parts["state"], parts["apply_choice"], api_visibility="undocumented"
-    ).then(lambda: "", None, parts["rule"], api_visibility="undocumented")  # a new advice: no rule carried over
+    ).then(cleared_after_advice, None, [parts[k] for k in AFTER_ADVICE], api_visibility="undocumented")
     parts["verify"].click(
         verify_view,
         [parts["runs"], parts["rule"]],

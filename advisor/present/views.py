@@ -20,6 +20,7 @@ from advisor.present.report import (
     time_rows,
     verdict,
 )
+from advisor.spec.query import query_text
 
 MEMORY_COLUMNS = ["component", "GiB", "share %"]
 TIME_COLUMNS = ["component", "ms", "share %"]
@@ -318,6 +319,22 @@ def applied_message(rec, source: str) -> str:
     if source == "stored run":
         return msg + " Press **Re-run with the recommendation applied** to measure it on this machine."
     return msg + " The Size tab shows its estimate; press **Advise** again for what to do next."
+
+
+def setup_diff(before: dict, after: dict) -> str:
+    """What Apply changes on the Size tab, as Markdown: a table of every field whose value ``after``
+    changes (field, before, after; values compared as a page address writes them, so 8 and 8.0 or
+    "1" and 1 are the same), or a line saying it changes none. Keys of ``after`` not in ``before``
+    (a field the tab does not show) are left out."""
+    rows = [
+        f"| {k} | {query_text(before[k])} | {query_text(v)} |"
+        for k, v in after.items()
+        if k in before and query_text(before[k]) != query_text(v)
+    ]
+    if not rows:
+        return "It changes no field of the Size tab: the setup there already has it."
+    head = f"It changes {len(rows)} field{'s' * (len(rows) > 1)} of the Size tab:\n\n| field | before | after |\n|---|---|---|\n"
+    return head + "\n".join(rows)
 
 
 def verify_table(v) -> pd.DataFrame:
