@@ -21,6 +21,7 @@ from webui.history import build_history_tab, history_filters, history_view
 from webui.linking import URL_KEYS, link_tabs, url_setup, wire_apply, wire_model_limits, wire_url
 from webui.plan import build_plan_tab
 from webui.profile import build_profile_tab
+from webui.report import wire_report
 from webui.size import SIZE_KEYS, build_size_tab, size_view
 
 log = logging.getLogger("advisor.app")
@@ -70,6 +71,7 @@ def build_app() -> gr.Blocks:
         wire_model_limits(size, profile, plan)
         wire_apply(advice, size, profile, plan)
         wire_url(size)
+        wire_report(advice, [size[k] for k in SIZE_KEYS])
         pickers = [runs, analyze_runs, advice["runs"], history["run_b"]]
         tabs = {"size": size, "plan": plan, "advice": advice, "history": history}
         _on_load(demo, tabs, size_outputs, pickers, link_note)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import replace
 
 import gradio as gr
 import pandas as pd
@@ -59,7 +60,8 @@ def advice_view(source: str, run_id: str | None, upload: str | None, *size_input
     if source == "stored run":
         advice = advise_run(run_id, common.store())
     elif source == "uploaded trace":
-        advice = advise_trace(upload)
+        # Named by the file's name: the server's temporary path meant nothing to the user.
+        advice = replace(advise_trace(upload), source=f"the uploaded file {os.path.basename(upload)}")
     else:
         advice = advise(setup=setup_from_size_inputs(*size_inputs), source="the Size tab's setup")
     return advice_summary(advice), advice_table(advice), advice_markdown(advice), _report_files(advice), advice
@@ -154,6 +156,11 @@ def _outputs() -> dict:
         interactive=False,
     )
     w["files"] = gr.File(label="Report (Markdown, JSON)", file_count="multiple", interactive=False)
+    w["report_button"] = gr.Button("HTML report for a review (setup to verification)", elem_id="advice-report")
+    w["report_msg"] = gr.Markdown(elem_id="advice-report-msg")
+    w["report_file"] = gr.File(
+        label="Review report (HTML, plots inside)", interactive=False, elem_id="advice-report-file"
+    )
     with gr.Accordion("Full report", open=False):
         w["report"] = gr.Markdown()
     return w
