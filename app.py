@@ -23,6 +23,7 @@ from webui.plan import build_plan_tab
 from webui.profile import build_profile_tab
 from webui.report import wire_report
 from webui.size import SIZE_KEYS, build_size_tab, size_view
+from webui.style import CSS, PAGE_JS, glossary
 
 log = logging.getLogger("advisor.app")
 _QUIET = {"api_visibility": "undocumented"}
@@ -33,6 +34,7 @@ def _on_load(demo: gr.Blocks, tabs: dict, size_outputs: list, pickers: list, lin
     tab's estimate and a first advice on it (opened on a first recommendation), the run pickers
     (History's A on the second newest), the History tab's list."""
     size, plan, advice, history = (tabs[k] for k in ("size", "plan", "advice", "history"))
+    demo.load(None, None, None, js=PAGE_JS, **_QUIET)
     from_url = [link_note, *(size[k] for k in URL_KEYS), *plan.values()]
     demo.load(url_setup(size, plan), None, from_url, **_QUIET).then(
         size_view, [size[k] for k in SIZE_KEYS], size_outputs, **_QUIET
@@ -54,6 +56,7 @@ def build_app() -> gr.Blocks:
             "profile a real step on this machine. The page address carries the Size tab's setup: copy it "
             "to share or reopen that setup."
         )
+        glossary()
         link_note = gr.Markdown(elem_id="link-note")
         with gr.Tab("Size"):
             size, size_outputs = build_size_tab()
@@ -134,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         max_file_size=MAX_UPLOAD,
         allowed_paths=[str(common.store().root)],
         auth=auth,
+        css=CSS,
     )
 
 

@@ -71,6 +71,7 @@ def _serve(app, tmp_path_factory):
         quiet=True,
         max_file_size=app.MAX_UPLOAD,
         allowed_paths=[str(store)],
+        css=app.CSS,
     )
     yield f"http://127.0.0.1:{port}", store
     demo.close()
@@ -136,7 +137,7 @@ def test_size_a_model_and_the_other_tabs_follow(page):
     page.get_by_role("radio", name="full", exact=True).check()
     _choose(page, "#size-zero", "3")
     page.get_by_role("radio", name="optimizer", exact=True).check()
-    expect(verdict).to_contain_text("✅ FITS: 42.0 GiB of 140.4 GiB per GPU")
+    expect(verdict).to_contain_text("FITS: 42.0 GiB of 140.4 GiB per GPU")
     _shot(page, "size")
     _tab(page, "Plan")
     expect(page.locator("#plan-model input")).to_have_value("llama-3.1-70b")

@@ -68,11 +68,12 @@ def _sentence(line: str) -> str:
 
 
 def size_summary(est) -> str:
-    """The Size tab's verdict: fits or not, tokens/s, step and MFU with their band, the setup."""
-    icon = "⚠️" if est.tight else "✅" if est.fits else "❌"
+    """The Size tab's verdict: fits or not, tokens/s, step and MFU with their band, the setup. The
+    verdict opens with its word (FITS, TIGHT, DOES NOT FIT), which the app colours: no emoji, which
+    drew as an empty box where no emoji font is installed."""
     band = f" {step_band(est)}" if step_band(est) else ""
     summary = (
-        f"### {icon} {verdict(est)}\n"
+        f"### {verdict(est)}\n"
         f"**{est.tokens_per_s:,.0f} tokens/s**{band} · step {fmt_duration(est.step_time_ms)}{band} · "
         f"**MFU {100 * est.mfu_frac:.1f} %**{band} · {est.setup.gpus} GPUs (dp {est.setup.parallel.dp})\n\n"
         f"<small>{describe_setup(est)}</small>"
@@ -259,10 +260,11 @@ def analysis_top_table(report) -> pd.DataFrame:
 
 
 def analysis_details(report) -> pd.DataFrame:
-    """Idle time by stream (a GPU trace) or the step's phases (a CPU one)."""
+    """Idle time by stream (a GPU trace) or the step's phases (a CPU one), times in ms (the phases
+    showed ``total_ns`` beside every other table's ms)."""
     t = report.tables
     gpu = not t["temporal_breakdown"].empty
-    return (in_ms(t["idle_time_breakdown"]) if gpu else t["phases"]).round(3)
+    return in_ms(t["idle_time_breakdown"] if gpu else t["phases"]).round(3)
 
 
 # --- Advice --------------------------------------------------------------------------------------
