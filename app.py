@@ -22,7 +22,7 @@ from webui.linking import URL_KEYS, link_tabs, url_setup, wire_apply, wire_model
 from webui.plan import build_plan_tab
 from webui.profile import build_profile_tab
 from webui.report import wire_report
-from webui.size import SIZE_KEYS, build_size_tab, size_view
+from webui.size import SIZE_KEYS, build_size_tab
 from webui.style import CSS, PAGE_JS, glossary
 
 log = logging.getLogger("advisor.app")
@@ -35,12 +35,10 @@ def _on_load(demo: gr.Blocks, tabs: dict, size_outputs: list, pickers: list, lin
     (History's A on the second newest), the History tab's list."""
     size, plan, advice, history = (tabs[k] for k in ("size", "plan", "advice", "history"))
     demo.load(None, None, None, js=PAGE_JS, **_QUIET)
-    from_url = [link_note, *(size[k] for k in URL_KEYS), *plan.values()]
+    from_url = [link_note, *(size[k] for k in URL_KEYS), *plan.values(), *size_outputs]
     demo.load(url_setup(size, plan), None, from_url, **_QUIET).then(
-        size_view, [size[k] for k in SIZE_KEYS], size_outputs, **_QUIET
-    ).then(advice_view, advice["advise_inputs"], advice["outputs"], **_QUIET).then(
-        apply_choices, advice["state"], advice["apply_choice"], **_QUIET
-    )
+        advice_view, advice["advise_inputs"], advice["outputs"], **_QUIET
+    ).then(apply_choices, advice["state"], advice["apply_choice"], **_QUIET)
     for picker in pickers:
         demo.load(common.run_choices, None, picker, **_QUIET)
     demo.load(lambda: common.run_choices(1), None, history["run_a"], **_QUIET)

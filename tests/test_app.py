@@ -583,7 +583,9 @@ def test_the_app_links_tabs_and_opens_on_a_recommendation():
     advice_load = [d for d in loads if any(ids[o].elem_id == "advice-summary" for o in d["outputs"] if o in ids)]
     assert len(advice_load) == 1  # the Advice tab opens on a first recommendation
     url_load = [d for d in loads if any(ids[o].elem_id == "link-note" for o in d["outputs"] if o in ids)]
-    assert len(url_load) == 1 and by_id[advice_load[0]["trigger_after"]]["trigger_after"] == url_load[0]["id"]
+    # The address's setup and its verdict in one answer, then the advice on that setup.
+    assert len(url_load) == 1 and advice_load[0]["trigger_after"] == url_load[0]["id"]
+    assert any(ids[o].elem_id == "size-verdict" for o in url_load[0]["outputs"] if o in ids)
 
 
 # --- Calibration (History tab) ---

@@ -45,6 +45,7 @@ def test_a_whole_review_in_one_page(default_estimate, monkeypatch):
         "Analysis",
         "Advice",
         "Verification",
+        "Glossary",
     ]
     assert not any(s.missing for s in sections)
     page = html_report("Training review", sections)
@@ -60,6 +61,7 @@ def test_a_whole_review_in_one_page(default_estimate, monkeypatch):
     assert "prec-fp32-to-bf16" in page and "Re-ran with <code>train.precision = bf16</code>" in page
     # The advice's own headings sit under the section's h2.
     assert "<h1>" not in page.split("</h1>", 1)[1]
+    assert "<strong>Bubble</strong>: Pipeline bubble" in page
 
 
 def test_absent_parts_say_why(default_estimate):

@@ -177,9 +177,12 @@ def build_advice_tab(size_inputs: list) -> dict:
     parts["undo_state"] = gr.State(None)  # the widgets' values before the last Apply
     parts["advise_inputs"] = [parts["source"], parts["runs"], parts["upload"], *size_inputs]
     parts["outputs"] = [parts[k] for k in ("summary", "table", "report", "files", "state")]
-    parts["button"].click(advice_view, parts["advise_inputs"], parts["outputs"], api_name="advise").then(
-        apply_choices, parts["state"], parts["apply_choice"], api_visibility="undocumented"
-    ).then(cleared_after_advice, None, [parts[k] for k in AFTER_ADVICE], api_visibility="undocumented")
+    # Cleared first, in the browser's own turn: an Apply pressed as the new advice shows must not be
+    # cleared after it.
+    quiet = {"api_visibility": "undocumented", "queue": False, "show_progress": "hidden"}
+    parts["button"].click(cleared_after_advice, None, [parts[k] for k in AFTER_ADVICE], **quiet).then(
+        advice_view, parts["advise_inputs"], parts["outputs"], api_name="advise"
+    ).then(apply_choices, parts["state"], parts["apply_choice"], api_visibility="undocumented")
     parts["verify"].click(
         verify_view,
         [parts["runs"], parts["rule"]],

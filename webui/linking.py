@@ -16,7 +16,7 @@ from advisor.spec.query import query_text, values_from_query
 from webui.advice import apply_recommendation
 from webui.common import follow_value
 from webui.profile import PROFILE_KEYS
-from webui.size import SIZE_KEYS
+from webui.size import SIZE_KEYS, size_view
 
 SHARED_KEYS = ("model", "gpu", "gpus", "seq", "micro_batch", "global_batch", "precision", "recompute")
 SHARED_KEYS += ("optimizer", "optimizer_impl")
@@ -140,8 +140,10 @@ def wire_url(size: dict) -> None:
 
 
 def url_setup(size: dict, plan: dict) -> Callable:
-    """The page-load handler that sets the Size tab's fields (and the Plan tab's shared ones) from the
-    page address's query, and says which parameters it could not use and why."""
+    """The page-load handler: (a note, the Size tab's fields, the Plan tab's shared ones, the Size
+    tab's estimate) from the page address's query. The estimate comes in the same answer (a fresh
+    page's fields hold DEFAULTS), so a link costs the first verdict no second round trip; the note
+    names each parameter it could not use and why."""
 
     def from_url(request: gr.Request):
         values, problems = values_from_query(dict(request.query_params) if request is not None else {})
@@ -149,7 +151,9 @@ def url_setup(size: dict, plan: dict) -> Callable:
         shown = [follow_value(size[k], values[k]) if k in values else gr.skip() for k in URL_KEYS]
         refused = [k for k, v in zip(URL_KEYS, shown, strict=True) if k in values and v == gr.skip()]
         problems += [f"`{k}={values[k]}`: not one of this field's choices" for k in refused]
+        used = {k: v for k, v in values.items() if k not in refused}
         note = "" if not problems else "**Link parameters not used:** " + "; ".join(problems)
-        return [note, *shown, *_followed(plan, list(plan), {k: v for k, v in values.items() if k not in refused})]
+        verdict = size_view(**(DEFAULTS | {"config_file": None} | used))
+        return [note, *shown, *_followed(plan, list(plan), used), *verdict]
 
     return from_url

@@ -28,6 +28,7 @@ from advisor.present.charts import (
     temporal_figure,
     time_figure,
 )
+from advisor.present.glossary import GLOSSARY
 from advisor.present.views import (
     advice_summary,
     advice_table,
@@ -117,7 +118,8 @@ def review_sections(
     """The report's sections in review order: the setup and its estimate (``advisor.estimate``), the
     planner's layouts for the same job (a PlanResult), the measured run (a ``RunInfo`` of the store),
     the trace's analysis (a TraceReport), the advice (an Advice) and its verification (the re-run's
-    message and tables as the Advice tab shows them). A part that is None says why it is absent."""
+    message and tables as the Advice tab shows them), then the glossary. A part that is None says why
+    it is absent."""
     sections = [
         Section(
             "Setup and estimate",
@@ -142,7 +144,8 @@ def review_sections(
         sections.append(Section("Verification", missing="No verification: no recommendation was re-run."))
     else:
         sections.append(Section("Verification", verification[0], tuple(verification[1])))
-    return sections
+    terms = "\n".join(f"- **{term}**: {meaning}" for term, meaning in GLOSSARY.items())
+    return [*sections, Section("Glossary", terms)]
 
 
 def _run_section(run) -> Section:
