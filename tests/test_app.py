@@ -599,7 +599,10 @@ def test_calibrate_reports_progress_then_says_why_it_cannot_fit_yet(store):
     )
     updates = list(history_tab.calibrate_view(2))  # two short profiled steps: too few setups to fit on
     assert updates[0] == "### Starting the calibration…"
-    assert updates[1].startswith("### Calibrating: 1 of 2 runs done\n")
+    # From the first second, which run and what it does (the quiet wait for the CPU, then its steps).
+    assert updates[1].startswith("### Calibrating: 0 of 2 runs done\nrun 1 of 2, ")
+    assert any(u.startswith("### Calibrating: 0 of 2 runs done\nrun 1 of 2, ") and ": step 1/" in u for u in updates)
+    assert any(u.startswith("### Calibrating: 1 of 2 runs done\n") for u in updates)
     assert updates[-1].startswith("### Not calibrated\ncalibration needs measured runs of at least 8 different setups")
     assert "there are 2 runs of 2 setups" in updates[-1]
     assert len(store.list_runs()[0]) == 2  # the sweep's runs stay in the store for the next fit

@@ -105,6 +105,7 @@ def verify_view(run_id: str | None, rule_id: str | None, progress=gr.Progress())
         return "Verification re-runs a stored run: pick one first.", *_empty_verify()
     rule_id = (rule_id or "").strip() or None
     store = common.store()
+    progress(0, desc=f"Re-running {run_id}: starting the child process (its steps follow once torch is loaded)")
     v = verify(run_id, rule_id, store, on_progress=lambda d, t, m: progress((d, t), desc=m))
     diff, note = verification_diff(v, store)
     tables = (diff_category_table(diff), diff_changes_table(diff)) if diff is not None else _empty_verify()[1:]
