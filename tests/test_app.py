@@ -148,7 +148,9 @@ def test_profile_tab_runs_a_step_and_shows_it(store):
     assert phases.data[0].y == ("data", "forward", "backward", "optimizer", "other")
     assert list(memory.data[0].x) == ["measured peak", "estimated"]
     assert nvml is None  # CPU run: no NVML samples
-    assert timeline.layout.title.text.startswith("ProfilerStep#")  # one profiled step (steps=1, warmup 1)
+    assert timeline.layout.title.text.startswith(
+        "One traced step, ProfilerStep#"
+    )  # one profiled step (steps=1, warmup 1)
     assert "aten::mm" in set(top["op"]) and trace.endswith("trace.json.gz")
     assert "aten::mm" in _points(roofline)  # the run records shapes: its matmuls sit on the roofline
     (run,) = store.list_runs()[0]
@@ -284,7 +286,7 @@ def test_analyze_tab_on_a_stored_cpu_run_and_on_bad_input(tmp_path):
     assert top.iloc[0]["name"] == "aten::mm" and "forward" in set(details["phase"])
     assert collectives.empty  # one process: nothing to communicate
     # The run's last step, ProfilerStep#5, lasted 66.839 ms in its trace; its phases have a lane.
-    assert timeline.layout.title.text == "ProfilerStep#5: 66.8 ms"
+    assert timeline.layout.title.text == "One traced step, ProfilerStep#5: 66.8 ms"
     assert [t.name for t in timeline.data if set(t.y) == {"phase"}] == ["data", "forward", "backward", "optimizer"]
     bogus = tmp_path / "bogus.json"
     bogus.write_text('{"not": "a trace"}')

@@ -138,8 +138,8 @@ def run_summary(run_id: str, record: dict[str, Any], m: dict[str, Any]) -> str:
     """A measured run in Markdown: step, tokens/s, MFU and peak memory against the estimate, the setup,
     what its techniques did, the ranks of a distributed run, and its Nsight Systems command."""
     parts = [
-        f"{run_head(run_id, record)}\n**{m['step_time_ms']:.1f} ms per step** (estimate "
-        f"{m['estimate_step_time_ms']:.1f} ms) · **{m['tokens_per_s']:,.0f} tokens/s** · MFU "
+        f"{run_head(run_id, record)}\n**{m['step_time_ms']:.1f} ms per step** (the timed steps' mean, no "
+        f"profiler; estimate {m['estimate_step_time_ms']:.1f} ms) · **{m['tokens_per_s']:,.0f} tokens/s** · MFU "
         f"{100 * m['mfu_frac']:.1f} % · peak memory {m['peak_memory_bytes'] / 2**30:.3f} GiB on {m['device_name']}",
         f"{m['model_name']}: seq {m['seq_len']} x micro {m['micro_batch']} x accum {m['grad_accum']}, "
         f"{m['precision']}, recompute {m['recompute']}, {m['optimizer']} · {_nvml_line(m)}",
