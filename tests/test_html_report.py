@@ -57,6 +57,7 @@ def test_a_whole_review_in_one_page(default_estimate, monkeypatch):
     assert page.count('class="plotly-graph-div"') == 4
     # The numbers the app shows (tests/test_browser.py): the default's verdict, the sample run's step.
     assert "FITS: 99.9 GiB of 140.4 GiB per GPU" in page
+    assert '<section class="verdict" style="--verdict: #1a7f37">' in page  # FITS, in green
     assert "65.1 ms per step" in page
     assert "prec-fp32-to-bf16" in page and "Re-ran with <code>train.precision = bf16</code>" in page
     # The advice's own headings sit under the section's h2.

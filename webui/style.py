@@ -9,13 +9,14 @@ import json
 import gradio as gr
 
 from advisor.present.glossary import COLUMN_TIPS, GLOSSARY
+from advisor.present.html_report import VERDICT_COLOURS
 
 CSS = """
 /* Headers and Markdown table cells wrap between words, never inside one: a 65 px column read
    "headr / oom %", and the Plan tab's alternatives "tok / ens / /s". */
 th .text.wrap, .prose table th, .prose table td { word-break: normal !important; overflow-wrap: normal !important; }
 .prose table th { white-space: nowrap; }
-.prose table { display: block; overflow-x: auto; }
+.prose table { display: block; width: max-content; max-width: 100%; overflow-x: auto; }
 #glossary summary { cursor: pointer; font-weight: 600; }
 #glossary dl { display: grid; grid-template-columns: max-content 1fr; gap: .2em 1em; margin: .5em 0; }
 #glossary dt { font-weight: 600; }
@@ -23,7 +24,6 @@ th .text.wrap, .prose table th, .prose table td { word-break: normal !important;
 """
 """The app's stylesheet (``launch(css=...)``, Gradio 6)."""
 
-VERDICT_COLOURS = {"DOES NOT FIT": "#cf222e", "TIGHT": "#9a6700", "FITS": "#1a7f37"}
 
 # Runs once on page load and watches the page: the verdict's first word picks its colour (red, amber,
 # green, with a bar beside it), and a header whose text COLUMN_TIPS knows gets its tooltip. Coalesced

@@ -29,6 +29,7 @@ from advisor.present.charts import (
     time_figure,
 )
 from advisor.present.glossary import GLOSSARY
+from advisor.present.report import verdict
 from advisor.present.views import (
     advice_summary,
     advice_table,
@@ -48,6 +49,9 @@ h2 { border-bottom: 1px solid #d0d7de; padding-bottom: .2em; margin-top: 2em; }
 table { border-collapse: collapse; margin: .8em 0; font-size: 0.9em; display: block; overflow-x: auto; }
 th, td { border: 1px solid #d0d7de; padding: .25em .6em; text-align: left; white-space: nowrap; }
 th { background: #f6f8fa; }
+h3 { font-size: 1.3em; } h4 { font-size: 1.15em; } h5 { font-size: 1.05em; }
+section.verdict { border-left: 6px solid var(--verdict); padding-left: .8em; }
+section.verdict h5:first-of-type { color: var(--verdict); }
 pre { background: #f6f8fa; padding: .8em; overflow-x: auto; font-size: 0.85em; }
 .caption { font-weight: 600; margin-top: 1.2em; }
 .missing { color: #656d76; font-style: italic; }
@@ -73,6 +77,8 @@ class Section:
     figures: tuple[go.Figure, ...] = ()
     missing: str = ""
     """Why this part is absent from the review (shown instead of the rest), or empty."""
+    colour: str = ""
+    """A colour for the section's bar and first heading (the verdict's), or empty."""
 
 
 def _anchor(title: str) -> str:
@@ -90,6 +96,8 @@ def _section_html(section: Section) -> str:
         parts.append(table.to_html(index=False, border=0, na_rep="", escape=True))
     for figure in section.figures:
         parts.append(figure.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False}))
+    if section.colour:
+        return f'<section class="verdict" style="--verdict: {section.colour}">' + "\n".join(parts) + "</section>"
     return "\n".join(parts)
 
 
@@ -126,6 +134,7 @@ def review_sections(
             size_summary(estimate),
             (("Memory per GPU", memory_table(estimate)), ("Step time", time_table(estimate))),
             (memory_figure(estimate), time_figure(estimate)),
+            colour=verdict_colour(estimate),
         )
     ]
     if plan is None:
@@ -146,6 +155,16 @@ def review_sections(
         sections.append(Section("Verification", verification[0], tuple(verification[1])))
     terms = "\n".join(f"- **{term}**: {meaning}" for term, meaning in GLOSSARY.items())
     return [*sections, Section("Glossary", terms)]
+
+
+VERDICT_COLOURS = {"DOES NOT FIT": "#cf222e", "TIGHT": "#9a6700", "FITS": "#1a7f37"}
+"""The verdict's colour by its first word, in the app and the report: red, amber, green."""
+
+
+def verdict_colour(estimate) -> str:
+    """The colour of an estimate's verdict (VERDICT_COLOURS)."""
+    text = verdict(estimate)
+    return next(c for word, c in VERDICT_COLOURS.items() if text.startswith(word))
 
 
 def _run_section(run) -> Section:
