@@ -319,6 +319,9 @@ def test_advise_apply_and_rerun(page):
     result = page.locator("#advice-verify-result")
     expect(result).to_contain_text("Re-ran with train.precision = bf16", timeout=LONG_MS)
     _shot(page, "advice")
+    page.locator("#advice-apply").click()  # again: the re-run's results were of the setup before it
+    expect(result).not_to_contain_text("Re-ran")
+    expect(page.locator("#advice-apply-result")).to_contain_text("It changes no field of the Size tab")
     _tab(page, "Size")  # the applied change is the current setup: the sample's tiny model in bf16 on the CPU
     expect(page.locator("#size-verdict")).to_contain_text("tiny")
     expect(page.locator("#size-verdict")).to_contain_text("bf16 adamw")

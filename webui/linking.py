@@ -13,7 +13,7 @@ from advisor.present.views import setup_diff
 from advisor.spec.defaults import DEFAULTS
 from advisor.spec.presets import MODELS
 from advisor.spec.query import query_text, values_from_query
-from webui.advice import apply_recommendation
+from webui.advice import AFTER_ADVICE, apply_recommendation, cleared_after_advice
 from webui.common import follow_value
 from webui.profile import PROFILE_KEYS
 from webui.size import SIZE_KEYS, size_view
@@ -111,6 +111,9 @@ def wire_apply(advice: dict, size: dict, profile: dict, plan: dict) -> None:
         return ["### Undone\nThe setup is back to what it was before Apply.", "", None, *saved]
 
     inputs = [advice["state"], advice["apply_choice"], advice["source"], *widgets]
+    # The last re-run's results were of the setup before this Apply: they go with it.
+    stale = [advice[k] for k in AFTER_ADVICE[2:]]
+    advice["apply"].click(lambda: cleared_after_advice()[2:], None, stale, queue=False, api_visibility="undocumented")
     advice["apply"].click(on_apply, inputs, outputs, api_visibility="undocumented")
     advice["undo"].click(on_undo, advice["undo_state"], outputs, api_visibility="undocumented")
 
