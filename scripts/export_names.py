@@ -2,6 +2,7 @@
 ``advisor export`` writes for, read from each framework's own source at a named commit.
 
     python scripts/export_names.py MIRRORS_DIR > tests/data/export_names.json
+    python scripts/export_names.py MIRRORS_DIR --check-megatron   # exports through Megatron-LM's checks
 
 MIRRORS_DIR holds bare git directories named ``owner+name/repo`` (the layout of this project's
 ``fetch`` mirrors). What is read, per framework:
@@ -271,10 +272,72 @@ def accelerate_names(mirrors: Path) -> dict:
     return {"keys": sorted(keys)}
 
 
+# --- Megatron-LM: the exported arguments through its own parse_args and validate_args ----------------
+
+CHECK_SETUPS = {
+    "llama-3.1-8b zero3 full recompute": {"model": "llama-3.1-8b", "gpu": "h100", "gpus": 8, "zero": 3, "recompute": "full"},
+    "llama-3.1-70b tp8 pp4x2 cp2 sp selective zero1": {
+        "model": "llama-3.1-70b", "gpu": "h100", "gpus": 256, "tp": 8, "pp": 4, "vpp": 2, "cp": 2,
+        "sequence_parallel": True, "recompute": "selective", "global_batch": 512, "zero": 1,
+    },
+    "mixtral-8x7b fp8 ep8 offload": {
+        "model": "mixtral-8x7b", "gpu": "h100", "gpus": 64, "tp": 2, "pp": 2, "ep": 8, "seq": 4096,
+        "global_batch": 256, "precision": "fp8", "recompute": "full", "recompute_layers": 4,
+        "offload_activations": 2, "offload": "optimizer", "zero": 1, "sequence_parallel": True,
+    },
+    "llama-4-maverick moe every 2nd block": {"model": "llama-4-maverick", "gpu": "h200", "gpus": 64, "tp": 8, "ep": 8},
+    "llama-3.1-405b pp16 uneven": {"model": "llama-3.1-405b", "gpu": "h100", "gpus": 1024, "tp": 8, "pp": 16, "global_batch": 1024},
+    "gpt2-124m fp16 sgd": {"model": "gpt2-124m", "gpu": "v100", "gpus": 8, "precision": "fp16", "optimizer": "sgd", "zero": 0},
+    "llama-3.1-8b fp8 rowwise zero2": {
+        "model": "llama-3.1-8b", "gpu": "h100", "gpus": 8, "precision": "fp8", "fp8_recipe": "rowwise", "zero": 2,
+        "offload": "optimizer", "recompute": "full", "recompute_layers": 8, "offload_activations": 4,
+    },
+}  # fmt: skip
+"""Setups whose Megatron-LM export --check-megatron runs through Megatron-LM's own argument checks."""
+
+
+def check_megatron() -> list[str]:
+    """Each CHECK_SETUPS export parsed by Megatron-LM's parser and checked by its validate_args (on this
+    CPU: the device reported as a Hopper GPU, capability 9.0, where validate_args asks for one)."""
+    import argparse
+    import os
+    import shlex
+
+    import torch
+    from megatron.training import arguments
+
+    from advisor.present.export import export_setup
+    from advisor.spec.setup import make_setup
+
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(major=9, minor=0)
+    data = ["--tokenizer-type", "NullTokenizer", "--mock-data", "--train-iters", "10", "--lr", "1e-4"]
+    out = []
+    for name, kw in CHECK_SETUPS.items():
+        setup = make_setup(**kw)
+        text = export_setup(setup, "megatron").text
+        command = text[text.index("\ntorchrun ") :].replace("\\\n", " ")
+        parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+        args = parser.parse_args(shlex.split(command.split(" pretrain_gpt.py ", 1)[1]) + data)
+        os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+        os.environ.update(dict(line[7:].split("=", 1) for line in text.splitlines() if line.startswith("export ")))
+        args.rank, args.world_size = 0, setup.gpus
+        try:
+            arguments.validate_args(args, {})
+            out.append(f"ok    {name}: dp {args.data_parallel_size}, vpp {args.virtual_pipeline_model_parallel_size}")
+        except (AssertionError, ValueError) as err:
+            out.append(f"FAIL  {name}: {err}")
+    return out
+
+
 def main(argv: list[str]) -> int:
     mirrors = Path(argv[1])
     with tempfile.TemporaryDirectory() as tmp:
         _import_megatron(mirrors, Path(tmp))
+        if "--check-megatron" in argv:
+            lines = check_megatron()
+            print("\n".join(lines))
+            return 1 if any(line.startswith("FAIL") for line in lines) else 0
         readers = {
             "megatron": megatron_names,
             "nemo": lambda: nemo_names(mirrors),

@@ -168,6 +168,8 @@ def test_megatron_arguments_say_the_setup(name):
         assert (_one(a, "--fp8-format"), _one(a, "--fp8-recipe")) == ("hybrid", "tensorwise")
         assert int(_one(a, "--cpu-offloading-num-layers")) == 2
         assert "--optimizer-cpu-offload" in a and "--use-precision-aware-optimizer" in a
+    # Megatron-LM asserts one CUDA connection with TP or CP (before Blackwell), and Megatron-FSDP more than one.
+    assert ("\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n" in out.text) == ((p.tp > 1 or p.cp > 1) and p.zero < 2)
     # The launcher: 8 processes a node over setup.gpus / 8 nodes.
     assert f"torchrun --nproc-per-node 8 --nnodes {setup.gpus // 8} pretrain_gpt.py" in out.text
 

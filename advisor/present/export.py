@@ -309,6 +309,10 @@ def _write_megatron(setup: Setup, notes: list[str]) -> str:
     nproc, nnodes = _nodes(setup, notes)
     extra = ("add your data and tokenizer arguments (--data-path, --tokenizer-type, ...) and the node rendezvous",)
     lines = ["#!/usr/bin/env bash", *(f"# {h}" for h in _header(setup, "megatron", notes, extra))]
+    p = setup.parallel
+    if (p.tp > 1 or p.cp > 1) and p.zero < 2:
+        # arguments.py asserts it for TP or CP before Blackwell; Megatron-FSDP asserts the opposite
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
     lines.append(f"torchrun --nproc-per-node {nproc} --nnodes {nnodes} pretrain_gpt.py \\")
     lines += [f"    {a} \\" for a in argv[:-1]] + [f"    {argv[-1]}"]
     return "\n".join(lines) + "\n"
