@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -317,6 +318,54 @@ def test_accelerate_takes_the_deepspeed_plugin_for_zero_offload():
         "offload_param_device": "none",
         "gradient_accumulation_steps": 4,  # 64 / (micro 1 x 16 ranks)
     }
+
+
+# --- where the framework installs on a CPU: its own config classes read the files ------------------
+
+DS_SETUPS = SETUPS | {
+    "zero3-param-offload": {
+        "model": "llama-3.1-8b",
+        "gpu": "h100",
+        "gpus": 8,
+        "zero": 3,
+        "offload": "optimizer+params",
+    },
+    "fp16-v100": {"model": "gpt2-124m", "gpu": "v100", "gpus": 8, "precision": "fp16", "zero": 2, "global_batch": 64},
+}
+
+
+@pytest.mark.parametrize("name", DS_SETUPS)
+def test_deepspeed_reads_the_json_with_its_own_config_class(name, monkeypatch):
+    ds = pytest.importorskip("deepspeed.runtime.config", reason="DeepSpeed is not installed (it installs on a CPU)")
+    setup, _, c = _export(DS_SETUPS[name], "deepspeed")
+    p = setup.parallel
+    # No process group here: rank 0 of a data-parallel group of world / (tp x pp), as DeepSpeed's mpu says.
+    monkeypatch.setattr(ds.dist, "get_rank", lambda *a, **k: 0)
+    mpu = SimpleNamespace(get_data_parallel_world_size=lambda: setup.gpus // (p.tp * p.pp))
+    config = ds.DeepSpeedConfig(json.loads(export_setup(setup, "deepspeed").text), mpu=mpu)  # checks the batch
+    batch = (config.train_batch_size, config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps)
+    assert batch == (setup.global_batch, setup.train.micro_batch, c["gradient_accumulation_steps"])
+    assert config.zero_optimization_stage == p.zero and config.optimizer_name == "adamw"
+    assert (config.bfloat16_config.enabled, config.float16_config.enabled) == (
+        setup.train.precision in ("bf16", "fp8"),
+        setup.train.precision == "fp16",
+    )
+    assert config.zero_config.offload_param is None or config.zero_config.offload_param.device == "cpu"
+
+
+@pytest.mark.parametrize("name", DS_SETUPS)
+def test_accelerate_reads_the_yaml_with_its_own_config_class(name, tmp_path):
+    config_args = pytest.importorskip("accelerate.commands.config.config_args", reason="Accelerate is not installed")
+    from accelerate.parallelism_config import ParallelismConfig
+
+    setup, out, _ = _export(DS_SETUPS[name], "accelerate")
+    path = tmp_path / out.filename
+    path.write_text(out.text, encoding="utf-8")
+    config = config_args.load_config_from_file(str(path))  # a key ClusterConfig lacks fails here
+    assert (config.num_processes, config.num_machines) == (setup.gpus, max(1, setup.gpus // 8))
+    if config.parallelism_config:
+        sizes = {k.removeprefix("parallelism_config_"): v for k, v in config.parallelism_config.items()}
+        assert ParallelismConfig(**sizes).total_size == setup.gpus  # the degrees cover every process
 
 
 # --- what cannot be said is said, what makes no sense is refused -----------------------------------
