@@ -287,6 +287,10 @@ CHECK_SETUPS = {
     },
     "llama-4-maverick moe every 2nd block": {"model": "llama-4-maverick", "gpu": "h200", "gpus": 64, "tp": 8, "ep": 8},
     "llama-3.1-405b pp16 uneven": {"model": "llama-3.1-405b", "gpu": "h100", "gpus": 1024, "tp": 8, "pp": 16, "global_batch": 1024},
+    "llama-3.1-8b 256k context rope x2 cp8": {
+        "model": "llama-3.1-8b", "gpu": "h200", "gpus": 8, "cp": 8, "seq": 262144, "rope_scaling": 2.0,
+        "recompute": "full",
+    },
     "gpt2-124m fp16 sgd": {"model": "gpt2-124m", "gpu": "v100", "gpus": 8, "precision": "fp16", "optimizer": "sgd", "zero": 0},
     "llama-3.1-8b fp8 rowwise zero2": {
         "model": "llama-3.1-8b", "gpu": "h100", "gpus": 8, "precision": "fp8", "fp8_recipe": "rowwise", "zero": 2,

@@ -175,6 +175,19 @@ def test_megatron_arguments_say_the_setup(name):
     assert f"torchrun --nproc-per-node 8 --nnodes {setup.gpus // 8} pretrain_gpt.py" in out.text
 
 
+def test_megatron_rope_scaling_covers_the_longer_context():
+    # Llama-3.1-8B trained to 131,072 positions, extended 2x to run sequences of 262,144 over 8 CP ranks.
+    kw = {"model": "llama-3.1-8b", "gpu": "h200", "gpus": 8, "cp": 8, "seq": 262144, "rope_scaling": 2.0}
+    _, out, a = _export(kw, "megatron")
+    # The extension is linear position interpolation; --use-rope-scaling is Llama 3.x's own trained scaling.
+    assert int(_one(a, "--rotary-seq-len-interpolation-factor")) == 2 and "--use-rope-scaling" not in a
+    _, _, o = _export(kw, "nemo")
+    assert (o["model.seq_len_interpolation_factor"], o["model.seq_length"]) == (2, 262144)
+    # arguments.py asserts max_position_embeddings >= seq_length
+    assert int(_one(a, "--max-position-embeddings")) == int(_one(a, "--seq-length")) == 262144
+    assert "\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n" in out.text
+
+
 def test_megatron_moe_layer_pattern_and_uneven_stages():
     # Llama-4 Maverick: MoE in every second block, (i + 1) % 2 == 0, as ModelSpec.n_moe_layers counts them.
     setup, _, a = _export({"model": "llama-4-maverick", "gpu": "h200", "gpus": 64, "tp": 8, "ep": 8}, "megatron")

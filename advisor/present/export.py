@@ -183,14 +183,22 @@ def _megatron_settings(setup: Setup, notes: list[str], framework: str) -> dict[s
         s["group_query_attention"] = True
         s["num_query_groups"] = m.n_kv_heads
     s["seq_length"] = t.seq_len
-    s["max_position_embeddings"] = m.max_positions
+    s["max_position_embeddings"] = m.max_seq_len  # RoPE scaled (arguments.py: it must cover seq_length)
     s["vocab_size"] = m.vocab
     s["position_embedding_type"] = "rope" if m.position == "rope" else "learned_absolute"
     if m.rope_scaling > 1:
-        s["use_rope_scaling"] = True
-        s["rope_scaling_factor"] = float(m.rope_scaling)
+        # The setup's context extension beyond the trained positions, as linear position interpolation
+        # (an integer in Megatron); --use-rope-scaling is Llama 3.x's own trained scaling, not this.
+        s["rotary_seq_len_interpolation_factor"] = math.ceil(m.rope_scaling)
+        if m.rope_scaling != math.ceil(m.rope_scaling):
+            notes.append(
+                f"Megatron interpolates positions by an integer: {m.rope_scaling:g} -> {math.ceil(m.rope_scaling)}"
+            )
     if m.position == "rope":
-        notes.append("the RoPE base (theta) is not in the setup: set it to the model's (Llama 3: 500000)")
+        notes.append(
+            "the RoPE base (theta) and the RoPE scaling the model was trained with are not in the setup: add the "
+            "model's (Llama 3.1: rotary base 500000, --use-rope-scaling)"
+        )
     s["normalization"] = "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"
     if m.norm == "layernorm" and not m.norm_bias:
         notes.append("Megatron's LayerNorm has a bias; the model's has none")
@@ -338,9 +346,7 @@ _BRIDGE_RENAME = {
     "num_virtual_stages_per_pipeline_rank": "virtual_pipeline_model_parallel_size",
     "decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
     "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage",
-    "cpu_offloading_num_layers": "cpu_offloading_num_layers",
-    "rope_scaling_factor": "rope_scaling_factor",
-    "use_rope_scaling": "rope_scaling",
+    "rotary_seq_len_interpolation_factor": "seq_len_interpolation_factor",
 }
 _BRIDGE_PRECISION = {
     ("bf16", "tensorwise"): "bf16_mixed",
@@ -454,6 +460,8 @@ def _write_torchtitan(setup: Setup, notes: list[str]) -> str:
         notes.append("torchtitan's CPU offload moves parameters, gradients and optimizer states together")
     if t.offload_activations:
         notes.append(f"torchtitan has no activation offload: {t.offload_activations} blocks' activations stay")
+    if setup.model.rope_scaling > 1:
+        notes.append(f"torchtitan sets RoPE scaling in the model flavor: extend it {setup.model.rope_scaling:g}x there")
     parallelism = _titan_parallelism(setup, notes)
     sections: dict[str, dict[str, object]] = {"model": model, "training": training, "parallelism": parallelism}
     sections["activation_checkpoint"] = _titan_ac(setup, notes)
@@ -537,7 +545,10 @@ def _write_deepspeed(setup: Setup, notes: list[str]) -> str:
         cfg["pipeline"] = {"stages": p.pp}
         notes.append(f"DeepSpeed's pipeline needs the model as a PipelineModule(num_stages={p.pp})")
     _deepspeed_cannot(setup, notes)
-    cfg["_advisor_notes"] = [*_header(setup, "deepspeed", notes), "DeepSpeed ignores this key"]
+    script = f"the training script builds {setup.model.name} and feeds sequences of {t.seq_len} tokens"
+    if setup.model.rope_scaling > 1:
+        script += f" (RoPE extended {setup.model.rope_scaling:g}x in the model's config)"
+    cfg["_advisor_notes"] = [*_header(setup, "deepspeed", notes, (script,)), "DeepSpeed ignores this key"]
     return json.dumps(cfg, indent=2) + "\n"
 
 
@@ -611,7 +622,9 @@ def _write_accelerate(setup: Setup, notes: list[str]) -> str:
         cfg["distributed_type"] = "NO"
     _accelerate_cannot(setup, notes, deepspeed_plugin)
     extra = (
-        f"in the script: DataLoader batch_size={t.micro_batch} (micro-batch per GPU), "
+        f"in the script: the model {setup.model.name}"
+        + (f" (RoPE extended {setup.model.rope_scaling:g}x in its config)" if setup.model.rope_scaling > 1 else "")
+        + f", DataLoader batch_size={t.micro_batch} (micro-batch per GPU), "
         f"Accelerator(gradient_accumulation_steps={accum}), sequences of {t.seq_len} tokens",
     )
     head = "\n".join(f"# {h}" for h in _header(setup, "accelerate", notes, extra))
