@@ -18,7 +18,7 @@ from webui import common
 from webui.advice import advice_view, apply_choices, build_advice_tab
 from webui.analyze import MAX_UPLOAD, build_analyze_tab
 from webui.history import build_history_tab, history_filters, history_view
-from webui.linking import link_tabs, wire_apply, wire_model_limits
+from webui.linking import link_tabs, wire_apply, wire_model_limits, wire_use_layout
 from webui.plan import build_plan_tab
 from webui.profile import build_profile_tab
 from webui.size import SIZE_KEYS, build_size_tab, size_view
@@ -57,12 +57,13 @@ def build_app() -> gr.Blocks:
         with gr.Tab("Advice"):
             advice = build_advice_tab([size[k] for k in SIZE_KEYS])
         with gr.Tab("Plan"):
-            plan = build_plan_tab()
+            plan, plan_use = build_plan_tab()
         with gr.Tab("History"):
             history = build_history_tab()
         link_tabs(size, profile, plan)
         wire_model_limits(size, profile, plan)
         wire_apply(advice, size, profile, plan)
+        wire_use_layout(plan_use, size)
         _on_load(demo, size, size_outputs, advice, [runs, analyze_runs, advice["runs"], history["run_b"]], history)
     return demo
 

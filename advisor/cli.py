@@ -12,6 +12,7 @@ from pathlib import Path
 
 from advisor.errors import AdvisorError
 from advisor.estimate.estimator import Estimate, estimate
+from advisor.present.export import EXPORT_TARGETS, export_setup
 from advisor.present.report import format_estimate, format_run
 from advisor.spec.defaults import DEFAULTS, PROFILE_DEFAULTS, fit_seq
 from advisor.spec.hf_config import load_hf_config
@@ -230,6 +231,26 @@ def _check_trace_path(path: Path, command: str) -> None:
 def _cmd_size(args: argparse.Namespace) -> int:
     est: Estimate = estimate(setup_from_args(args))
     print(json.dumps(est.as_dict(), indent=2) if args.json else format_estimate(est))
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    out = export_setup(setup_from_args(args), args.to)
+    if args.out:
+        Path(args.out).write_text(out.text, encoding="utf-8")
+    if args.json:
+        print(
+            json.dumps(
+                {"framework": out.framework, "filename": out.filename, "notes": list(out.notes), "text": out.text}
+            )
+        )
+    elif not args.out:
+        print(out.text, end="")
+    if not args.json:
+        for note in out.notes:
+            print(f"note: {note}", file=sys.stderr)
+        if args.out:
+            print(f"wrote {args.out} ({out.framework}, {len(out.notes)} notes)", file=sys.stderr)
     return 0
 
 
@@ -770,6 +791,11 @@ def build_parser() -> argparse.ArgumentParser:
     size = sub.add_parser("size", help="memory per GPU, step time and MFU of a training setup, instantly")
     add_setup_args(size)
     size.set_defaults(func=_cmd_size)
+    exp = sub.add_parser("export", help="write a setup as a framework's launch config (flags, TOML, JSON, YAML)")
+    add_setup_args(exp)
+    exp.add_argument("--to", required=True, choices=EXPORT_TARGETS, help="the framework that will run it")
+    exp.add_argument("--out", metavar="FILE", help="write the config here (default: print it)")
+    exp.set_defaults(func=_cmd_export)
     prof = sub.add_parser("profile", help="profile a short real training step in a child process; files a run")
     add_setup_args(prof)
     # PROFILE_DEFAULTS' setup, as the Profile tab's; --precision: this machine's fast path unless given.

@@ -168,7 +168,7 @@ def test_help_lists_the_user_commands_only(capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert (
-        "{size,profile,dryrun,analyze,export-trace,ceilings,runs,compare,diff,presets,plan,calibrate,advise,rules,verify}"
+        "{size,export,profile,dryrun,analyze,export-trace,ceilings,runs,compare,diff,presets,plan,calibrate,advise,rules,verify}"
         in out
     )
     # The profiling child's command works but is not offered (no "_child", no "==SUPPRESS==" line).
@@ -349,6 +349,7 @@ def test_estimating_and_analyzing_commands_import_no_torch():
     commands = [
         ["size", "--model", "llama-3.1-8b", "--gpu", "h100", "--json"],
         ["plan", "--model", "llama-3.1-8b", "--gpu", "h100", "--gpus", "8", "--global-batch", "64"],
+        ["export", "--to", "megatron", "--model", "llama-3.1-8b", "--gpu", "h100"],
         ["advise", "--model", "llama-3.1-8b", "--gpu", "h100"],
         ["analyze", str(RUN), "--json"],
         ["rules"],

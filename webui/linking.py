@@ -7,11 +7,13 @@ from collections.abc import Callable
 
 import gradio as gr
 
+from advisor.present.views import layout_used_message
 from advisor.spec.presets import MODELS
 from webui.advice import apply_recommendation
-from webui.common import follow_value
+from webui.common import follow_value, guarded
+from webui.plan import layout_setup
 from webui.profile import PROFILE_KEYS
-from webui.size import SIZE_KEYS
+from webui.size import SIZE_KEYS, size_values
 
 SHARED_KEYS = ("model", "gpu", "gpus", "seq", "micro_batch", "global_batch", "precision", "recompute")
 SHARED_KEYS += ("optimizer", "optimizer_impl")
@@ -93,3 +95,27 @@ def wire_apply(advice: dict, size: dict, profile: dict, plan: dict) -> None:
 
     inputs = [advice["state"], advice["apply_choice"], advice["source"]]
     advice["apply"].click(on_apply, inputs, outputs, api_visibility="undocumented")
+
+
+def _shown(widget, value):
+    """``value`` as ``widget`` takes it; a degree its dropdown lacks (the planner's pp 5 or vpp 10) is
+    added to the choices rather than skipped, which would leave the last degree on screen."""
+    shown = follow_value(widget, value)
+    if value is not None and isinstance(widget, gr.Dropdown) and isinstance(shown, type(gr.skip())):
+        return gr.Dropdown(choices=[*(v for _, v in widget.choices), value], value=value)
+    return shown
+
+
+def wire_use_layout(use: dict, size: dict) -> None:
+    """ "Use this layout" on the Plan tab: the picked row's setup goes to the Size tab's widgets (a loaded
+    config.json cleared: the plan is of a preset), where it is estimated and can be exported."""
+    size_keys = [k for k in SIZE_KEYS if k != "config_file"]
+    outputs = [use["message"], size["config_file"], *(size[k] for k in size_keys)]
+
+    @guarded("Cannot use this layout", "Loading the layout", lambda: tuple(gr.skip() for _ in outputs[1:]))
+    def on_use(rank, table, *plan_inputs):
+        setup = layout_setup(rank, table, *plan_inputs)
+        values = size_values(setup)
+        return [layout_used_message(int(rank), setup), None, *(_shown(size[k], values.get(k)) for k in size_keys)]
+
+    use["button"].click(on_use, use["inputs"], outputs, api_visibility="undocumented")

@@ -396,6 +396,23 @@ def plan_table(result) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=PLAN_COLUMNS)
 
 
+def layout_used_message(rank: int, setup) -> str:
+    """The Plan tab's answer to "Use this layout": what went to the Size tab."""
+    return (
+        f"### Layout #{rank} is the current setup\n{layout_label(setup)} on {setup.gpus} x {setup.hardware.name}: "
+        "the Size tab shows its memory and step time, and exports it."
+    )
+
+
+def export_summary(out) -> str:
+    """The Size tab's Export answer: the file, and what it cannot say (also written in it)."""
+    text = f"### Exported for {out.framework}: `{out.filename}`"
+    if out.notes:
+        where = "its `_advisor_notes`" if out.framework == "deepspeed" else "its comments"
+        text += f"\nWhat the file leaves out or changes (also in {where}):\n" + "\n".join(f"- {n}" for n in out.notes)
+    return text
+
+
 def plan_summary(result) -> str:
     return (
         f"### {len(result.top)} layouts of {result.fitting:,} that fit\n"
