@@ -27,7 +27,7 @@ from advisor.errors import AdvisorError
 from advisor.spec.ceilings import Ceilings
 from advisor.spec.metrics import StepMetrics
 from advisor.spec.specs import HardwareSpec
-from advisor.trace.kineto import DEFAULT_MAX_BYTES
+from advisor.trace.kineto import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENT_BYTES
 from advisor.trace.load import load_trace as trace_load
 from advisor.trace.table import GPU_KINDS, kind_mask
 
@@ -38,10 +38,17 @@ def wants_args(name: str) -> bool:
     return roofline_wants_args(name) or collectives_wants_args(name)
 
 
-def load_trace(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> pd.DataFrame:
-    """The event table of any supported trace at ``path`` (``advisor.trace.load.load_trace``), with
-    the arguments the analyses read kept beside it, so that the trace is parsed once."""
-    return trace_load(path, max_bytes=max_bytes, keep_args=wants_args)
+def load_trace(
+    path: str | Path,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    check: Callable[[], None] | None = None,
+) -> pd.DataFrame:
+    """The event table of any supported trace at ``path`` (``advisor.trace.load.load_trace``, whose
+    limits and ``check`` these are), with the arguments the analyses read kept beside it, so that the
+    trace is parsed once."""
+    return trace_load(path, max_bytes=max_bytes, max_event_bytes=max_event_bytes, keep_args=wants_args, check=check)
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,7 @@ def analyze_path(
     run_id: str | None = None,
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     hardware: HardwareSpec | None = None,
     ceilings: Ceilings | Callable[[HardwareSpec], Ceilings | None] | None = None,
     trim_last_step: bool = True,
@@ -165,7 +173,7 @@ def analyze_path(
     trace whose roofline cannot be made is still analyzed: the reason is printed and the roofline
     left out."""
     path = Path(path)
-    df = load_trace(path, max_bytes=max_bytes)
+    df = load_trace(path, max_bytes=max_bytes, max_event_bytes=max_event_bytes)
     try:
         roofline = trace_roofline(df, hardware=hardware, ceilings=ceilings)
     except AdvisorError as err:
