@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import statistics
+import threading
+import time
 import tracemalloc
 from contextlib import closing
 
@@ -251,3 +254,142 @@ def test_the_cli_says_what_is_wrong_without_a_traceback(tmp_path, capsys):
         assert path.name in err and "Traceback" not in err
     assert cli_main(["analyze", str(files[0]), "--max-event-mb", "0"]) == 2
     assert "--max-event-mb=0: must be > 0" in capsys.readouterr().err
+
+
+# --- The app ------------------------------------------------------------------------------------
+
+analyze_tab = pytest.importorskip("webui.analyze")
+from webui import common  # noqa: E402 (after the skip: gradio is an optional extra)
+
+
+def _summary(path, **kwargs) -> str:
+    return analyze_tab.analyze_view(str(path), None, **kwargs)[0]
+
+
+def test_the_app_shows_each_hostile_file_as_a_message_without_server_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("ADVISOR_MAX_EVENT_MB", "1")
+    upload = tmp_path / "gradio" / "6f1c0ffee"  # where Gradio would keep an upload
+    upload.mkdir(parents=True)
+    others = upload / "others.zip"
+    import zipfile
+
+    with zipfile.ZipFile(others, "w") as z:
+        z.writestr("config.json", "{}")
+        z.writestr("notes.json", "[]")
+    files = [
+        H.kineto_file(upload / "t.json", [*H.events(4), KINETO_CASES["device as text"][0]]),
+        H.kineto_file(upload / "m.json", [*H.events(4), KINETO_CASES["memory device as text"][0]]),
+        H.kineto_file(upload / "ts.json", [*H.events(4), KINETO_CASES["huge ts"][0]]),
+        _spoiled(upload, NSYS_CASES["gpu id as text"][0]),
+        H.lying_zip(upload / "lying.zip", H.events(4)),
+        H.long_name(upload / "name.json.gz", 2 * MIB),
+        others,
+    ]
+    for path in files:
+        summary = _summary(path)
+        assert summary.startswith(f"### Cannot analyze this trace\n{path.name}"), summary
+        assert str(tmp_path) not in summary and "Internal error" not in summary
+    # Before, a zip was unpacked into a temporary folder that the message named.
+    assert "others.zip holds no Kineto trace: config.json is JSON without a traceEvents array" in _summary(others)
+    assert common.without_server_paths(f"cannot read {upload}/x.json (in {upload})", str(upload / "x.json")) == (
+        "cannot read x.json (in )"
+    )
+
+
+def test_a_kernel_name_cannot_break_out_of_the_summary_block(tmp_path):
+    markdown_it = pytest.importorskip("markdown_it")
+    evil = "```\n# Pwned\n[click](https://evil.example)\n````"
+    path = H.kineto_file(tmp_path / "evil.json", [*H.events(20), _kernel(name=evil, dur=500.0)])
+    summary = _summary(path)
+    tokens = markdown_it.MarkdownIt().parse(summary)
+    assert not [t for t in tokens if t.type == "heading_open"]
+    fences = [t for t in tokens if t.type == "fence"]
+    assert len(fences) == 1 and "# Pwned" in fences[0].content and fences[0].markup == "`````"
+    assert _summary(tmp_path / "``x``.json").startswith("### Cannot analyze")  # no such file: a message
+
+
+def test_the_apps_limits_come_from_the_environment(tmp_path, monkeypatch):
+    path = H.padded(tmp_path / "t.json.gz", H.events(2000), MIB)
+    monkeypatch.setenv("ADVISOR_MAX_TRACE_MB", "0.5")
+    assert "t.json.gz decompresses to over 0.5 MiB; refusing it" in _summary(path)
+    monkeypatch.setenv("ADVISOR_MAX_TRACE_MB", "lots")
+    assert _summary(path).startswith(
+        "### Cannot analyze this trace\nADVISOR_MAX_TRACE_MB='lots': must be a number > 0 (the server's setting; "
+        "default 4096)"
+    )
+    monkeypatch.delenv("ADVISOR_MAX_TRACE_MB")
+    assert common.trace_limits() == common.TraceLimits(4096 * MIB, 16 * MIB, 600.0)
+
+
+def test_cancel_and_the_time_budget_act_inside_the_load(tmp_path, monkeypatch, looked_at):
+    path = H.long_name(tmp_path / "name.json.gz", 4 * MIB, closed=True)  # 17 blocks of 256 KiB
+    cancel = threading.Event()
+    assert _summary(path, on_stage=lambda *_: cancel.set(), cancel=cancel) == "### Analysis cancelled"
+    assert looked_at["parsed"] == 0  # stopped before the first block was parsed, not after the load
+    clock = iter(range(10**6))
+    monkeypatch.setattr(analyze_tab.time, "monotonic", lambda: next(clock))
+    monkeypatch.setenv("ADVISOR_ANALYZE_TIMEOUT_S", "5")
+    summary = _summary(path)
+    assert summary.startswith(
+        "### Cannot analyze this trace\nThe analysis ran past its budget of 5 s (ADVISOR_ANALYZE_TIMEOUT_S"
+    )
+    assert next(clock) == 7  # the clock was read at the start, the first stage and 5 blocks: no more
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow  # serves the app
+def test_size_stays_responsive_during_a_hostile_analysis(tmp_path, monkeypatch):
+    app = pytest.importorskip("app")
+    gradio_client = pytest.importorskip("gradio_client")
+    from advisor.spec.defaults import DEFAULTS
+
+    # The upload (64 KB of gzip, one 64 MiB name with no end), with the event cap raised past
+    # it so the whole name is read, scanned and refused as truncated: the longest this file can keep
+    # a worker busy. Before: 78 s, and /size took 17.8 s meanwhile.
+    monkeypatch.setenv("ADVISOR_MAX_EVENT_MB", "128")
+    hostile = H.long_name(tmp_path / "name.json.gz", 64 * MIB)
+    demo = app.build_app()
+    _, url, _ = demo.queue(default_concurrency_limit=16).launch(
+        server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True
+    )
+    try:
+        client = gradio_client.Client(url, verbose=False, download_files=False)
+        size_args = [
+            DEFAULTS["model"],
+            None,
+            *[str(v) if k in ("tp", "pp", "vpp", "cp", "ep", "zero") else v for k, v in list(DEFAULTS.items())[1:]],
+        ]
+
+        def size_latency() -> float:
+            start = time.perf_counter()
+            assert client.predict(*size_args, api_name="/size")[0].startswith("### ")
+            return time.perf_counter() - start
+
+        idle = [size_latency() for _ in range(5)]
+        during, answers = [], []
+        worker = threading.Thread(
+            target=lambda: answers.extend(
+                client.predict(gradio_client.handle_file(str(hostile)), None, api_name="/analyze")[0] for _ in range(2)
+            )
+        )
+        worker.start()
+        while worker.is_alive():
+            during.append(size_latency())
+        worker.join()
+        idle += [size_latency() for _ in range(5)]
+    finally:
+        demo.close()
+    assert (
+        answers
+        == ["### Cannot analyze this trace\nname.json.gz ends inside its traceEvents array: the file is truncated"] * 2
+    )
+    assert len(during) >= 5  # the hostile requests lasted long enough to measure beside them
+    ratio = statistics.median(during) / statistics.median(idle)
+    assert ratio <= 2.0, f"/size median {statistics.median(during):.3f} s during, {statistics.median(idle):.3f} s idle"
