@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from advisor.cli import main as cli_main
-from advisor.errors import TraceError
+from advisor.errors import AdvisorError, TraceError
 from advisor.trace import kineto
 from advisor.trace.kineto import load_kineto
 from advisor.trace.load import load_trace
@@ -139,6 +139,19 @@ def test_a_cancel_stops_the_load_within_a_block(tmp_path):
     with pytest.raises(Stop):
         load_trace(path, check=check)
     assert len(calls) == 3  # the 16 blocks of 256 KiB after the third were never read
+    # An nsys export is checked before each table it reads; the stop comes through as raised.
+    calls.clear()
+
+    class Cancelled(AdvisorError):
+        pass
+
+    def cancel_second():
+        calls.append(1)
+        if len(calls) == 2:
+            raise Cancelled("cancelled")
+
+    with pytest.raises(Cancelled):
+        load_trace(H.nsys_export(tmp_path / "export.sqlite"), check=cancel_second)
 
 
 def _kernel(**changes) -> dict:

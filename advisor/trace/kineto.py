@@ -43,9 +43,12 @@ from advisor.errors import TraceError
 from advisor.trace.table import COPY_KINDS, HOST_MEM, KINDS, EventArgs, concat_tables, make_table
 
 try:  # 3-5x faster than the standard library's parser on large traces
+    from orjson import loads as _view_loads  # reads a memoryview in place (the standard library's cannot)
     from orjson import loads as json_loads
 except ImportError:  # an optional speed-up (a GPU box's image may lack it): the same JSON, parsed slower
     from json import loads as json_loads
+
+    _view_loads = None
 
 # Small blocks keep each block's parsed objects in the CPU caches while they are turned into columns:
 # on a 100 MiB trace, 256 KiB blocks load 3-4x faster than 32 MiB ones (bench/analyze_speed.py).
@@ -397,7 +400,7 @@ class _EventReader:
             cut = self.buf.rfind(b"},", searched) + 1
             if cut:
                 try:
-                    events = json_loads(b"[" + self.buf[:cut].strip().strip(b",") + b"]")
+                    events = _parse_prefix(self.buf, cut)
                 except ValueError:
                     pass
                 else:
@@ -417,7 +420,11 @@ class _EventReader:
         assert bounds is not None
         bounds.scan(self.buf)
         if bounds.done:
-            self.on_events(_parse_events(self.buf[: bounds.done], self.src))
+            try:
+                events = _parse_prefix(self.buf, bounds.done)
+            except ValueError as err:
+                raise TraceError(f"{self.src.name} is not valid JSON inside traceEvents ({err})") from None
+            self.on_events(events)
         if bounds.array_end is not None:
             self.after = bytes(self.buf[bounds.array_end + 1 :])
             self.buf.clear()
@@ -536,15 +543,25 @@ def _load_file(
     }
 
 
-def _parse_events(chunk: bytes | bytearray, src: TraceSource) -> list:
-    """The events of ``chunk``: whole events of traceEvents, comma separated."""
-    text = chunk.strip().strip(b",")
-    if not text:
+_LEADING = re.compile(rb"[\s,]*")
+
+
+def _parse_prefix(buf: bytearray, end: int) -> list:
+    """The events in ``buf[:end]``: whole events of traceEvents, comma separated, ``end`` just past the
+    last one's "}". Parsed in place where it can be: the byte before the first event becomes "[" and
+    the one at ``end`` "]" while orjson reads a view of them, then both are restored, so a 64 MiB event
+    is not copied three more times (slice, strip, brackets). Raises ValueError on invalid JSON."""
+    start = _LEADING.match(buf, 0, end).end()
+    if start == end:
         return []
+    if start == 0 or end >= len(buf) or json_loads is not _view_loads:
+        return json_loads(b"[" + bytes(buf[start:end]) + b"]")
+    before, after = buf[start - 1], buf[end]
+    buf[start - 1], buf[end] = 0x5B, 0x5D  # '[' and ']'
     try:
-        return json_loads(b"[" + text + b"]")
-    except ValueError as err:
-        raise TraceError(f"{src.name} is not valid JSON inside traceEvents ({err})") from None
+        return json_loads(memoryview(buf)[start - 1 : end + 1])
+    finally:
+        buf[start - 1], buf[end] = before, after
 
 
 def _events_to_columns(

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from advisor.errors import TraceError
+from advisor.errors import AdvisorError, TraceError
 from advisor.trace.table import COPY_KINDS, HOST_MEM, make_table
 
 try:  # an optional speed-up: reads a table's columns in Rust, 4-6x faster than sqlite3's row tuples
@@ -133,7 +133,7 @@ def load_nsys_sqlite(
             return _load(conn, path.name)
     except sqlite3.DatabaseError as err:
         raise TraceError(f"{path.name} is a damaged SQLite database ({err}); expected an intact nsys export") from None
-    except TraceError:
+    except AdvisorError:  # its own messages, and a caller's check() stopping the load
         raise
     except (TypeError, ValueError, OverflowError) as err:  # a value of a type no export writes
         raise TraceError(f"{path.name}: a value of an unexpected type in the export ({err})") from None
