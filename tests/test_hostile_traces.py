@@ -406,3 +406,18 @@ def test_size_stays_responsive_during_a_hostile_analysis(tmp_path, monkeypatch):
     assert len(during) >= 5  # the hostile requests lasted long enough to measure beside them
     ratio = statistics.median(during) / statistics.median(idle)
     assert ratio <= 2.0, f"/size median {statistics.median(during):.3f} s during, {statistics.median(idle):.3f} s idle"
+
+
+def test_event_ends_are_found_across_any_block_boundary(tmp_path):
+    # Names full of what the scanner counts (quotes, backslash runs, brackets, "},") cut at every
+    # place by small blocks: the table is the same as read in one block.
+    import random
+
+    rng = random.Random(22)
+    alphabet = ["\\", '"', "},", "{", "}", "[", "]", ",", "a", "\\\\", '\\"', " "]
+    evs = [_kernel(name="".join(rng.choices(alphabet, k=rng.randrange(0, 40))), ts=float(i)) for i in range(300)]
+    path = H.kineto_file(tmp_path / "odd.json", evs)
+    whole = load_kineto(path, block_bytes=2**20)
+    assert list(whole["name"]) == [e["name"] for e in evs]
+    for block in (1, 2, 3, 7, 64, 1000):
+        pd.testing.assert_frame_equal(load_kineto(path, block_bytes=block), whole)
