@@ -347,6 +347,28 @@ def test_cancel_and_the_time_budget_act_inside_the_load(tmp_path, monkeypatch, l
         "### Cannot analyze this trace\nThe analysis ran past its budget of 5 s (ADVISOR_ANALYZE_TIMEOUT_S"
     )
     assert next(clock) == 7  # the clock was read at the start, the first stage and 5 blocks: no more
+    # A cancel during the analysis stage stops it before its first analysis, not after the last.
+    from advisor.analysis import summary
+
+    monkeypatch.undo()
+    breakdowns = []
+    monkeypatch.setattr(summary.A, "kernel_breakdown", lambda df: breakdowns.append(df))
+    cancel = threading.Event()
+    small = H.kineto_file(tmp_path / "small.json", H.events(100))
+    on_stage = lambda done, *_: cancel.set() if done == 1 else None  # noqa: E731
+    assert _summary(small, on_stage=on_stage, cancel=cancel) == "### Analysis cancelled"
+    assert breakdowns == []
+    calls = []
+
+    def stop_at_third():
+        calls.append(1)
+        if len(calls) == 3:
+            raise analyze_tab._Cancelled("cancelled by the user")
+
+    monkeypatch.undo()
+    with pytest.raises(analyze_tab._Cancelled):
+        summary.analyze(load_trace(small), check=stop_at_third)
+    assert len(calls) == 3
 
 
 def _free_port() -> int:

@@ -143,8 +143,8 @@ def analyze_view(upload: str | None, run_id: str | None, on_stage=None, cancel: 
     details table, collectives table, roofline figure, roofline table, the "All analyses" picker, every
     table (its state), the picked table) of an uploaded trace, or else of a stored run's trace; outputs
     added later come last. ``on_stage(done, total, message)`` hears of
-    each stage; a set ``cancel`` stops the trace's read within a block, or before the next stage, as
-    does the wall-clock budget (common.trace_limits)."""
+    each stage; a set ``cancel`` stops the trace's read within a block and the analyses between two of
+    their groups, as does the wall-clock budget (common.trace_limits)."""
     if not (upload or run_id):
         hint = "Upload a trace (Kineto .json / .json.gz, a .zip of rank files, or an nsys .sqlite) or pick a run."
         return (hint, *no_analysis())
@@ -157,7 +157,7 @@ def analyze_view(upload: str | None, run_id: str | None, on_stage=None, cancel: 
         table = _load(path, upload, limits, check)
         stage(1, f"analyzing {len(table):,} events")
         roofline, skipped = common.roofline_of(table)
-        report = analyze(table, run_id=label, roofline=roofline)
+        report = analyze(table, run_id=label, roofline=roofline, check=check)
         stage(2, "drawing")
     except _Cancelled:
         return ("### Analysis cancelled", *no_analysis())
@@ -232,7 +232,7 @@ def cancel_analysis(request: gr.Request | None = None) -> str:
     return common.cancel_message(
         "analyze",
         request,
-        "### Cancelling: the trace's read stops at its next block, the analysis after its stage in progress…",
+        "### Cancelling: the trace's read stops at its next block, the analyses at their next group…",
         "No analysis of yours is running here to cancel.",
     )
 
