@@ -333,6 +333,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     _check_trace_path(path, "analyze")
     if not args.max_mb > 0:  # also refuses NaN
         raise AdvisorError(f"--max-mb={args.max_mb:g}: must be > 0 (MiB of decompressed trace)")
+    if args.max_event_mb is not None and not args.max_event_mb > 0:
+        raise AdvisorError(f"--max-event-mb={args.max_event_mb:g}: must be > 0 (MiB of one trace event)")
     hardware = get_hardware(args.gpu) if args.gpu else None
     # Our own runs are judged against their device's stored roofs; --ceilings looks them up for any trace.
     ceilings = run_ceilings(path)
@@ -341,7 +343,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     elif args.ceilings and ceilings is None:
         ceilings = ceilings_lookup()
     max_bytes = max(1, int(args.max_mb * 2**20))
-    report = analyze_path(path, path.name, max_bytes=max_bytes, hardware=hardware, ceilings=ceilings)
+    limits = {"max_bytes": max_bytes}
+    if args.max_event_mb is not None:
+        limits["max_event_bytes"] = max(1, int(args.max_event_mb * 2**20))
+    report = analyze_path(path, path.name, **limits, hardware=hardware, ceilings=ceilings)
     if path.is_dir() and not is_run_dir(path):
         own = sorted(f.name for f in path.iterdir() if is_own_output(f))
         if own:
@@ -865,7 +870,16 @@ def build_parser() -> argparse.ArgumentParser:
         "folder (later analyses of the folder leave both out)",
     )
     an.add_argument(
-        "--max-mb", type=float, default=8192, help="refuse traces larger than this (MiB, decompressed; > 0)"
+        "--max-mb",
+        type=float,
+        default=8192,
+        help="refuse traces larger than this (MiB, decompressed, all files of a folder or zip together; > 0)",
+    )
+    an.add_argument(
+        "--max-event-mb",
+        type=float,
+        default=None,
+        help="refuse a Kineto trace with one event larger than this (MiB; > 0; default: 16)",
     )
     an.add_argument(
         "--gpu",

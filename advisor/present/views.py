@@ -3,6 +3,7 @@ so a handler in ``webui/`` is a call to the core and one of these, and each is t
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pandas as pd
@@ -419,3 +420,19 @@ def plan_summary(result) -> str:
         f"{result.considered:,} combinations considered ({result.invalid:,} invalid, {result.no_fit:,} do not fit), "
         f"{result.estimated:,} estimated, in {result.elapsed_s:.2f} s."
     )
+
+
+def code_block(text: str) -> str:
+    """``text`` as a Markdown code block whose fence is longer than any run of backticks in it, so a
+    name from a trace (a kernel named with a Markdown fence) cannot end the block early and format
+    the rest of the page (CommonMark: a fence closes only at a run at least as long as its opening)."""
+    fence = "`" * max(3, max(map(len, re.findall("`+", text)), default=0) + 1)
+    return f"{fence}\n{text}\n{fence}"
+
+
+def inline_code(text: str) -> str:
+    """``text`` as inline Markdown code, delimited by one more backtick than its longest run (and padded
+    with a space where it starts or ends with one), so it renders verbatim."""
+    ticks = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
