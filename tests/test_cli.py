@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -138,7 +139,10 @@ def test_ceilings_measure_store_show_and_feed_analyze(tmp_path, capsys):
     stored = next((tmp_path / "ceilings").glob("*.json"))
     assert main(["analyze", str(RUN), "--ceilings-file", str(stored)]) == 0
     out = capsys.readouterr().out
-    assert "Roofline verdict: compute-bound" in out and f"roofs measured {shown['measured_utc']}" in out
+    # The verdict follows the roofs this machine measured a moment ago, so a loaded machine (a low
+    # matmul roof) reads another one: the point here is that the stored roofs are the ones used.
+    assert re.search(r"Roofline verdict: (compute|memory|latency/launch|communication)-bound", out)
+    assert f"roofs measured {shown['measured_utc']}" in out
 
 
 def test_ceilings_errors_are_clear(tmp_path, capsys):
