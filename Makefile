@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 export GRADIO_ANALYTICS_ENABLED := False
 
-.PHONY: setup setup-dev run test test-fast lint bench clean
+.PHONY: setup setup-dev run test test-fast test-reliability lint bench clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ test-fast: setup-dev
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q -m "not slow and not browser and not gpu"
+
+# Hostile traces and load replayed (issue 22): about 15 s, the served app's latency check included.
+test-reliability: setup-dev
+	$(PY) -m pytest -q -m reliability
 
 lint: setup-dev
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

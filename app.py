@@ -18,7 +18,7 @@ from webui import common
 from webui.advice import advice_view, apply_choices, build_advice_tab
 from webui.analyze import MAX_UPLOAD, build_analyze_tab
 from webui.history import build_history_tab, history_filters, history_view
-from webui.linking import URL_KEYS, link_tabs, url_setup, wire_apply, wire_model_limits, wire_url
+from webui.linking import URL_KEYS, link_tabs, url_setup, wire_apply, wire_model_limits, wire_url, wire_use_layout
 from webui.plan import build_plan_tab
 from webui.profile import build_profile_tab
 from webui.report import wire_report
@@ -65,12 +65,13 @@ def build_app() -> gr.Blocks:
         with gr.Tab("Advice"):
             advice = build_advice_tab([size[k] for k in SIZE_KEYS])
         with gr.Tab("Plan"):
-            plan = build_plan_tab()
+            plan, plan_use = build_plan_tab()
         with gr.Tab("History"):
             history = build_history_tab()
         link_tabs(size, profile, plan)
         wire_model_limits(size, profile, plan)
         wire_apply(advice, size, profile, plan)
+        wire_use_layout(plan_use, size)
         wire_url(size)
         wire_report(advice, [size[k] for k in SIZE_KEYS])
         pickers = [runs, analyze_runs, advice["runs"], history["run_b"]]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from advisor.errors import AdvisorError
 from advisor.estimate.estimator import Estimate, estimate
+from advisor.present.export import EXPORT_TARGETS, export_setup
 from advisor.present.report import format_estimate, format_run
 from advisor.spec.defaults import DEFAULTS, PROFILE_DEFAULTS, fit_seq
 from advisor.spec.hf_config import load_hf_config
@@ -233,6 +234,26 @@ def _cmd_size(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    out = export_setup(setup_from_args(args), args.to)
+    if args.out:
+        Path(args.out).write_text(out.text, encoding="utf-8")
+    if args.json:
+        print(
+            json.dumps(
+                {"framework": out.framework, "filename": out.filename, "notes": list(out.notes), "text": out.text}
+            )
+        )
+    elif not args.out:
+        print(out.text, end="")
+    if not args.json:
+        for note in out.notes:
+            print(f"note: {note}", file=sys.stderr)
+        if args.out:
+            print(f"wrote {args.out} ({out.framework}, {len(out.notes)} notes)", file=sys.stderr)
+    return 0
+
+
 def _options_from_args(args: argparse.Namespace) -> RunOptions:
     return RunOptions(
         device=args.device,
@@ -312,6 +333,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     _check_trace_path(path, "analyze")
     if not args.max_mb > 0:  # also refuses NaN
         raise AdvisorError(f"--max-mb={args.max_mb:g}: must be > 0 (MiB of decompressed trace)")
+    if args.max_event_mb is not None and not args.max_event_mb > 0:
+        raise AdvisorError(f"--max-event-mb={args.max_event_mb:g}: must be > 0 (MiB of one trace event)")
     hardware = get_hardware(args.gpu) if args.gpu else None
     # Our own runs are judged against their device's stored roofs; --ceilings looks them up for any trace.
     ceilings = run_ceilings(path)
@@ -320,7 +343,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     elif args.ceilings and ceilings is None:
         ceilings = ceilings_lookup()
     max_bytes = max(1, int(args.max_mb * 2**20))
-    report = analyze_path(path, path.name, max_bytes=max_bytes, hardware=hardware, ceilings=ceilings)
+    limits = {"max_bytes": max_bytes}
+    if args.max_event_mb is not None:
+        limits["max_event_bytes"] = max(1, int(args.max_event_mb * 2**20))
+    report = analyze_path(path, path.name, **limits, hardware=hardware, ceilings=ceilings)
     if path.is_dir() and not is_run_dir(path):
         own = sorted(f.name for f in path.iterdir() if is_own_output(f))
         if own:
@@ -770,6 +796,11 @@ def build_parser() -> argparse.ArgumentParser:
     size = sub.add_parser("size", help="memory per GPU, step time and MFU of a training setup, instantly")
     add_setup_args(size)
     size.set_defaults(func=_cmd_size)
+    exp = sub.add_parser("export", help="write a setup as a framework's launch config (flags, TOML, JSON, YAML)")
+    add_setup_args(exp)
+    exp.add_argument("--to", required=True, choices=EXPORT_TARGETS, help="the framework that will run it")
+    exp.add_argument("--out", metavar="FILE", help="write the config here (default: print it)")
+    exp.set_defaults(func=_cmd_export)
     prof = sub.add_parser("profile", help="profile a short real training step in a child process; files a run")
     add_setup_args(prof)
     # PROFILE_DEFAULTS' setup, as the Profile tab's; --precision: this machine's fast path unless given.
@@ -839,7 +870,16 @@ def build_parser() -> argparse.ArgumentParser:
         "folder (later analyses of the folder leave both out)",
     )
     an.add_argument(
-        "--max-mb", type=float, default=8192, help="refuse traces larger than this (MiB, decompressed; > 0)"
+        "--max-mb",
+        type=float,
+        default=8192,
+        help="refuse traces larger than this (MiB, decompressed, all files of a folder or zip together; > 0)",
+    )
+    an.add_argument(
+        "--max-event-mb",
+        type=float,
+        default=None,
+        help="refuse a Kineto trace with one event larger than this (MiB; > 0; default: 16)",
     )
     an.add_argument(
         "--gpu",

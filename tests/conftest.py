@@ -2,8 +2,9 @@
 
 Markers (pyproject.toml): ``browser`` (tests/test_browser.py), ``gpu`` (every test skipped for want of
 CUDA), ``slow`` (the modules in ``SLOW_MODULES`` and tests marked so: child processes, torchrun,
-seconds of real steps). ``make test-fast`` runs the rest: ``pytest -m "not slow and not browser and not
-gpu"``.
+seconds of real steps), ``reliability`` (tests/test_hostile_traces.py: hostile traces and load;
+``make test-reliability``). ``make test-fast`` runs the rest: ``pytest -m "not slow and not browser and
+not gpu"``.
 
 CI runs on whichever machine it is given: an AVX2-only EPYC (bf16 at 1/30 of fp32), an AVX512-BF16
 EPYC (3.5x) or an AMX Xeon (16x). What changes between them is the peaks ``presets.cpu_host`` takes

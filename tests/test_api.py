@@ -106,8 +106,8 @@ def profiled(served):
 def test_the_client_sees_each_tabs_main_action(served):
     endpoints = served.client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert set(endpoints) == {
-        "/size", "/profile", "/open_run", "/analyze", "/perfetto", "/advise", "/verify", "/plan", "/compare",
-        "/calibrate", "/report",
+        "/size", "/export", "/profile", "/open_run", "/analyze", "/perfetto", "/advise", "/verify", "/plan",
+        "/compare", "/calibrate", "/report",
     }  # fmt: skip
 
 

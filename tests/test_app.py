@@ -1,12 +1,15 @@
 """The app's Size tab handler: widget values in, verdict, plots and tables out; bad input shown, not raised."""
 
+import json
 import os
 import re
 from pathlib import Path
 
 import pytest
 
+from advisor.errors import AdvisorError
 from advisor.estimate.efficiency import ERROR_BAND
+from advisor.present.views import layout_used_message
 from tests.shared import SHARED_TRACES
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -453,6 +456,7 @@ def test_the_public_api_is_each_tabs_main_action():
     # Everything else (refreshes, cancel, page-load fills) is undocumented, not "false_1"-style names.
     assert public == {
         "size",
+        "export",
         "profile",
         "open_run",
         "analyze",
@@ -720,3 +724,41 @@ def test_the_estimated_mfu_says_it_is_an_ideal_and_how_it_counts():
     full = estimate(make_setup(model="llama-3.1-8b", gpu="h200", gpus=8, seq=2048, recompute="full"))
     assert full.hfu_frac > full.mfu_frac and "adds the recomputed FLOPs" in mfu_note(full)
     assert mfu_note(estimate(make_setup(model="tiny", gpu="cpu"))) == ""  # no GPU datasheet ideal to state
+
+
+def test_size_tab_export_writes_the_setup_for_download(tmp_path):
+    values = _size_values(model="llama-3.1-70b", gpus=64, tp=8, pp=2, recompute="selective", global_batch=64)
+    message, path = size_tab.export_view("deepspeed", *values)
+    assert message.startswith("### Exported for deepspeed: `llama-3.1-70b-deepspeed.json`")
+    assert "DeepSpeed's pipeline needs the model as a PipelineModule(num_stages=2)" in message
+    written = json.loads(Path(path).read_text(encoding="utf-8"))
+    # 64 GPUs / (tp 8 x pp 2) = dp 4: 64 sequences = micro 1 x 16 micro-batches x 4 ranks.
+    assert (written["train_batch_size"], written["gradient_accumulation_steps"]) == (64, 16)
+    assert written["tensor_parallel"] == {"autotp_size": 8} and Path(path).name == "llama-3.1-70b-deepspeed.json"
+    bad = size_tab.export_view("megatron", *_size_values(optimizer="adafactor", optimizer_impl="foreach"))
+    assert bad[0].startswith("### Cannot export this setup") and "train.optimizer='adafactor'" in bad[0]
+    assert bad[1] is None
+
+
+def test_plan_use_this_layout_gives_the_size_tab_the_rows_setup():
+    inputs = ("llama-3.1-70b", "h100", 64, 4096, 64, ["bf16"], True, False)
+    _, table, _, _ = plan_tab.plan_view(*inputs)
+    setup = plan_tab.layout_setup(2, table, *inputs)
+    assert layout_used_message(2, setup).startswith(f"### Layout #2 is the current setup\n{table['layout'][1]}")
+    # The Size tab's widgets, set from it, describe that very setup (dropdown degrees as text).
+    values = size_tab.size_values(setup)
+    assert size_tab.setup_from_size_inputs(*[values.get(k) for k in size_tab.SIZE_KEYS]) == setup
+    with pytest.raises(AdvisorError, match="rank=0: must be a rank of the table, 1 to 10"):
+        plan_tab.layout_setup(0, table, *inputs)
+    with pytest.raises(AdvisorError, match="the Plan inputs changed since this table was made"):
+        plan_tab.layout_setup(1, table, "llama-3.1-70b", "h100", 128, 4096, 64, ["bf16"], True, False)
+    with pytest.raises(AdvisorError, match="press Plan first"):
+        plan_tab.layout_setup(1, None, *inputs)
+
+
+def test_a_degree_the_dropdown_lacks_is_added_to_its_choices():
+    with gr.Blocks():
+        pp = common.degree_dropdown([1, 2, 4, 8], 1, "PP")
+    shown = linking._shown(pp, "5")  # the planner splits 80 blocks over 5 stages; the dropdown has no 5
+    assert shown.value == "5" and [c for _, c in shown.choices] == ["1", "2", "4", "8", "5"]
+    assert linking._shown(pp, "4") == "4"

@@ -19,6 +19,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the torchtitan TOML is read back on 3.11+ only
+    tomllib = None
+
 from tests.chromium import CHROMIUM, launch
 from tests.sample_cpu import pin_sample_cpu
 from tests.shared import SHARED_TRACES
@@ -147,6 +152,43 @@ def test_size_a_model_and_the_other_tabs_follow(page):
     page.locator("#plan-run").click()
     expect(page.locator("#plan-summary")).to_contain_text("layouts of")
     _shot(page, "plan")
+
+
+def _download(page, link) -> str:
+    """Click a download link; the downloaded file's text."""
+    with page.expect_download() as download:
+        link.click()
+    return Path(download.value.path()).read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(tomllib is None, reason="reads the TOML back with Python 3.11's tomllib")
+def test_plan_use_a_layout_then_size_and_export_it(page):
+    # Issue 21 item 5: a Plan row becomes the current setup, which the Size tab estimates and exports.
+    _tab(page, "Plan")
+    page.locator("#plan-run").click()
+    expect(page.locator("#plan-summary")).to_contain_text("layouts of")
+    second = page.locator('#plan-table [data-testid="cell-1-1"]').inner_text().strip()  # row 2's layout
+    dp, tp, pp, cp = map(int, re.match(r"DP(\d+) TP(\d+) PP(\d+)(?:x\dv)? CP(\d+)", second).groups())
+    _set_number(page, "Layout rank", 2)
+    page.locator("#plan-use").click()
+    expect(page.locator("#plan-use-msg")).to_contain_text(f"Layout #2 is the current setup\n{second}")
+    _tab(page, "Size")
+    verdict = page.locator("#size-verdict")
+    expect(verdict).to_contain_text(f"dp{dp} tp{tp} pp{pp}")  # describe_setup of the layout
+    _shot(page, "plan-to-size")
+    # Export it for torchtitan and for Megatron-LM: the downloaded files carry the layout's degrees.
+    _choose(page, "#size-export-to", "torchtitan")
+    page.locator("#size-export").click()
+    expect(page.locator("#size-export-msg")).to_contain_text("Exported for torchtitan: llama-3.1-8b-torchtitan.toml")
+    toml = tomllib.loads(_download(page, page.locator("#size-export-file a").first))
+    degrees = ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree")
+    assert [toml["parallelism"][k] for k in degrees] == [tp, pp, cp]
+    assert toml["model"] == {"name": "llama3", "flavor": "8B"} and toml["training"]["global_batch_size"] == 64
+    _choose(page, "#size-export-to", "megatron")
+    page.locator("#size-export").click()
+    expect(page.locator("#size-export-msg")).to_contain_text("Exported for megatron: llama-3.1-8b-megatron.sh")
+    script = _download(page, page.locator("#size-export-file a").first)
+    assert f"--tensor-model-parallel-size {tp} " in script and "--global-batch-size 64 " in script
 
 
 def test_bad_input_shows_a_clear_message_and_the_app_keeps_working(page):
@@ -365,10 +407,10 @@ def test_the_page_address_reproduces_the_setup(page, browser, server):
         _tab(other, "Plan")
         expect(other.locator("#plan-model input")).to_have_value("llama-3.1-70b")
         # A link's parameters that cannot be used are named, with why; the rest apply.
-        other.goto(f"{server[0]}/?seq=8k&tp=5&colour=red&gpus=16")
+        other.goto(f"{server[0]}/?seq=8k&precision=fp64&colour=red&gpus=16")
         note = other.locator("#link-note")
         expect(note).to_contain_text("seq=8k: must be a whole number")
-        expect(note).to_contain_text("tp=5: not one of this field's choices")
+        expect(note).to_contain_text("precision=fp64: not one of this field's choices")
         expect(note).to_contain_text("colour=red: unknown field")
         expect(other.locator("#size-verdict")).to_contain_text("16 GPUs (dp 16)")
     finally:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+import time
 
 import gradio as gr
 import pandas as pd
 
 from advisor.analysis.summary import analyze, format_report, load_trace
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, TraceError
 from advisor.present.charts import category_figure, roofline_figure, temporal_figure
 from advisor.present.views import (
     COLLECTIVE_COLUMNS,
@@ -21,6 +22,8 @@ from advisor.present.views import (
     TABLE_NOTES,
     analysis_details,
     analysis_top_table,
+    code_block,
+    inline_code,
     roofline_rows,
     table_choices,
     table_view,
@@ -34,7 +37,11 @@ STAGES = 3
 
 
 class _Cancelled(AdvisorError):
-    """The user cancelled the job between two of its stages."""
+    """The user cancelled the job (seen between two blocks of the trace read, or two stages)."""
+
+
+class _OverTime(AdvisorError):
+    """The job ran past the wall-clock budget of one analysis (ADVISOR_ANALYZE_TIMEOUT_S)."""
 
 
 def no_analysis():
@@ -73,20 +80,46 @@ def show_table(name: str | None, tables: dict | None):
     return gr.Dataframe(value=table_view(tables, name), label=f"{name}: {note}" if note else name)
 
 
-def _stage_reporter(on_stage, cancel: threading.Event | None):
-    def stage(done: int, message: str) -> None:
+def _stopper(cancel: threading.Event | None, timeout_s: float):
+    """A check that raises once the user cancels or the analysis runs past ``timeout_s``: the loaders
+    call it before each block they read, and each stage starts with it."""
+    deadline = time.monotonic() + timeout_s
+
+    def check() -> None:
         if cancel is not None and cancel.is_set():
             raise _Cancelled("cancelled by the user")
+        if time.monotonic() > deadline:
+            raise _OverTime(
+                f"The analysis ran past its budget of {timeout_s:g} s (ADVISOR_ANALYZE_TIMEOUT_S on the server) "
+                "and was stopped; analyze a shorter trace here, or the whole one with `python -m advisor analyze`."
+            )
+
+    return check
+
+
+def _stage_reporter(on_stage, check):
+    def stage(done: int, message: str) -> None:
+        check()
         if on_stage is not None:
             on_stage(done, STAGES, message)
 
     return stage
 
 
+def _load(path: str, upload: str | None, limits: common.TraceLimits, check):
+    """The upload's (or run's) event table within ``limits``; its errors without server paths."""
+    try:
+        return load_trace(path, max_bytes=limits.max_bytes, max_event_bytes=limits.max_event_bytes, check=check)
+    except (_Cancelled, _OverTime):
+        raise
+    except AdvisorError as err:
+        raise TraceError(common.without_server_paths(str(err), upload)) from None
+
+
 def _views(report, table, roofline, label: str, skipped: str, source: str = ""):
     t = report.tables
     gpu = not t["temporal_breakdown"].empty
-    summary = (source and f"{source}\n\n") + "```\n" + format_report(report, label) + "\n```"
+    summary = (source and f"{source}\n\n") + code_block(format_report(report, label))
     summary += f"\n\n{skipped}" if skipped else ""
     return (
         summary,
@@ -110,19 +143,21 @@ def analyze_view(upload: str | None, run_id: str | None, on_stage=None, cancel: 
     details table, collectives table, roofline figure, roofline table, the "All analyses" picker, every
     table (its state), the picked table) of an uploaded trace, or else of a stored run's trace; outputs
     added later come last. ``on_stage(done, total, message)`` hears of
-    each stage; a set ``cancel`` stops before the next one."""
+    each stage; a set ``cancel`` stops the trace's read within a block and the analyses between two of
+    their groups, as does the wall-clock budget (common.trace_limits)."""
     if not (upload or run_id):
         hint = "Upload a trace (Kineto .json / .json.gz, a .zip of rank files, or an nsys .sqlite) or pick a run."
         return (hint, *no_analysis())
     path, label = (upload, os.path.basename(upload)) if upload else (str(common.store().path(run_id)), run_id)
-    source = f"Analysed: the uploaded file `{label}`" if upload else f"Analysed: the stored run `{label}`"
-    stage = _stage_reporter(on_stage, cancel)
+    source = f"Analysed: the {'uploaded file' if upload else 'stored run'} {inline_code(label)}"
+    limits = common.trace_limits()
+    stage = _stage_reporter(on_stage, check := _stopper(cancel, limits.timeout_s))
     try:
         stage(0, f"loading {label}")
-        table = load_trace(path)
+        table = _load(path, upload, limits, check)
         stage(1, f"analyzing {len(table):,} events")
         roofline, skipped = common.roofline_of(table)
-        report = analyze(table, run_id=label, roofline=roofline)
+        report = analyze(table, run_id=label, roofline=roofline, check=check)
         stage(2, "drawing")
     except _Cancelled:
         return ("### Analysis cancelled", *no_analysis())
@@ -174,7 +209,8 @@ def perfetto_file(upload: str | None, run_id: str | None) -> tuple[str, str | No
     path = upload if upload else str(common.store().path(run_id))
     name = os.path.basename(path.rstrip("/")).split(".")[0] or "trace"
     out = os.path.join(tempfile.mkdtemp(prefix="perfetto-", dir=common.download_root()), f"{name}.perfetto.json.gz")
-    return PERFETTO_OPENED, str(write_chrome_trace(load_trace(path), out))
+    limits = common.trace_limits()
+    return PERFETTO_OPENED, str(write_chrome_trace(_load(path, upload, limits, _stopper(None, limits.timeout_s)), out))
 
 
 def analyze_job(upload: str | None, run_id: str | None, request: gr.Request | None = None):
@@ -196,7 +232,7 @@ def cancel_analysis(request: gr.Request | None = None) -> str:
     return common.cancel_message(
         "analyze",
         request,
-        "### Cancelling after the stage in progress…",
+        "### Cancelling: the trace's read stops at its next block, the analyses at their next group…",
         "No analysis of yours is running here to cancel.",
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 import os
 import queue
 import shutil
@@ -13,6 +14,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import gradio as gr
 
@@ -74,6 +76,59 @@ def guarded(title: str, what: str, rest: Callable[[], tuple] | None = None) -> C
         return handler
 
     return wrap
+
+
+# --- Limits on one request ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TraceLimits:
+    """What one Analyze request may spend, from the environment (README, "Safe by default")."""
+
+    max_bytes: int
+    """Decompressed bytes of the trace, all files of a zip together (ADVISOR_MAX_TRACE_MB)."""
+    max_event_bytes: int
+    """Bytes of one Kineto event (ADVISOR_MAX_EVENT_MB)."""
+    timeout_s: float
+    """Wall-clock seconds for the load and the analysis together (ADVISOR_ANALYZE_TIMEOUT_S)."""
+
+
+# A 500 MB upload of gzipped Kineto JSON unpacks to about 4 GiB (compressed 8-12x); 16 requests at a
+# time at the CLI's 8 GiB each could ask for 128 GiB. One event: see advisor.trace.kineto.
+TRACE_LIMIT_DEFAULTS = {
+    "ADVISOR_MAX_TRACE_MB": 4096.0,
+    "ADVISOR_MAX_EVENT_MB": 16.0,
+    "ADVISOR_ANALYZE_TIMEOUT_S": 600.0,
+}
+
+
+def trace_limits() -> TraceLimits:
+    """The limits of one Analyze request, read afresh from the environment; AdvisorError naming the
+    variable and its value where one is not a number > 0."""
+    values = {}
+    for var, default in TRACE_LIMIT_DEFAULTS.items():
+        raw = os.environ.get(var, "")
+        try:
+            value = float(raw) if raw.strip() else default
+        except ValueError:
+            value = math.nan
+        if not (value > 0 and math.isfinite(value)):
+            raise AdvisorError(f"{var}={raw!r}: must be a number > 0 (the server's setting; default {default:g})")
+        values[var] = value
+    return TraceLimits(
+        max_bytes=max(1, int(values["ADVISOR_MAX_TRACE_MB"] * 2**20)),
+        max_event_bytes=max(1, int(values["ADVISOR_MAX_EVENT_MB"] * 2**20)),
+        timeout_s=values["ADVISOR_ANALYZE_TIMEOUT_S"],
+    )
+
+
+def without_server_paths(message: str, upload: str | None) -> str:
+    """``message`` with the upload's server path cut to its file name (Gradio keeps uploads under
+    a temporary folder whose name says nothing to the user and something to an attacker)."""
+    if not upload:
+        return message
+    folder = os.path.dirname(upload)
+    return message.replace(upload, os.path.basename(upload)).replace(folder + os.sep, "").replace(folder, "")
 
 
 # --- Widgets -------------------------------------------------------------------------------------

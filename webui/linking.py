@@ -9,14 +9,15 @@ from collections.abc import Callable
 
 import gradio as gr
 
-from advisor.present.views import setup_diff
+from advisor.present.views import layout_used_message, setup_diff
 from advisor.spec.defaults import DEFAULTS
 from advisor.spec.presets import MODELS
 from advisor.spec.query import query_text, values_from_query
 from webui.advice import AFTER_ADVICE, apply_recommendation, cleared_after_advice
-from webui.common import follow_value
+from webui.common import follow_value, guarded
+from webui.plan import layout_setup
 from webui.profile import PROFILE_KEYS
-from webui.size import SIZE_KEYS, size_view
+from webui.size import SIZE_KEYS, size_values, size_view
 
 SHARED_KEYS = ("model", "gpu", "gpus", "seq", "micro_batch", "global_batch", "precision", "recompute")
 SHARED_KEYS += ("optimizer", "optimizer_impl")
@@ -151,7 +152,11 @@ def url_setup(size: dict, plan: dict) -> Callable:
     def from_url(request: gr.Request):
         values, problems = values_from_query(dict(request.query_params) if request is not None else {})
         values |= {k: str(v) for k, v in values.items() if k in DEGREE_KEYS}
-        shown = [follow_value(size[k], values[k]) if k in values else gr.skip() for k in URL_KEYS]
+        # A degree the dropdown lacks (the planner's pp 5, through Use this layout) is added, as there.
+        shown = [
+            (_shown if k in DEGREE_KEYS else follow_value)(size[k], values[k]) if k in values else gr.skip()
+            for k in URL_KEYS
+        ]
         refused = [k for k, v in zip(URL_KEYS, shown, strict=True) if k in values and v == gr.skip()]
         problems += [f"`{k}={values[k]}`: not one of this field's choices" for k in refused]
         used = {k: v for k, v in values.items() if k not in refused}
@@ -160,3 +165,27 @@ def url_setup(size: dict, plan: dict) -> Callable:
         return [note, *shown, *_followed(plan, list(plan), used), *verdict]
 
     return from_url
+
+
+def _shown(widget, value):
+    """``value`` as ``widget`` takes it; a degree its dropdown lacks (the planner's pp 5 or vpp 10) is
+    added to the choices rather than skipped, which would leave the last degree on screen."""
+    shown = follow_value(widget, value)
+    if value is not None and isinstance(widget, gr.Dropdown) and isinstance(shown, type(gr.skip())):
+        return gr.Dropdown(choices=[*(v for _, v in widget.choices), value], value=value)
+    return shown
+
+
+def wire_use_layout(use: dict, size: dict) -> None:
+    """ "Use this layout" on the Plan tab: the picked row's setup goes to the Size tab's widgets (a loaded
+    config.json cleared: the plan is of a preset), where it is estimated and can be exported."""
+    size_keys = [k for k in SIZE_KEYS if k != "config_file"]
+    outputs = [use["message"], size["config_file"], *(size[k] for k in size_keys)]
+
+    @guarded("Cannot use this layout", "Loading the layout", lambda: tuple(gr.skip() for _ in outputs[1:]))
+    def on_use(rank, table, *plan_inputs):
+        setup = layout_setup(rank, table, *plan_inputs)
+        values = size_values(setup)
+        return [layout_used_message(int(rank), setup), None, *(_shown(size[k], values.get(k)) for k in size_keys)]
+
+    use["button"].click(on_use, use["inputs"], outputs, api_visibility="undocumented")

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import gradio as gr
 import pandas as pd
 
 from advisor.estimate.estimator import estimate
 from advisor.present.charts import memory_figure, time_figure
-from advisor.present.views import MEMORY_COLUMNS, TIME_COLUMNS, memory_table, size_summary, time_table
+from advisor.present.export import EXPORT_TARGETS, export_setup
+from advisor.present.views import MEMORY_COLUMNS, TIME_COLUMNS, export_summary, memory_table, size_summary, time_table
 from advisor.spec.defaults import DEFAULTS, setup_value
 from advisor.spec.presets import HARDWARE, MODELS
 from advisor.spec.setup import make_setup
 from advisor.spec.specs import FRAMEWORKS, OFFLOAD_MODES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES
+from webui import common
 from webui.common import as_int, block_count, degree_dropdown, guarded
 
 SIZE_KEYS = ["model", "config_file", *list(DEFAULTS)[1:]]
@@ -71,6 +76,16 @@ def size_view(
     parameters, SIZE_KEYS in order, name the /size endpoint's."""
     est = estimate(setup_from_size_inputs(**locals()))  # locals(): exactly the parameters, here
     return size_summary(est), memory_figure(est), time_figure(est), memory_table(est), time_table(est)
+
+
+@guarded("Cannot export this setup", "The export", lambda: (None,))
+def export_view(target: str, *values) -> tuple[str, str | None]:
+    """Size tab's Export: (what was written and its notes, the file to download) of the current setup
+    (``values``: the Size tab's widgets in SIZE_KEYS order) for framework ``target``."""
+    out = export_setup(setup_from_size_inputs(*values), target)
+    path = Path(tempfile.mkdtemp(prefix="export-", dir=common.download_root()), out.filename)
+    path.write_text(out.text, encoding="utf-8")
+    return export_summary(out), str(path)
 
 
 def size_values(setup) -> dict:
@@ -180,4 +195,16 @@ def build_size_tab() -> tuple[dict, list]:
             outputs = _outputs()
     inputs = [widgets[k] for k in SIZE_KEYS]
     gr.on([c.change for c in inputs], size_view, inputs, outputs, api_name="size", show_progress="hidden")
+    _export_controls(inputs)
     return widgets, outputs
+
+
+def _export_controls(inputs: list) -> None:
+    """Export: the current setup as a framework's launch config, to download."""
+    gr.Markdown("#### Export: launch config of this setup")
+    with gr.Row():
+        target = gr.Dropdown(list(EXPORT_TARGETS), value=EXPORT_TARGETS[0], label="Framework", elem_id="size-export-to")
+        button = gr.Button("Export", elem_id="size-export")
+    message = gr.Markdown(elem_id="size-export-msg")
+    file = gr.File(label="Launch config", interactive=False, elem_id="size-export-file")
+    button.click(export_view, [target, *inputs], [message, file], api_name="export")

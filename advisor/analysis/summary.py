@@ -27,7 +27,7 @@ from advisor.errors import AdvisorError
 from advisor.spec.ceilings import Ceilings
 from advisor.spec.metrics import StepMetrics
 from advisor.spec.specs import HardwareSpec
-from advisor.trace.kineto import DEFAULT_MAX_BYTES
+from advisor.trace.kineto import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENT_BYTES
 from advisor.trace.load import load_trace as trace_load
 from advisor.trace.table import GPU_KINDS, kind_mask
 
@@ -38,10 +38,17 @@ def wants_args(name: str) -> bool:
     return roofline_wants_args(name) or collectives_wants_args(name)
 
 
-def load_trace(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> pd.DataFrame:
-    """The event table of any supported trace at ``path`` (``advisor.trace.load.load_trace``), with
-    the arguments the analyses read kept beside it, so that the trace is parsed once."""
-    return trace_load(path, max_bytes=max_bytes, keep_args=wants_args)
+def load_trace(
+    path: str | Path,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    check: Callable[[], None] | None = None,
+) -> pd.DataFrame:
+    """The event table of any supported trace at ``path`` (``advisor.trace.load.load_trace``, whose
+    limits and ``check`` these are), with the arguments the analyses read kept beside it, so that the
+    trace is parsed once."""
+    return trace_load(path, max_bytes=max_bytes, max_event_bytes=max_event_bytes, keep_args=wants_args, check=check)
 
 
 @dataclass(frozen=True)
@@ -55,17 +62,27 @@ class TraceReport:
 
 
 def analyze(
-    df: pd.DataFrame, run_id: str = "trace", *, trim_last_step: bool = True, roofline: Roofline | None = None
+    df: pd.DataFrame,
+    run_id: str = "trace",
+    *,
+    trim_last_step: bool = True,
+    roofline: Roofline | None = None,
+    check: Callable[[], None] | None = None,
 ) -> TraceReport:
     """All analyses of an event table. Kineto traces are cut to their complete profiler steps (the
     last ``ProfilerStep`` is dropped, as HTA does, unless ``trim_last_step`` is off: our own runs stop
     the profiler after their last step, so nothing is cut); nsys captures are used whole. With a
     ``roofline`` (``advisor.analysis.roofline.trace_roofline`` of the same trace) its table joins the tables
-    and its step summary the metrics."""
+    and its step summary the metrics. ``check()`` runs between groups of analyses and stops them by
+    raising (the app's Cancel and time budget); the analyses already running beside are left to end
+    on their own, not waited for."""
     skipped = tuple(df.attrs.get("skipped_files") or ())
     if trim_last_step and df.attrs.get("source") == "kineto" and not df.attrs.get("own_run"):
         df = A.drop_last_profiler_step(df)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="analyze") as pool:
+    check = check or _no_check
+    check()
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="analyze")
+    try:
         # The analyses that need no other's result and cost the most on large traces run beside the
         # rest: their numpy sorts release the GIL (a 3.7 GB export's analysis: see bench/scale.py).
         beside = {
@@ -74,7 +91,11 @@ def analyze(
             "kernel_chains": pool.submit(kernel_chains, df),
             "memory_bw": pool.submit(Q.memory_bw_summary, df),
         }
-        tables, host_self_ns = _tables(df, beside)
+        tables, host_self_ns = _tables(df, beside, check)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # a stop returns now; a running analysis ends alone
+        raise
+    pool.shutdown()
     metrics = _summary(df, tables, run_id, host_self_ns=host_self_ns)
     if roofline is not None:
         tables["roofline"] = roofline.table
@@ -82,18 +103,28 @@ def analyze(
     return TraceReport(metrics, tables, skipped)
 
 
-def _tables(df: pd.DataFrame, beside: dict[str, Future]) -> tuple[dict[str, pd.DataFrame], int]:
+def _no_check() -> None:
+    """What runs between analyses when the caller has nothing to stop them with."""
+
+
+def _tables(
+    df: pd.DataFrame, beside: dict[str, Future], check: Callable[[], None]
+) -> tuple[dict[str, pd.DataFrame], int]:
     """Every table but the ``beside`` ones' (filled in, in the same order, once they are done), and the
-    host ops' summed self time."""
+    host ops' summed self time; ``check()`` between groups of analyses."""
     categories, top = A.kernel_breakdown(df)
     sweeps, launches = A.type_sweeps(df), A.launch_calls(df)
+    check()
     host_ops = A.host_op_times(df)
     temporal, phases = A.temporal_breakdown(df, sweeps), step_phases(df, A.phase_breakdown(df))
+    check()
     idle = A.idle_time_breakdown(df, launches=launches)
     waits = A.sync_waits(df, launches=launches)
     queue = Q.queue_length_series(df, launches=launches)
+    check()
     calls, collectives = collective_calls_and_table(df, collective_sizes(df))
     comm = comm_calls(df, calls)
+    check()
     tables = {
         "temporal_breakdown": temporal,
         "kernel_type_breakdown": A.kernel_type_breakdown(df, sweeps),
@@ -124,6 +155,7 @@ def _tables(df: pd.DataFrame, beside: dict[str, Future]) -> tuple[dict[str, pd.D
         "memory_bw": None,
     }
     tables["comm_stragglers"] = comm_stragglers(comm, tables["rank_skew"])
+    check()
     for name, pending in beside.items():
         tables[name] = pending.result()
     tables["critical_path_summary"] = critical_path_summary(tables["critical_path"])
@@ -155,6 +187,7 @@ def analyze_path(
     run_id: str | None = None,
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     hardware: HardwareSpec | None = None,
     ceilings: Ceilings | Callable[[HardwareSpec], Ceilings | None] | None = None,
     trim_last_step: bool = True,
@@ -165,7 +198,7 @@ def analyze_path(
     trace whose roofline cannot be made is still analyzed: the reason is printed and the roofline
     left out."""
     path = Path(path)
-    df = load_trace(path, max_bytes=max_bytes)
+    df = load_trace(path, max_bytes=max_bytes, max_event_bytes=max_event_bytes)
     try:
         roofline = trace_roofline(df, hardware=hardware, ceilings=ceilings)
     except AdvisorError as err:

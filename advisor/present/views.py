@@ -3,6 +3,7 @@ so a handler in ``webui/`` is a call to the core and one of these, and each is t
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pandas as pd
@@ -415,9 +416,42 @@ def plan_table(result) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=PLAN_COLUMNS)
 
 
+def layout_used_message(rank: int, setup) -> str:
+    """The Plan tab's answer to "Use this layout": what went to the Size tab."""
+    return (
+        f"### Layout #{rank} is the current setup\n{layout_label(setup)} on {setup.gpus} x {setup.hardware.name}: "
+        "the Size tab shows its memory and step time, and exports it."
+    )
+
+
+def export_summary(out) -> str:
+    """The Size tab's Export answer: the file, and what it cannot say (also written in it)."""
+    text = f"### Exported for {out.framework}: `{out.filename}`"
+    if out.notes:
+        where = "its `_advisor_notes`" if out.framework == "deepspeed" else "its comments"
+        text += f"\nWhat the file leaves out or changes (also in {where}):\n" + "\n".join(f"- {n}" for n in out.notes)
+    return text
+
+
 def plan_summary(result) -> str:
     return (
         f"### {len(result.top)} layouts of {result.fitting:,} that fit\n"
         f"{result.considered:,} combinations considered ({result.invalid:,} invalid, {result.no_fit:,} do not fit), "
         f"{result.estimated:,} estimated, in {result.elapsed_s:.2f} s."
     )
+
+
+def code_block(text: str) -> str:
+    """``text`` as a Markdown code block whose fence is longer than any run of backticks in it, so a
+    name from a trace (a kernel named with a Markdown fence) cannot end the block early and format
+    the rest of the page (CommonMark: a fence closes only at a run at least as long as its opening)."""
+    fence = "`" * max(3, max(map(len, re.findall("`+", text)), default=0) + 1)
+    return f"{fence}\n{text}\n{fence}"
+
+
+def inline_code(text: str) -> str:
+    """``text`` as inline Markdown code, delimited by one more backtick than its longest run (and padded
+    with a space where it starts or ends with one), so it renders verbatim."""
+    ticks = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"

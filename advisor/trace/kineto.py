@@ -4,8 +4,15 @@ Accepts a ``.json`` or ``.json.gz`` file, or a folder of per-rank files. The ``t
 read in small blocks: each block is cut at the end of its last complete event (found with vectorised
 bracket/string bookkeeping), parsed with orjson (the standard library's json where orjson is missing)
 and turned into numpy columns at once, so neither the whole raw JSON nor a tree of Python objects for
-it is ever held; only the compact columns grow. A
-gzip stream is capped at ``max_bytes`` decompressed (a gzip bomb stops there with an error).
+it is ever held; only the compact columns grow.
+
+Bounded work for any input (issue 22): each byte is searched and parsed once, so time is linear in the
+decompressed bytes; ``max_bytes`` caps those over all files of one load (a gzip bomb stops there),
+``max_event_bytes`` one event (a 64 MiB name stops at 16 MiB), and the JSON kept outside traceEvents
+is capped at META_MAX_BYTES with blanks not kept (a file padded with 1 GiB of spaces holds one block
+of them). A ``check`` callable runs before each block (the app's Cancel and time budget). A field of
+the wrong type (``args.device: "zero"``) or a time out of range (1e30, a negative duration, a
+boolean) is refused with the event and the field named.
 
 Times: Kineto writes microseconds with fractional nanoseconds; they become integer nanoseconds.
 The rank comes from ``distributedInfo.rank``, else from a ``rank-N`` / ``rank_N`` file name, else 0.
@@ -27,7 +34,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -36,15 +43,27 @@ from advisor.errors import TraceError
 from advisor.trace.table import COPY_KINDS, HOST_MEM, KINDS, EventArgs, concat_tables, make_table
 
 try:  # 3-5x faster than the standard library's parser on large traces
+    from orjson import loads as _view_loads  # reads a memoryview in place (the standard library's cannot)
     from orjson import loads as json_loads
 except ImportError:  # an optional speed-up (a GPU box's image may lack it): the same JSON, parsed slower
     from json import loads as json_loads
+
+    _view_loads = None
 
 # Small blocks keep each block's parsed objects in the CPU caches while they are turned into columns:
 # on a 100 MiB trace, 256 KiB blocks load 3-4x faster than 32 MiB ones (bench/analyze_speed.py).
 BLOCK_BYTES = 256 * 2**10
 DEFAULT_MAX_BYTES = 8 * 2**30
+# The largest Kineto event seen in real traces is a few hundred KiB (an op with thousands of inputs
+# listed in its Input Dims); a longer run of bytes without an event's end is refused, so one hostile
+# event (a 64 MiB name) cannot hold its whole self in memory or be scanned again and again.
+DEFAULT_MAX_EVENT_BYTES = 16 * 2**20
+META_MAX_BYTES = 64 * 2**20  # the JSON outside traceEvents (metadata): a few KiB in real traces
+# Times in microseconds (Kineto's unit) whose nanoseconds, and a start plus a duration, fit int64:
+# 2**62 ns is 146 years; an epoch timestamp today is about 1.8e15 us, under a third of it.
+MAX_TIME_US = 2**62 / 1000
 _LIMIT_HINT = "raise the limit: analyze --max-mb, or max_bytes in the API"
+_EVENT_HINT = "raise the limit: analyze --max-event-mb, or max_event_bytes in the API"
 _CAT_KIND = {
     "kernel": "kernel",
     "gpu_memcpy": "memcpy",
@@ -104,29 +123,71 @@ def trace_files(path: Path) -> list[Path]:
     return [path]
 
 
-def copy_zip_member(z: zipfile.ZipFile, member: zipfile.ZipInfo, dest: Path, archive: str) -> None:
-    """Copy one member of an open zip to ``dest`` in 1 MiB chunks, refusing one that unpacks to more
-    than its header says (the caller has checked the header's size against its limit)."""
-    with z.open(member) as src, open(dest, "wb") as dst:
-        copied = 0
-        while chunk := src.read(2**20):
-            copied += len(chunk)
-            if copied > member.file_size:
-                raise TraceError(f"{archive}: member {Path(member.filename).name} is larger than its header says")
-            dst.write(chunk)
+class TraceSource:
+    """One trace file to read: its name (shown in messages; never a server path), how to open its raw
+    bytes, their size, and whether they are gzip. A file on disk or a member of an open zip alike."""
+
+    def __init__(self, name: str, opener: Callable[[], BinaryIO], size: int, *, archive: str = "") -> None:
+        self.name = name
+        self.open = opener
+        self.size = size
+        self.gz = name.endswith(".gz")
+        self.archive = archive  # the zip it is a member of ('' for a file)
+
+    @classmethod
+    def of_file(cls, path: Path) -> TraceSource:
+        return cls(path.name, lambda: open(path, "rb"), path.stat().st_size)
+
+    def damaged(self, err: BaseException) -> str:
+        """What to say when its bytes cannot be read."""
+        why = f"{type(err).__name__}: {err}"
+        if self.archive:
+            return f"{self.archive}: member {self.name} is damaged or its header lies about its size ({why})"
+        return f"{self.name} is damaged or not gzip ({why})"
+
+
+class ReadBudget:
+    """What one request may read, over all its files together: ``max_bytes`` decompressed, and
+    ``check()`` (a cancel or a deadline: it raises to stop) called before each block, so a stop
+    takes effect within one block's work."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, check: Callable[[], None] | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.check = check
+        self.read_bytes = 0
+        self._file_start = 0  # read_bytes where the file being read began
+        self._file = ""
+
+    @property
+    def left_bytes(self) -> int:
+        return self.max_bytes - self.read_bytes
+
+    def charge(self, n_bytes: int, name: str) -> None:
+        if self.check is not None:
+            self.check()
+        if name != self._file:
+            self._file, self._file_start = name, self.read_bytes
+        self.read_bytes += n_bytes
+        if self.read_bytes > self.max_bytes:
+            what = f"{name} and the files before it decompress" if self._file_start else f"{name} decompresses"
+            raise TraceError(f"{what} to over {_mib(self.max_bytes)} MiB; refusing it ({_LIMIT_HINT})")
 
 
 def load_kineto(
     path: str | Path,
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     block_bytes: int = BLOCK_BYTES,
     keep_args: Callable[[str], bool] | None = None,
+    check: Callable[[], None] | None = None,
 ) -> pd.DataFrame:
     """The event table of one Kineto trace file or a folder of rank files.
 
-    ``max_bytes`` caps each file's (decompressed) size. Raises TraceError on anything that is not a
-    Kineto trace: damaged gzip, invalid JSON, another JSON schema, or a trace with no events. In a
+    ``max_bytes`` caps the decompressed bytes read over all the files together, ``max_event_bytes``
+    one event's; ``check()`` runs before each block read and stops the load by raising (a cancel, a
+    deadline). Raises TraceError on anything that is not a Kineto trace: damaged gzip, invalid JSON,
+    another JSON schema, a field of the wrong type or out of range, or a trace with no events. In a
     folder, a JSON file of another schema is skipped when other files are traces; the table's
     ``attrs["skipped_files"]`` names each with the reason.
 
@@ -135,21 +196,43 @@ def load_kineto(
     count, go to ``attrs["event_args"]`` (``advisor.trace.table.EventArgs``), so no analysis parses the
     file again. ``attrs["devices"]`` gives each rank's first device as (name, memory bytes).
     """
-    files = trace_files(Path(path))
+    p = Path(path)
+    sources = [TraceSource.of_file(f) for f in trace_files(p)]
+    return load_sources(
+        sources,
+        f"folder {p}" if p.is_dir() else p.name,
+        budget=ReadBudget(max_bytes, check),
+        max_event_bytes=max_event_bytes,
+        block_bytes=block_bytes,
+        keep_args=keep_args,
+    )
+
+
+def load_sources(
+    sources: list[TraceSource],
+    label: str,
+    *,
+    budget: ReadBudget,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    block_bytes: int = BLOCK_BYTES,
+    keep_args: Callable[[str], bool] | None = None,
+) -> pd.DataFrame:
+    """The event table of the rank files ``sources`` (``label``: the folder or archive they came from),
+    as :func:`load_kineto` gives it, read within ``budget``."""
     tables, meta, skipped = [], [], []
-    for f in files:
+    for src in sources:
         try:
             with gc_paused():
-                table, info = _load_file(f, max_bytes, block_bytes, len(tables), keep_args)
+                table, info = _load_file(src, budget, max_event_bytes, block_bytes, len(tables), keep_args)
         except NotKinetoError as err:
-            if len(files) == 1:
+            if len(sources) == 1:
                 raise
             skipped.append(str(err))
             continue
         tables.append(table)
         meta.append(info)
     if not tables:
-        raise TraceError(f"folder {path} holds no Kineto trace: {'; '.join(skipped)}")
+        raise TraceError(f"{label} holds no Kineto trace: {'; '.join(skipped)}")
     ranks = [m["rank"] for m in meta]
     if len(set(ranks)) != len(ranks):
         raise TraceError(f"several files claim the same rank ({sorted(ranks)}); give one file per rank")
@@ -225,97 +308,219 @@ def _mib(n_bytes: float) -> str:
     return f"{mib:,.0f}" if mib >= 100 else f"{mib:.3g}"
 
 
-def _open(path: Path, max_bytes: int):
-    raw = path.stat().st_size
-    gz = path.name.endswith(".gz")
-    if not gz and raw > max_bytes:
-        raise TraceError(f"{path.name} is {_mib(raw)} MiB, over the {_mib(max_bytes)} MiB limit ({_LIMIT_HINT})")
-    return gzip.open(path, "rb") if gz else open(path, "rb")
-
-
-def _blocks(path: Path, max_bytes: int, block_bytes: int) -> Iterator[bytes]:
-    total = 0
+def _blocks(src: TraceSource, budget: ReadBudget, block_bytes: int) -> Iterator[bytes]:
+    """The decompressed bytes of ``src`` in blocks of ``block_bytes``, each charged to ``budget``."""
+    if not src.gz and src.size > budget.left_bytes:
+        over = f"over the {_mib(budget.max_bytes)} MiB limit" + (
+            " with the files before it" if budget.read_bytes else ""
+        )
+        raise TraceError(f"{src.name} is {_mib(src.size)} MiB, {over} ({_LIMIT_HINT})")
     try:
-        with _open(path, max_bytes) as f:
+        with src.open() as raw, gzip.GzipFile(fileobj=raw, mode="rb") if src.gz else raw as f:
             while block := f.read(block_bytes):
-                total += len(block)
-                if total > max_bytes:
-                    raise TraceError(
-                        f"{path.name} decompresses to over {_mib(max_bytes)} MiB; refusing it ({_LIMIT_HINT})"
-                    )
+                budget.charge(len(block), src.name)
                 yield block
-    except (EOFError, OSError, zlib.error) as err:
-        raise TraceError(f"{path.name} is damaged or not gzip ({type(err).__name__}: {err})") from None
+    except (EOFError, OSError, zlib.error, zipfile.BadZipFile) as err:
+        raise TraceError(src.damaged(err)) from None
+
+
+class _Boundaries:
+    """Where the events of a traceEvents array end, found incrementally: each byte is looked at once
+    however many blocks an event spans (a rescan of the whole buffer per block made one 64 MiB name
+    take 78 s). The buffer given to :meth:`scan` starts at an event boundary, outside any string, and
+    only grows at its end between calls; only the positions of quotes and brackets are materialised.
+    A bracket is inside a string when an odd number of unescaped quotes precede it; depth is the
+    running sum over brackets outside strings."""
+
+    def __init__(self) -> None:
+        self.scanned = 0  # bytes of the buffer looked at
+        self.depth = 0  # bracket depth at ``scanned``, 0 between events, -1 past the array's end
+        self.in_string = False
+        self.backslashes = 0  # the run of backslashes the scanned bytes end with
+        self.done = 0  # the end of the last whole event
+        self.array_end: int | None = None  # the index of the array's closing ']' once seen
+
+    def scan(self, buf: bytearray) -> None:
+        base = self.scanned
+        if base >= len(buf) or self.array_end is not None:
+            return
+        a = np.frombuffer(buf, dtype=np.uint8, offset=base)
+        quotes = np.flatnonzero(a == 34)
+        plain = np.flatnonzero(a != 92)  # not a backslash: where a run of backslashes stops
+        if quotes.size:
+            # A quote preceded by an odd run of backslashes is escaped; a run may begin in an earlier block.
+            before = np.searchsorted(plain, quotes) - 1
+            run = np.where(before >= 0, quotes - 1 - plain[np.maximum(before, 0)], quotes + self.backslashes)
+            quotes = quotes[run % 2 == 0]
+        self.backslashes = len(a) - 1 - int(plain[-1]) if plain.size else self.backslashes + len(a)
+        opens = np.flatnonzero((a == 123) | (a == 91))
+        closes = np.flatnonzero((a == 125) | (a == 93))
+        del a  # the buffer may grow once no view of it is left
+        idx = np.concatenate([opens, closes])
+        step = np.concatenate([np.ones(opens.size, np.int64), -np.ones(closes.size, np.int64)])
+        order = np.argsort(idx, kind="stable")
+        idx, step = idx[order], step[order]
+        outside = (np.searchsorted(quotes, idx) + self.in_string) % 2 == 0
+        idx, step = idx[outside], step[outside]
+        depth = self.depth + np.cumsum(step)
+        ends = idx[depth == -1]
+        done = idx[(step == -1) & (depth == 0)]
+        if ends.size:
+            self.array_end = base + int(ends[0])
+            done = done[done < ends[0]]
+        if done.size:
+            self.done = base + int(done[-1]) + 1
+        self.depth = int(depth[-1]) if depth.size else self.depth
+        self.in_string ^= bool(quotes.size % 2)
+        self.scanned = len(buf)
+
+
+class _EventReader:
+    """Cuts the bytes of a traceEvents array, as they arrive, into whole events for ``on_events``.
+
+    Kineto closes each event with "}," and a prefix of the buffer that ends at one and parses as a JSON
+    array ends at an event boundary: a cut inside a string leaves the string unterminated, one inside
+    an event leaves an object open. So a block is cut at its last "}," and parsed at once; only when
+    that fails (the array's end is near, an event longer than a block, an odd event) is the cut found
+    by _Boundaries, which took a fifth of the load time when every block went through it. Either way
+    each byte is searched once and parsed once: the time is linear in the bytes."""
+
+    def __init__(self, src: TraceSource, on_events: Callable[[list], None], max_event_bytes: int) -> None:
+        self.src = src
+        self.on_events = on_events
+        self.max_event_bytes = max_event_bytes
+        self.buf = bytearray()
+        self.bounds: _Boundaries | None = None  # set while the fast cut has failed on the buffer
+        self.after: bytes | None = None  # the bytes after the array's end, once found
+
+    def feed(self, block: bytes) -> None:
+        searched = max(0, len(self.buf) - 1)  # a "}," may straddle the previous block's end
+        self.buf += block
+        if self.bounds is None:
+            cut = self.buf.rfind(b"},", searched) + 1
+            if cut:
+                try:
+                    events = _parse_prefix(self.buf, cut)
+                except ValueError:
+                    pass
+                else:
+                    del self.buf[:cut]
+                    self.on_events(events)
+                    return
+            self.bounds = _Boundaries()
+        self._scan()
+        if self.after is None and len(self.buf) > self.max_event_bytes:
+            raise TraceError(
+                f"{self.src.name}: traceEvents runs over {_mib(self.max_event_bytes)} MiB without an event's end "
+                f"(one event that large, or not an array of objects); refusing it ({_EVENT_HINT})"
+            )
+
+    def _scan(self) -> None:
+        bounds = self.bounds
+        assert bounds is not None
+        bounds.scan(self.buf)
+        if bounds.done:
+            try:
+                events = _parse_prefix(self.buf, bounds.done)
+            except ValueError as err:
+                raise TraceError(f"{self.src.name} is not valid JSON inside traceEvents ({err})") from None
+            self.on_events(events)
+        if bounds.array_end is not None:
+            self.after = bytes(self.buf[bounds.array_end + 1 :])
+            self.buf.clear()
+        elif bounds.done:
+            del self.buf[: bounds.done]
+            self.bounds = None  # the rest starts at a boundary: the fast cut may work again
+
+    def finish(self) -> bytes:
+        """The bytes after the array's end; raises TraceError where the array never ends."""
+        if self.after is None and self.buf:
+            self.bounds = self.bounds or _Boundaries()
+            self._scan()
+        if self.after is None:
+            raise TraceError(f"{self.src.name} ends inside its traceEvents array: the file is truncated")
+        return self.after
 
 
 def stream_events(
-    path: Path,
+    src: TraceSource | Path,
     on_events: Callable[[list], None],
     *,
-    max_bytes: int = DEFAULT_MAX_BYTES,
+    budget: ReadBudget | None = None,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     block_bytes: int = BLOCK_BYTES,
 ) -> dict[str, Any]:
     """Parse one Kineto file block by block, handing each block's whole events (a list of dicts) to
     ``on_events`` as they are parsed, so no more than a block of parsed events is alive at once;
-    returns the trace's metadata (everything outside traceEvents). Raises TraceError on anything that
-    is not a Kineto trace (damaged gzip, invalid JSON, no traceEvents array, a truncated file)."""
-    head = bytearray()  # the JSON outside traceEvents, kept to read the metadata
-    tail = bytearray()
-    state = "head"
-    carry = b""
-    for block in _blocks(path, max_bytes, block_bytes):
-        if state == "head":
+    returns the trace's metadata (everything outside traceEvents). Time is linear in the file's bytes,
+    and memory bounded by a block, the longest event (at most ``max_event_bytes``) and the metadata
+    (at most META_MAX_BYTES, blanks not counted). Raises TraceError on anything that is not a Kineto
+    trace (damaged gzip, invalid JSON, no traceEvents array, a truncated file) or over a limit."""
+    src = TraceSource.of_file(src) if isinstance(src, Path) else src
+    budget = budget or ReadBudget()
+    head = bytearray()  # the JSON before traceEvents' elements, kept to read the metadata
+    tail = bytearray()  # the JSON after them
+    key = b'"traceEvents"'
+    at, searched = -1, 0  # where the key is in head; how much of head has been searched
+    reader: _EventReader | None = None
+    for block in _blocks(src, budget, block_bytes):
+        if reader is None:
             head += block
-            at = head.find(b'"traceEvents"')
             if at < 0:
-                if len(head) > 64 * 2**20:
+                at = head.find(key, max(0, searched - len(key)))
+            start = head.find(b"[", max(at, searched)) if at >= 0 else -1
+            searched = len(head)
+            if start < 0:
+                if len(head) > META_MAX_BYTES:
                     raise NotKinetoError(
-                        f"{path.name} is JSON without a traceEvents array in its first 64 MiB: not a Kineto trace"
+                        f"{src.name} is JSON without a traceEvents array in its first {_mib(META_MAX_BYTES)} MiB: "
+                        "not a Kineto trace"
                     )
                 continue
-            start = head.find(b"[", at)
-            if start < 0:
-                continue
-            carry = bytes(head[start + 1 :])
+            block = bytes(head[start + 1 :])
             del head[start + 1 :]
             head += b"]"
-            state = "events"
-        else:
-            carry += block
-        if state == "events":
-            carry, after = _take_events(carry, path, on_events, last=False)
-            if after is not None:
-                tail += after
-                state = "tail"
-        elif state == "tail":
-            tail += carry
-            carry = b""
-    if state == "head":
-        _check_json(bytes(head), path)
-        raise NotKinetoError(f"{path.name} is JSON without a traceEvents array: not a Kineto (PyTorch profiler) trace")
-    if state == "events":  # the array's end is in what is left, or the file is cut short
-        carry, after = _take_events(carry, path, on_events, last=True)
-        if after is None:
-            raise TraceError(f"{path.name} ends inside its traceEvents array: the file is truncated")
-        tail += after
-    return _metadata(bytes(head) + bytes(tail), path)
+            reader = _EventReader(src, on_events, max_event_bytes)
+        if reader.after is None:
+            reader.feed(block)
+            if reader.after is None:
+                continue
+            block, reader.after = reader.after, b""
+        if block.strip():  # blanks after the events (a padded file) are not kept
+            tail += block
+            if len(tail) > META_MAX_BYTES:
+                raise TraceError(
+                    f"{src.name}: the JSON after traceEvents is over {_mib(META_MAX_BYTES)} MiB; "
+                    "a Kineto trace's metadata is a few KiB"
+                )
+    if reader is None:
+        _check_json(bytes(head), src)
+        raise NotKinetoError(f"{src.name} is JSON without a traceEvents array: not a Kineto (PyTorch profiler) trace")
+    if reader.after is None:
+        tail[:0] = reader.finish()
+    return _metadata(bytes(head) + bytes(tail), src)
 
 
 def _load_file(
-    path: Path, max_bytes: int, block_bytes: int, default_rank: int, keep_args: Callable[[str], bool] | None
+    src: TraceSource,
+    budget: ReadBudget,
+    max_event_bytes: int,
+    block_bytes: int,
+    default_rank: int,
+    keep_args: Callable[[str], bool] | None,
 ) -> tuple[pd.DataFrame, dict]:
     parts: list[dict[str, np.ndarray]] = []
     names: dict[str, int] = {}
     keeper = _ArgKeeper(keep_args) if keep_args is not None else None
 
     def columns(events: list) -> None:
-        if part := _events_to_columns(events, names, path, keeper):
+        if part := _events_to_columns(events, names, src, keeper):
             parts.append(part)
 
-    meta = stream_events(path, columns, max_bytes=max_bytes, block_bytes=block_bytes)
-    rank = _rank(meta, path, default_rank)
+    meta = stream_events(src, columns, budget=budget, max_event_bytes=max_event_bytes, block_bytes=block_bytes)
+    rank = _rank(meta, src, default_rank)
     if not parts:
-        raise TraceError(f"{path.name} holds no trace events")
+        raise TraceError(f"{src.name} holds no trace events")
     cols = {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0])}  # frees each part as it goes
     n = len(cols["start_ns"])
     copy_kind, host_mem = _copy_columns(cols["kind"], cols["name"], list(names))
@@ -331,101 +536,47 @@ def _load_file(
         n=n,
     )
     return table, {
-        "file": path.name,
+        "file": src.name,
         "rank": rank,
         **{k: meta[k] for k in ("distributedInfo", "deviceProperties") if k in meta},
         "args": keeper.kept if keeper is not None else [],
     }
 
 
-def _take_events(
-    carry: bytes, path: Path, on_events: Callable[[list], None], *, last: bool
-) -> tuple[bytes, bytes | None]:
-    """Hand the whole events at the start of ``carry`` to ``on_events``; return
-    (the rest of ``carry``, the bytes after the traceEvents array's end or None while inside it).
-    ``last``: no more bytes follow, so the array's end must be in ``carry``.
-
-    Kineto closes each event with "}," and a prefix of ``carry`` that ends at one and parses as a JSON
-    array ends at an event boundary: a cut inside a string leaves the string unterminated, one inside
-    an event leaves an object open. So a block is cut at its last "}," and parsed at once; only when
-    that fails (the array's end is near, or an odd event) is the cut found by bracket bookkeeping,
-    which took a fifth of the load time when every block went through it."""
-    if not last:
-        cut = carry.rfind(b"},") + 1
-        if cut:
-            try:
-                events = json_loads(b"[" + carry[:cut].strip().strip(b",") + b"]")
-            except ValueError:
-                pass
-            else:
-                on_events(events)
-                return carry[cut:], None
-    cut, end = _last_event_end(carry)
-    if cut:
-        on_events(_parse_events(carry[:cut], path))
-    return (b"", carry[end + 1 :]) if end is not None else (carry[cut:], None)
+_LEADING = re.compile(rb"[\s,]*")
 
 
-def _parse_events(chunk: bytes, path: Path) -> list:
-    """The events of ``chunk``: whole events of traceEvents, comma separated."""
-    text = chunk.strip().strip(b",")
-    if not text:
+def _parse_prefix(buf: bytearray, end: int) -> list:
+    """The events in ``buf[:end]``: whole events of traceEvents, comma separated, ``end`` just past the
+    last one's "}". Parsed in place where it can be: the byte before the first event becomes "[" and
+    the one at ``end`` "]" while orjson reads a view of them, then both are restored, so a 64 MiB event
+    is not copied three more times (slice, strip, brackets). Raises ValueError on invalid JSON."""
+    start = _LEADING.match(buf, 0, end).end()
+    if start == end:
         return []
+    if start == 0 or end >= len(buf) or json_loads is not _view_loads:
+        return json_loads(b"[" + bytes(buf[start:end]) + b"]")
+    before, after = buf[start - 1], buf[end]
+    buf[start - 1], buf[end] = 0x5B, 0x5D  # '[' and ']'
     try:
-        return json_loads(b"[" + text + b"]")
-    except ValueError as err:
-        raise TraceError(f"{path.name} is not valid JSON inside traceEvents ({err})") from None
-
-
-def _last_event_end(buf: bytes) -> tuple[int, int | None]:
-    """(cut, end): ``buf[:cut]`` holds whole events of the traceEvents array (``buf`` starts at an event
-    boundary, outside any string); ``end`` is the index of the array's closing ']' if it is in ``buf``.
-
-    Only the positions of quotes and brackets are materialised: a bracket is inside a string when an
-    odd number of unescaped quotes precede it; depth is the running sum over brackets outside strings.
-    """
-    a = np.frombuffer(buf, dtype=np.uint8)
-    quotes = np.flatnonzero(a == 34)
-    if quotes.size:
-        # A quote preceded by an odd run of backslashes is escaped (rare: count those runs one by one).
-        escaped = []
-        for q in quotes[(quotes > 0) & (a[quotes - 1] == 92)].tolist():
-            j = q - 1
-            while j >= 0 and buf[j] == 92:
-                j -= 1
-            if (q - 1 - j) % 2:
-                escaped.append(q)
-        if escaped:
-            quotes = np.setdiff1d(quotes, np.asarray(escaped))
-    opens = np.flatnonzero((a == 123) | (a == 91))
-    closes = np.flatnonzero((a == 125) | (a == 93))
-    idx = np.concatenate([opens, closes])
-    step = np.concatenate([np.ones(opens.size, np.int32), -np.ones(closes.size, np.int32)])
-    order = np.argsort(idx, kind="stable")
-    idx, step = idx[order], step[order]
-    outside = np.searchsorted(quotes, idx) % 2 == 0
-    idx, step = idx[outside], step[outside]
-    depth = np.cumsum(step)
-    ends = idx[depth == -1]
-    array_end = int(ends[0]) if ends.size else None
-    done = idx[(step == -1) & (depth == 0)]
-    if array_end is not None:
-        done = done[done < array_end]
-    return (int(done[-1]) + 1 if done.size else 0), array_end
+        return json_loads(memoryview(buf)[start - 1 : end + 1])
+    finally:
+        buf[start - 1], buf[end] = before, after
 
 
 def _events_to_columns(
-    events: list, names: dict[str, int], path: Path, keeper: _ArgKeeper | None = None
+    events: list, names: dict[str, int], src: TraceSource, keeper: _ArgKeeper | None = None
 ) -> dict[str, np.ndarray] | None:
     """The columns of the kept ones of ``events`` (parsed from traceEvents); new names get the next
     code in ``names``. The per-event Python work is one pass to pick the kept events, then one
-    comprehension per field; the rest is numpy over the block."""
+    comprehension per field; the rest is numpy over the block. A field of the wrong type or out of
+    range raises TraceError naming the event and the field (found by a second, per-event pass)."""
     kept, codes, durs = [], [], []
     keep, code_of, dur_of = kept.append, codes.append, durs.append
     cat_code = _CAT_CODE.get
     for e in events:
         if type(e) is not dict:  # orjson makes exact dicts of JSON objects
-            raise TraceError(f"{path.name}: traceEvents holds a {type(e).__name__}, expected objects")
+            raise TraceError(f"{src.name}: traceEvents holds a {type(e).__name__}, expected objects")
         ph = e.get("ph")
         if ph == "X":
             code = cat_code(e.get("cat", ""))
@@ -442,14 +593,22 @@ def _events_to_columns(
     del events
     if not kept:
         return None
-    code = np.array(codes, dtype=np.int8)
-    gpu = _CODE_GPU[code]
     try:
-        start_ns = _to_ns([e["ts"] for e in kept])
-        dur_ns = _to_ns(durs)
-    except (KeyError, TypeError, ValueError):
-        bad = next((e for e, d in zip(kept, durs, strict=True) if not _numeric(e.get("ts")) or not _numeric(d)), {})
-        raise TraceError(f"{path.name}: an event lacks a numeric ts/dur: {str(bad)[:200]}") from None
+        return _columns_of(kept, np.array(codes, dtype=np.int8), durs, names, keeper)
+    except TraceError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
+        raise TraceError(
+            _bad_field(kept, codes, durs, src) or f"{src.name}: an event field is unreadable ({err})"
+        ) from None
+
+
+def _columns_of(
+    kept: list[dict], code: np.ndarray, durs: list, names: dict[str, int], keeper: _ArgKeeper | None
+) -> dict[str, np.ndarray]:
+    gpu = _CODE_GPU[code]
+    start_ns = _to_ns([e["ts"] for e in kept])
+    dur_ns = _to_ns(durs, duration=True)
     new_code = names.setdefault
     name = np.array([new_code(str(e.get("name", "")), len(names)) for e in kept], dtype=np.int32)
     args = [e.get("args") or _NO_ARGS for e in kept]
@@ -484,26 +643,76 @@ def _events_to_columns(
     }
 
 
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _bad_field(kept: list[dict], codes: list[int], durs: list, src: TraceSource) -> str | None:
+    """The message for the first event of ``kept`` with a field the table cannot hold: the event (its
+    name and ts), the field, its value and what is allowed; None where every field is fine."""
+    for e, code, dur in zip(kept, codes, durs, strict=True):
+        args = e.get("args") or _NO_ARGS
+        problems = [("ts", e.get("ts"), _time_problem(e.get("ts"), duration=False))]
+        problems.append(("dur", dur, _time_problem(dur, duration=True)))
+        if not isinstance(args, dict):
+            problems.append(("args", args, "expected an object"))
+        else:
+            fields = [("correlation", _INT64), ("bytes", _INT64)]
+            if _CODE_GPU[code]:
+                fields += [("device", _INT32), ("stream", _INT64)]
+            if code == _MEMORY_CODE:
+                fields += [("Bytes", _INT64)] + ([("Device Id", _INT32)] if args.get("Device Type") == 1 else [])
+            problems += [(f"args.{f}", args[f], _int_problem(args[f], *r)) for f, r in fields if args.get(f)]
+        for field, value, problem in problems:
+            if problem:
+                return (
+                    f"{src.name}: event {_short(e.get('name'))} (ph {_short(e.get('ph'))}, ts {_short(e.get('ts'))}) "
+                    f"has {field} = {_short(value)}; {problem}"
+                )
+    return None
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _int_problem(value: object, low: int, high: int) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return f"expected an integer from {low} to {high}"
+    try:
+        ok = low <= int(value) <= high
+    except ValueError:
+        ok = False
+    return None if ok else f"expected an integer from {low} to {high}"
+
+
+def _time_problem(value: object, *, duration: bool) -> str | None:
+    low = 0 if duration else -MAX_TIME_US
+    what = f"expected microseconds from {low:.3g} to {MAX_TIME_US:.3g}"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return what
+    return None if low <= value <= MAX_TIME_US else what
+
+
 def _pid_device(pid: object) -> int:
     """The device a GPU-stream event's pid names (-1 where it is not a device index)."""
-    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid >= 0 else -1
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and 0 <= pid < 2**31 else -1
 
 
-def _to_ns(us: list) -> np.ndarray:
+def _to_ns(us: list, *, duration: bool = False) -> np.ndarray:
     """Microseconds (JSON numbers) to integer ns. Whole and fractional microseconds are converted
-    apart: ``x * 1000`` in float64 would round epoch timestamps (~1.7e18 ns) to multiples of 256 ns."""
+    apart: ``x * 1000`` in float64 would round epoch timestamps (~1.7e18 ns) to multiples of 256 ns.
+    Raises ValueError on anything but numbers within +-MAX_TIME_US (a duration: from 0): booleans,
+    text, NaN, 1e30 and negative durations would turn every figure computed from them into nonsense."""
+    if not set(map(type, us)) <= {int, float}:
+        raise ValueError("not a number")
     x = np.array(us, dtype=np.float64)
-    if not np.isfinite(x).all():  # None and "nan" become NaN here
-        raise ValueError("not a finite number")
+    low = 0 if duration else -MAX_TIME_US
+    if not ((x >= low) & (x <= MAX_TIME_US)).all():  # NaN fails both
+        raise ValueError("out of range")
     whole = np.floor(x)
     return whole.astype(np.int64) * 1000 + np.rint((x - whole) * 1000).astype(np.int64)
-
-
-def _numeric(x: object) -> bool:
-    try:
-        return bool(np.isfinite(float(x)))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
 
 
 def _copy_columns(kind: np.ndarray, name: np.ndarray, names: list[str]) -> tuple[pd.Categorical, pd.Categorical]:
@@ -526,26 +735,26 @@ def _copy_columns(kind: np.ndarray, name: np.ndarray, names: list[str]) -> tuple
     )
 
 
-def _check_json(text: bytes, path: Path) -> None:
+def _check_json(text: bytes, src: TraceSource) -> None:
     try:
         json_loads(text)
     except ValueError as err:
-        raise TraceError(f"{path.name} is not valid JSON ({err})") from None
+        raise TraceError(f"{src.name} is not valid JSON ({err})") from None
 
 
-def _metadata(text: bytes, path: Path) -> dict[str, Any]:
+def _metadata(text: bytes, src: TraceSource) -> dict[str, Any]:
     try:
         meta = json_loads(text)
     except ValueError as err:
-        raise TraceError(f"{path.name} is not valid JSON outside traceEvents ({err})") from None
+        raise TraceError(f"{src.name} is not valid JSON outside traceEvents ({err})") from None
     if not isinstance(meta, dict):
-        raise TraceError(f"{path.name}: the top level is not a JSON object; not a Kineto trace")
+        raise TraceError(f"{src.name}: the top level is not a JSON object; not a Kineto trace")
     return meta
 
 
-def _rank(meta: dict, path: Path, default: int) -> int:
+def _rank(meta: dict, src: TraceSource, default: int) -> int:
     info = meta.get("distributedInfo")
     if isinstance(info, dict) and isinstance(info.get("rank"), int):
         return info["rank"]
-    m = _RANK_IN_NAME.search(path.name)
+    m = _RANK_IN_NAME.search(src.name)
     return int(m.group(1)) if m else default

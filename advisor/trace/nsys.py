@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from advisor.errors import TraceError
+from advisor.errors import AdvisorError, TraceError
 from advisor.trace.table import COPY_KINDS, HOST_MEM, make_table
 
 try:  # an optional speed-up: reads a table's columns in Rust, 4-6x faster than sqlite3's row tuples
@@ -106,9 +106,14 @@ _COPY_KIND = {
 _HOST_MEM = {"pageable": "pageable", "pinned": "pinned", "managed": "managed", "managed static": "managed"}
 _API_VERSION = re.compile(r"_v\d+$")  # cudaLaunchKernel_v7000 -> cudaLaunchKernel, as Kineto names it
 _PID_MASK = 0xFFFFFF
+# Times within +-2**62 ns (146 years): a start plus a duration stays inside int64, and an export's
+# clock (ns since the session or the epoch) is far inside it.
+MAX_TIME_NS = 2**62
 
 
-def load_nsys_sqlite(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> pd.DataFrame:
+def load_nsys_sqlite(
+    path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES, check: Callable[[], None] | None = None
+) -> pd.DataFrame:
     """The event table of one nsys SQLite export, rows in start-time order.
 
     ``df.attrs`` holds ``source`` ('nsys'), ``file`` (its name), ``nsys_version`` and
@@ -116,16 +121,22 @@ def load_nsys_sqlite(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) ->
     name}, from TARGET_INFO_GPU), ``ranks``, ``pid_map`` ({rank: OS pid}) and ``process_names``
     ({rank: name}, from PROCESSES). Raises TraceError for a file over ``max_bytes``, one that is not
     SQLite, an SQLite file that is not an nsys export, a truncated or damaged database, and an export
-    without CUDA or NVTX activity.
+    without CUDA or NVTX activity, and one whose values have the wrong type (text where an id belongs)
+    or lie out of range. ``check()`` runs before each table is read and stops the load by raising.
     """
     path = Path(path)
     _check_file(path, max_bytes)
     try:
         with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, factory=_Connection)) as conn:
             conn.path = path.absolute()
+            conn.check = check
             return _load(conn, path.name)
     except sqlite3.DatabaseError as err:
         raise TraceError(f"{path.name} is a damaged SQLite database ({err}); expected an intact nsys export") from None
+    except AdvisorError:  # its own messages, and a caller's check() stopping the load
+        raise
+    except (TypeError, ValueError, OverflowError) as err:  # a value of a type no export writes
+        raise TraceError(f"{path.name}: a value of an unexpected type in the export ({err})") from None
 
 
 def _check_file(path: Path, max_bytes: int) -> None:
@@ -190,19 +201,20 @@ def _parts(conn: sqlite3.Connection, file: str, tables: set[str]) -> tuple[list[
     """The columns of each table read, in one order, and the one list of names they code into."""
     strings = _string_ids(conn) if "StringIds" in tables else {}
     names = _Names()
+    readers = {
+        "CUPTI_ACTIVITY_KIND_KERNEL": lambda: _kernels(conn, file, strings, names),
+        "CUPTI_ACTIVITY_KIND_MEMCPY": lambda: _memcpys(conn, file, tables, names),
+        "CUPTI_ACTIVITY_KIND_MEMSET": lambda: _memsets(conn, file, tables, names),
+        "CUPTI_ACTIVITY_KIND_RUNTIME": lambda: _runtime(conn, file, strings, names),
+        "NVTX_EVENTS": lambda: _nvtx(conn, file, strings, names),
+        _SYNC_TABLE: lambda: _syncs(conn, file, tables, names),
+    }
     parts = []
-    if "CUPTI_ACTIVITY_KIND_KERNEL" in tables:
-        parts.append(_kernels(conn, file, strings, names))
-    if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables:
-        parts.append(_memcpys(conn, file, tables, names))
-    if "CUPTI_ACTIVITY_KIND_MEMSET" in tables:
-        parts.append(_memsets(conn, file, tables, names))
-    if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
-        parts.append(_runtime(conn, file, strings, names))
-    if "NVTX_EVENTS" in tables:
-        parts.append(_nvtx(conn, file, strings, names))
-    if _SYNC_TABLE in tables:
-        parts.append(_syncs(conn, file, tables, names))
+    for table, read in readers.items():
+        if table in tables:
+            if getattr(conn, "check", None) is not None:
+                conn.check()
+            parts.append(_check_times(read(), file, table))
     return parts, names.values
 
 
@@ -246,12 +258,14 @@ def _attrs(conn: sqlite3.Connection, tables: set[str], file: str, keys: np.ndarr
             break
     gpu_names: dict[int, str] = {}
     if "TARGET_INFO_GPU" in tables and {"id", "name"} <= _columns(conn, "TARGET_INFO_GPU"):
-        gpu_names = {int(i): str(n) for i, n in conn.execute("SELECT id, name FROM TARGET_INFO_GPU ORDER BY id")}
+        rows = conn.execute("SELECT id, name FROM TARGET_INFO_GPU ORDER BY id")
+        gpu_names = {_id(i, file, "TARGET_INFO_GPU", "id"): _text(n) for i, n in rows}
     pids = [int(k) & _PID_MASK if k >= 0 else -1 for k in keys]
     process_names: dict[int, str] = {}
     if "PROCESSES" in tables and {"globalPid", "name"} <= _columns(conn, "PROCESSES"):
-        by_key = {int(g) >> 24: n for g, n in conn.execute("SELECT globalPid, name FROM PROCESSES") if g is not None}
-        process_names = {r: str(by_key[int(k)]) for r, k in enumerate(keys) if int(k) in by_key}
+        rows = conn.execute("SELECT globalPid, name FROM PROCESSES")
+        by_key = {_id(g, file, "PROCESSES", "globalPid") >> 24: n for g, n in rows if g is not None}
+        process_names = {r: _text(by_key[int(k)]) for r, k in enumerate(keys) if int(k) in by_key}
     return {
         "source": "nsys",
         "file": file,
@@ -269,6 +283,7 @@ class _Connection(sqlite3.Connection):
 
     path: Path | None = None
     prefetched: dict | None = None
+    check: Callable[[], None] | None = None
 
 
 class _Names:
@@ -315,13 +330,49 @@ def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
 
 
 def _string_ids(conn: sqlite3.Connection) -> dict[int, str]:
-    return dict(conn.execute("SELECT id, value FROM StringIds"))
+    strings = dict(conn.execute("SELECT id, value FROM StringIds"))
+    # Values that are not text (a BLOB, a number) are rare: SQLite finds them, Python fixes those alone.
+    strings.update(
+        (i, _text(v)) for i, v in conn.execute("SELECT id, value FROM StringIds WHERE typeof(value) != 'text'")
+    )
+    return strings
+
+
+def _text(value: object) -> str:
+    """A name as text: a BLOB (a string stored as bytes) decoded, invalid UTF-8 shown as U+FFFD."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _id(value: object, file: str, table: str, column: str) -> int:
+    """An integer id read from ``table.column``; TraceError naming them where it is not one."""
+    if isinstance(value, int):
+        return value
+    raise TraceError(
+        f"{file}: table {table} holds {str(value)[:40]!r} ({type(value).__name__}) in its integer column "
+        f"{column}; expected an nsys export's integers"
+    )
 
 
 def _enum(conn: sqlite3.Connection, tables: set[str], table: str, column: str, fallback: dict[int, str]) -> dict:
     if table in tables and {"id", column} <= _columns(conn, table):
-        return {int(i): str(v) for i, v in conn.execute(f'SELECT id, "{column}" FROM "{table}"') if v is not None}
+        file = Path(getattr(conn, "path", None) or table).name
+        rows = conn.execute(f'SELECT id, "{column}" FROM "{table}"')
+        return {_id(i, file, table, "id"): _text(v) for i, v in rows if v is not None}
     return fallback
+
+
+def _check_times(part: dict, file: str, table: str) -> dict:
+    """``part`` where its times are within +-MAX_TIME_NS and no event ends before it starts; else
+    TraceError naming the table, the column and the value."""
+    start, dur = part["start_ns"], part["dur_ns"]
+    for column, values, low in (("start", start, -MAX_TIME_NS), ("end - start", dur, 0)):
+        bad = np.flatnonzero((values < low) | (values > MAX_TIME_NS))
+        if bad.size:
+            raise TraceError(
+                f"{file}: table {table} has {column} = {int(values[bad[0]])} ns in row {int(bad[0]) + 1} "
+                f"(and {bad.size - 1} more); expected {low} to {MAX_TIME_NS} ns"
+            )
+    return part
 
 
 def _read(
@@ -559,7 +610,7 @@ def _nvtx(conn: sqlite3.Connection, file: str, strings: dict[int, str], names: _
     def inline(block) -> np.ndarray:
         # Each distinct text coded once (pandas' hash table in C); None stays -1.
         codes, distinct = pd.factorize(np.asarray(block, dtype=object), use_na_sentinel=True)
-        lookup = np.array([names.code(str(t)) for t in distinct.tolist()] + [-1], dtype=np.int64)
+        lookup = np.array([names.code(_text(t)) for t in distinct.tolist()] + [-1], dtype=np.int64)
         return lookup[codes]
 
     r = _read_plan(conn, file, "NVTX_EVENTS", {"text": inline})
