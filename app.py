@@ -18,22 +18,27 @@ from webui import common
 from webui.advice import advice_view, apply_choices, build_advice_tab
 from webui.analyze import MAX_UPLOAD, build_analyze_tab
 from webui.history import build_history_tab, history_filters, history_view
-from webui.linking import link_tabs, wire_apply, wire_model_limits, wire_use_layout
+from webui.linking import URL_KEYS, link_tabs, url_setup, wire_apply, wire_model_limits, wire_url, wire_use_layout
 from webui.plan import build_plan_tab
 from webui.profile import build_profile_tab
-from webui.size import SIZE_KEYS, build_size_tab, size_view
+from webui.report import wire_report
+from webui.size import SIZE_KEYS, build_size_tab
+from webui.style import CSS, PAGE_JS, glossary
 
 log = logging.getLogger("advisor.app")
 _QUIET = {"api_visibility": "undocumented"}
 
 
-def _on_load(demo: gr.Blocks, size: dict, size_outputs: list, advice: dict, pickers: list, history: dict) -> None:
-    """What a page load fills: the Size tab's estimate, a first advice on it (opened on a first
-    recommendation), the run pickers (History's A on the second newest), the History tab's list."""
-    demo.load(size_view, [size[k] for k in SIZE_KEYS], size_outputs, **_QUIET)
-    demo.load(advice_view, advice["advise_inputs"], advice["outputs"], **_QUIET).then(
-        apply_choices, advice["state"], advice["apply_choice"], **_QUIET
-    )
+def _on_load(demo: gr.Blocks, tabs: dict, size_outputs: list, pickers: list, link_note: gr.Markdown) -> None:
+    """What a page load fills: the setup the page address carries (Size and Plan tabs), then the Size
+    tab's estimate and a first advice on it (opened on a first recommendation), the run pickers
+    (History's A on the second newest), the History tab's list."""
+    size, plan, advice, history = (tabs[k] for k in ("size", "plan", "advice", "history"))
+    demo.load(None, None, None, js=PAGE_JS, **_QUIET)
+    from_url = [link_note, *(size[k] for k in URL_KEYS), *plan.values(), *size_outputs]
+    demo.load(url_setup(size, plan), None, from_url, **_QUIET).then(
+        advice_view, advice["advise_inputs"], advice["outputs"], **_QUIET
+    ).then(apply_choices, advice["state"], advice["apply_choice"], **_QUIET)
     for picker in pickers:
         demo.load(common.run_choices, None, picker, **_QUIET)
     demo.load(lambda: common.run_choices(1), None, history["run_a"], **_QUIET)
@@ -46,8 +51,11 @@ def build_app() -> gr.Blocks:
     with gr.Blocks(title="LLM training advisor") as demo:
         gr.Markdown(
             "# LLM training advisor\nSize a training setup instantly (memory per GPU, step time, MFU), then "
-            "profile a real step on this machine."
+            "profile a real step on this machine. The page address carries the Size tab's setup: copy it "
+            "to share or reopen that setup."
         )
+        glossary()
+        link_note = gr.Markdown(elem_id="link-note")
         with gr.Tab("Size"):
             size, size_outputs = build_size_tab()
         with gr.Tab("Profile"):
@@ -64,7 +72,11 @@ def build_app() -> gr.Blocks:
         wire_model_limits(size, profile, plan)
         wire_apply(advice, size, profile, plan)
         wire_use_layout(plan_use, size)
-        _on_load(demo, size, size_outputs, advice, [runs, analyze_runs, advice["runs"], history["run_b"]], history)
+        wire_url(size)
+        wire_report(advice, [size[k] for k in SIZE_KEYS])
+        pickers = [runs, analyze_runs, advice["runs"], history["run_b"]]
+        tabs = {"size": size, "plan": plan, "advice": advice, "history": history}
+        _on_load(demo, tabs, size_outputs, pickers, link_note)
     return demo
 
 
@@ -124,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         max_file_size=MAX_UPLOAD,
         allowed_paths=[str(common.store().root)],
         auth=auth,
+        css=CSS,
     )
 
 

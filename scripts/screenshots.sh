@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Remakes the README's screenshots (tests/screenshots/<tab>.jpg): the real-browser tests save each
 # tab's finished state when ADVISOR_SCREENSHOTS is set. Needs Debian's chromium and `make setup-dev`,
-# and Debian's fonts-noto-color-emoji, without which the verdict's icon draws as an empty box.
+# and no emoji font (the verdict is a coloured word, not an icon).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export GRADIO_ANALYTICS_ENABLED=False

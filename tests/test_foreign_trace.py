@@ -90,7 +90,7 @@ def test_the_cli_reports_steps_phases_and_peak_memory_the_trace_measured(traces,
 
     assert main(["analyze", str(path)]) == 0
     text = capsys.readouterr().out
-    assert f"Step {m['step_time_ms']:.1f} ms: forward {m['forward_ms']:.1f} ms" in text
+    assert f"Step {m['step_time_ms']:.1f} ms (the traced steps' mean): forward {m['forward_ms']:.1f} ms" in text
     assert "a step ends where each Optimizer.step range ends; 3 steps" in text
     assert "Optimizer: adamw (for-loop)" in text
     assert f"Peak tensor memory while profiled: {want['peak_bytes'] / 2**20:.1f} MiB" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import replace
 
 import gradio as gr
 import pandas as pd
@@ -59,7 +60,8 @@ def advice_view(source: str, run_id: str | None, upload: str | None, *size_input
     if source == "stored run":
         advice = advise_run(run_id, common.store())
     elif source == "uploaded trace":
-        advice = advise_trace(upload)
+        # Named by the file's name: the server's temporary path meant nothing to the user.
+        advice = replace(advise_trace(upload), source=f"the uploaded file {os.path.basename(upload)}")
     else:
         advice = advise(setup=setup_from_size_inputs(*size_inputs), source="the Size tab's setup")
     return advice_summary(advice), advice_table(advice), advice_markdown(advice), _report_files(advice), advice
@@ -103,10 +105,21 @@ def verify_view(run_id: str | None, rule_id: str | None, progress=gr.Progress())
         return "Verification re-runs a stored run: pick one first.", *_empty_verify()
     rule_id = (rule_id or "").strip() or None
     store = common.store()
+    progress(0, desc=f"Re-running {run_id}: starting the child process (its steps follow once torch is loaded)")
     v = verify(run_id, rule_id, store, on_progress=lambda d, t, m: progress((d, t), desc=m))
     diff, note = verification_diff(v, store)
     tables = (diff_category_table(diff), diff_changes_table(diff)) if diff is not None else _empty_verify()[1:]
     return verify_message(v, diff, note), verify_table(v), *tables
+
+
+AFTER_ADVICE = ("rule", "apply_msg", "verify_msg", "verify_table", "diff_categories", "diff_changes")
+"""What a new advice makes stale: the rule carried to the re-run box, the last Apply's message and the
+last re-run's results (all of an earlier advice's recommendation)."""
+
+
+def cleared_after_advice():
+    """AFTER_ADVICE's widgets emptied."""
+    return "", "", "", *_empty_verify()
 
 
 def _inputs() -> dict:
@@ -116,7 +129,9 @@ def _inputs() -> dict:
     w["button"] = gr.Button("Advise", variant="primary", elem_id="advice-run")
     gr.Markdown("#### Apply a recommendation")
     w["apply_choice"] = gr.Dropdown(choices=[], label="Recommendation", elem_id="advice-apply-choice")
-    w["apply"] = gr.Button("Apply to the current setup", elem_id="advice-apply")
+    with gr.Row():
+        w["apply"] = gr.Button("Apply to the current setup", elem_id="advice-apply")
+        w["undo"] = gr.Button("Undo Apply", elem_id="advice-undo")
     gr.Markdown("#### Verify by re-running (stored runs)")
     w["rule"] = gr.Textbox(label="Rule id (empty: the top one that can re-run here)", max_lines=1)
     w["verify"] = gr.Button("Re-run with the recommendation applied", elem_id="advice-verify")
@@ -142,6 +157,11 @@ def _outputs() -> dict:
         interactive=False,
     )
     w["files"] = gr.File(label="Report (Markdown, JSON)", file_count="multiple", interactive=False)
+    w["report_button"] = gr.Button("HTML report for a review (setup to verification)", elem_id="advice-report")
+    w["report_msg"] = gr.Markdown(elem_id="advice-report-msg")
+    w["report_file"] = gr.File(
+        label="Review report (HTML, plots inside)", interactive=False, elem_id="advice-report-file"
+    )
     with gr.Accordion("Full report", open=False):
         w["report"] = gr.Markdown()
     return w
@@ -155,11 +175,15 @@ def build_advice_tab(size_inputs: list) -> dict:
         with gr.Column(scale=2):
             parts |= _outputs()
     parts["state"] = gr.State(None)
+    parts["undo_state"] = gr.State(None)  # the widgets' values before the last Apply
     parts["advise_inputs"] = [parts["source"], parts["runs"], parts["upload"], *size_inputs]
     parts["outputs"] = [parts[k] for k in ("summary", "table", "report", "files", "state")]
-    parts["button"].click(advice_view, parts["advise_inputs"], parts["outputs"], api_name="advise").then(
-        apply_choices, parts["state"], parts["apply_choice"], api_visibility="undocumented"
-    ).then(lambda: "", None, parts["rule"], api_visibility="undocumented")  # a new advice: no rule carried over
+    # Cleared first, in the browser's own turn: an Apply pressed as the new advice shows must not be
+    # cleared after it.
+    quiet = {"api_visibility": "undocumented", "queue": False, "show_progress": "hidden"}
+    parts["button"].click(cleared_after_advice, None, [parts[k] for k in AFTER_ADVICE], **quiet).then(
+        advice_view, parts["advise_inputs"], parts["outputs"], api_name="advise"
+    ).then(apply_choices, parts["state"], parts["apply_choice"], api_visibility="undocumented")
     parts["verify"].click(
         verify_view,
         [parts["runs"], parts["rule"]],

@@ -222,7 +222,7 @@ def analyze_job(upload: str | None, run_id: str | None, request: gr.Request | No
         lambda on_stage, cancel: analyze_view(upload, run_id, on_stage, cancel),
         lambda done, total, message: (
             f"### Analyzing: {message} ({done} of {total} stages done)",
-            *(gr.skip() for _ in no_analysis()),
+            *no_analysis(),  # the last analysis's figures and tables go: they are not of this input
         ),
     )
     yield result if isinstance(result, tuple) else (f"### Cannot analyze this trace\n{result}", *no_analysis())

@@ -1,19 +1,23 @@
 """The current setup across tabs: a shared widget changed on one tab follows on the others, a model
-pick fits the sequence length and kernels it allows, and Apply loads a recommendation everywhere."""
+pick fits the sequence length and kernels it allows, Apply loads a recommendation everywhere (with
+the diff of what it changed, and Undo), and the page address carries the setup."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import gradio as gr
 
-from advisor.present.views import layout_used_message
+from advisor.present.views import layout_used_message, setup_diff
+from advisor.spec.defaults import DEFAULTS
 from advisor.spec.presets import MODELS
-from webui.advice import apply_recommendation
+from advisor.spec.query import query_text, values_from_query
+from webui.advice import AFTER_ADVICE, apply_recommendation, cleared_after_advice
 from webui.common import follow_value, guarded
 from webui.plan import layout_setup
 from webui.profile import PROFILE_KEYS
-from webui.size import SIZE_KEYS, size_values
+from webui.size import SIZE_KEYS, size_values, size_view
 
 SHARED_KEYS = ("model", "gpu", "gpus", "seq", "micro_batch", "global_batch", "precision", "recompute")
 SHARED_KEYS += ("optimizer", "optimizer_impl")
@@ -81,20 +85,86 @@ def _followed(widgets: dict, keys, values: dict) -> list:
     return [follow_value(widgets[k], values[k]) if k in values else gr.skip() for k in keys]
 
 
+URL_KEYS = [k for k in SIZE_KEYS if k != "config_file"]
+"""The Size tab's fields a page address carries (DEFAULTS' keys: a loaded config.json cannot travel)."""
+DEGREE_KEYS = ("tp", "pp", "vpp", "cp", "ep", "zero")
+
+
 def wire_apply(advice: dict, size: dict, profile: dict, plan: dict) -> None:
     """Apply on the Advice tab: the recommendation's setup goes to every tab's widgets (the Size tab
-    re-estimates on the change) and its rule id to the re-run box."""
-    size_keys = [k for k in SIZE_KEYS if k != "config_file"]
-    outputs = [advice["apply_msg"], advice["rule"]]
-    outputs += [size[k] for k in size_keys] + [profile[k] for k in PROFILE_KEYS] + [plan[k] for k in plan]
+    re-estimates on the change) and its rule id to the re-run box; the message lists every Size-tab
+    field it changed, from what to what. Undo puts back every widget Apply changed, as it was."""
+    widgets = [size[k] for k in URL_KEYS] + [profile[k] for k in PROFILE_KEYS] + [plan[k] for k in plan]
+    outputs = [advice["apply_msg"], advice["rule"], advice["undo_state"], *widgets]
 
-    def on_apply(state, choice, source):
+    def on_apply(state, choice, source, *current):
         msg, size_vals, profile_vals, rule_id = apply_recommendation(state, choice, source)
-        values = [msg, rule_id or "", *_followed(size, size_keys, size_vals)]
+        if not size_vals:  # nothing applied: nothing to undo either
+            return [msg, gr.skip(), gr.skip(), *(gr.skip() for _ in widgets)]
+        before = dict(zip(URL_KEYS, current, strict=False))
+        msg += f"\n\n{setup_diff(before, size_vals)}\n\nPress **Undo Apply** to go back to the setup before it."
+        values = [msg, rule_id or "", list(current), *_followed(size, URL_KEYS, size_vals)]
         return values + _followed(profile, PROFILE_KEYS, profile_vals) + _followed(plan, list(plan), size_vals)
 
-    inputs = [advice["state"], advice["apply_choice"], advice["source"]]
+    def on_undo(saved):
+        if not saved:
+            return ["Nothing to undo: Apply a recommendation first.", gr.skip(), None, *(gr.skip() for _ in widgets)]
+        return ["### Undone\nThe setup is back to what it was before Apply.", "", None, *saved]
+
+    inputs = [advice["state"], advice["apply_choice"], advice["source"], *widgets]
+    # The last re-run's results were of the setup before this Apply: they go with it.
+    stale = [advice[k] for k in AFTER_ADVICE[2:]]
+    advice["apply"].click(lambda: cleared_after_advice()[2:], None, stale, queue=False, api_visibility="undocumented")
     advice["apply"].click(on_apply, inputs, outputs, api_visibility="undocumented")
+    advice["undo"].click(on_undo, advice["undo_state"], outputs, api_visibility="undocumented")
+
+
+# Writes the Size tab's fields that differ from DEFAULTS into the address bar (replaceState: no new
+# history entry per keystroke); other parameters stay. Mirrors advisor.spec.query.setup_query.
+URL_JS = """(...values) => {
+  const keys = __KEYS__, defaults = __DEFAULTS__;
+  const query = new URLSearchParams(window.location.search);
+  keys.forEach((key, i) => {
+    const v = values[i];
+    const text = v === null || v === undefined ? "" : String(v);
+    if (text === defaults[key]) query.delete(key); else query.set(key, text);
+  });
+  const q = query.toString();
+  window.history.replaceState(null, "", window.location.pathname + (q ? "?" + q : "") + window.location.hash);
+  return [];
+}"""
+URL_JS = URL_JS.replace("__KEYS__", json.dumps(URL_KEYS))
+URL_JS = URL_JS.replace("__DEFAULTS__", json.dumps({k: query_text(DEFAULTS[k]) for k in URL_KEYS}))
+
+
+def wire_url(size: dict) -> None:
+    """Every change of the Size tab's fields rewrites the page address's query (in the browser only)."""
+    inputs = [size[k] for k in URL_KEYS]
+    gr.on([c.change for c in inputs], None, inputs, None, js=URL_JS, **_QUIET)
+
+
+def url_setup(size: dict, plan: dict) -> Callable:
+    """The page-load handler: (a note, the Size tab's fields, the Plan tab's shared ones, the Size
+    tab's estimate) from the page address's query. The estimate comes in the same answer (a fresh
+    page's fields hold DEFAULTS), so a link costs the first verdict no second round trip; the note
+    names each parameter it could not use and why."""
+
+    def from_url(request: gr.Request):
+        values, problems = values_from_query(dict(request.query_params) if request is not None else {})
+        values |= {k: str(v) for k, v in values.items() if k in DEGREE_KEYS}
+        # A degree the dropdown lacks (the planner's pp 5, through Use this layout) is added, as there.
+        shown = [
+            (_shown if k in DEGREE_KEYS else follow_value)(size[k], values[k]) if k in values else gr.skip()
+            for k in URL_KEYS
+        ]
+        refused = [k for k, v in zip(URL_KEYS, shown, strict=True) if k in values and v == gr.skip()]
+        problems += [f"`{k}={values[k]}`: not one of this field's choices" for k in refused]
+        used = {k: v for k, v in values.items() if k not in refused}
+        note = "" if not problems else "**Link parameters not used:** " + "; ".join(problems)
+        verdict = size_view(**(DEFAULTS | {"config_file": None} | used))
+        return [note, *shown, *_followed(plan, list(plan), used), *verdict]
+
+    return from_url
 
 
 def _shown(widget, value):

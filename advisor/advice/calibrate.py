@@ -352,7 +352,8 @@ def run_sweep(
     cancel: threading.Event | None = None,
 ) -> list[SweepRun]:
     """Profile each setup (default: :func:`sweep_setups`) once on this machine and file the runs in
-    ``store``; returns them whatever their status. ``on_progress(done, total, message)`` after each.
+    ``store``; returns them whatever their status. ``on_progress(done, total, message)`` after each,
+    and while one runs (``done`` the runs before it): its wait for a quiet CPU, then each of its steps.
     Setting ``cancel`` stops the run in flight (filed as cancelled) and starts no other.
 
     Each run is a short profiled step (``steps`` timed and as many profiled, no profiler warm-up). Before
@@ -368,23 +369,34 @@ def run_sweep(
     for i, setup in enumerate(setups):
         if cancel is not None and cancel.is_set():
             break
+        t = setup.train
+        what = f"{setup.model.name} seq {t.seq_len} x {t.micro_batch} x {setup.grad_accum} {t.precision}"
+        # Which run and which step, from its first second: the quiet wait alone can take a minute a try
+        # (on a busy machine the first line came after 195 s).
+        during = None if on_progress is None else _run_progress(on_progress, i, len(setups), what)
         for attempt in range(1, retries + 2):
+            if during and quiet_wait_s > 0:
+                during(0, 0, f"waiting up to {quiet_wait_s:.0f} s for other processes to leave the CPU")
             _wait_for_quiet(max_other_cpu_frac, quiet_wait_s)
             meter = _CpuMeter()
-            run = profile_run(setup, options, store, cancel=cancel)
+            run = profile_run(setup, options, store, on_progress=during, cancel=cancel)
             other = meter.other_frac()
             if run.status != "ok" or other is None or other <= max_other_cpu_frac or attempt > retries:
                 break
             store.delete(run.run_id)
         out.append(SweepRun(run, other, attempt))
         if on_progress:
-            t = setup.train
-            what = f"{setup.model.name} seq {t.seq_len} x {t.micro_batch} x {setup.grad_accum} {t.precision}"
             load = "" if other is None else f", others used {other:.0%} of the CPU"
             tries = f", attempt {attempt}" if attempt > 1 else ""
             msg = f"{what} recompute {t.recompute} {t.optimizer_impl}: {run.status}{load}{tries}"
             on_progress(i + 1, len(setups), msg)
     return out
+
+
+def _run_progress(on_progress: ProgressFn, i: int, n: int, what: str) -> ProgressFn:
+    """A profiled run's own progress (its steps) as the sweep's: ``i`` runs done of ``n``, the message
+    naming the run in flight ("run 3 of 12, tiny seq 64 x 1 x 1 bf16: step 2/6 (timed 1/2)")."""
+    return lambda _done, _total, message: on_progress(i, n, f"run {i + 1} of {n}, {what}: {message}")
 
 
 def calibrate_machine(

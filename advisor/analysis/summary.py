@@ -408,7 +408,7 @@ def format_report(report: TraceReport, name: str) -> str:
         step_rows = phases_table[phases_table["phase"] == "step"] if "basis" in phases_table else phases_table.iloc[:0]
         basis = step_rows["basis"].iloc[0] if len(step_rows) else "ranges"
         found = "" if basis == "ranges" else f" (steps: {BASES[basis]}; {m.steps_measured} steps)"
-        out.append(f"Step {m.step_time_ms:.1f} ms" + (f": {phases}" if phases else "") + found)
+        out.append(f"Step {m.step_time_ms:.1f} ms (the traced steps' mean)" + (f": {phases}" if phases else "") + found)
     cp = report.tables.get("critical_path_summary")
     if cp is not None and not cp.empty:
         total = cp[cp["category"] == "total"].iloc[0]

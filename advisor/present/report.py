@@ -28,6 +28,11 @@ def fmt_duration(ms: float) -> str:
     return f"{ms / 86400e3:,.1f} days"
 
 
+def fmt_params(n: float) -> str:
+    """A parameter count as read: 70.55B, 1.24B, 124.4M, 3.1M ("tiny (0.00B params)" read as none)."""
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,.0f}"
+
+
 def describe_setup(est: Estimate) -> str:
     """One line: model, devices, layout, step shape."""
     s = est.setup
@@ -39,7 +44,7 @@ def describe_setup(est: Estimate) -> str:
         + ([f"offload {p.offload}"] if p.offload != "none" else [])
     )
     step = f"seq {t.seq_len} x micro {t.micro_batch} x accum {s.grad_accum} x dp {p.dp} = global {s.global_batch}"
-    params = f"{m.n_params / 1e9:.2f}B params" + (f", {m.n_active_params / 1e9:.2f}B active" if m.is_moe else "")
+    params = f"{fmt_params(m.n_params)} params" + (f", {fmt_params(m.n_active_params)} active" if m.is_moe else "")
     return (
         f"{m.name} ({params}) on {s.gpus} x {s.hardware.name}; {layout}, {', '.join(extras)}; "
         f"{t.precision}{' (fp32 grads)' if t.fp32_grads else ''} {t.optimizer}, recompute {t.recompute}, "

@@ -21,6 +21,7 @@ from advisor.present.report import (
     time_rows,
     verdict,
 )
+from advisor.spec.query import query_text
 
 MEMORY_COLUMNS = ["component", "GiB", "share %"]
 TIME_COLUMNS = ["component", "ms", "share %"]
@@ -68,11 +69,12 @@ def _sentence(line: str) -> str:
 
 
 def size_summary(est) -> str:
-    """The Size tab's verdict: fits or not, tokens/s, step and MFU with their band, the setup."""
-    icon = "⚠️" if est.tight else "✅" if est.fits else "❌"
+    """The Size tab's verdict: fits or not, tokens/s, step and MFU with their band, the setup. The
+    verdict opens with its word (FITS, TIGHT, DOES NOT FIT), which the app colours: no emoji, which
+    drew as an empty box where no emoji font is installed."""
     band = f" {step_band(est)}" if step_band(est) else ""
     summary = (
-        f"### {icon} {verdict(est)}\n"
+        f"### {verdict(est)}\n"
         f"**{est.tokens_per_s:,.0f} tokens/s**{band} · step {fmt_duration(est.step_time_ms)}{band} · "
         f"**MFU {100 * est.mfu_frac:.1f} %**{band} · {est.setup.gpus} GPUs (dp {est.setup.parallel.dp})\n\n"
         f"<small>{describe_setup(est)}</small>"
@@ -137,8 +139,8 @@ def run_summary(run_id: str, record: dict[str, Any], m: dict[str, Any]) -> str:
     """A measured run in Markdown: step, tokens/s, MFU and peak memory against the estimate, the setup,
     what its techniques did, the ranks of a distributed run, and its Nsight Systems command."""
     parts = [
-        f"{run_head(run_id, record)}\n**{m['step_time_ms']:.1f} ms per step** (estimate "
-        f"{m['estimate_step_time_ms']:.1f} ms) · **{m['tokens_per_s']:,.0f} tokens/s** · MFU "
+        f"{run_head(run_id, record)}\n**{m['step_time_ms']:.1f} ms per step** (the timed steps' mean, no "
+        f"profiler; estimate {m['estimate_step_time_ms']:.1f} ms) · **{m['tokens_per_s']:,.0f} tokens/s** · MFU "
         f"{100 * m['mfu_frac']:.1f} % · peak memory {m['peak_memory_bytes'] / 2**30:.3f} GiB on {m['device_name']}",
         f"{m['model_name']}: seq {m['seq_len']} x micro {m['micro_batch']} x accum {m['grad_accum']}, "
         f"{m['precision']}, recompute {m['recompute']}, {m['optimizer']} · {_nvml_line(m)}",
@@ -259,10 +261,11 @@ def analysis_top_table(report) -> pd.DataFrame:
 
 
 def analysis_details(report) -> pd.DataFrame:
-    """Idle time by stream (a GPU trace) or the step's phases (a CPU one)."""
+    """Idle time by stream (a GPU trace) or the step's phases (a CPU one), times in ms (the phases
+    showed ``total_ns`` beside every other table's ms)."""
     t = report.tables
     gpu = not t["temporal_breakdown"].empty
-    return (in_ms(t["idle_time_breakdown"]) if gpu else t["phases"]).round(3)
+    return in_ms(t["idle_time_breakdown"] if gpu else t["phases"]).round(3)
 
 
 # --- Advice --------------------------------------------------------------------------------------
@@ -319,6 +322,22 @@ def applied_message(rec, source: str) -> str:
     if source == "stored run":
         return msg + " Press **Re-run with the recommendation applied** to measure it on this machine."
     return msg + " The Size tab shows its estimate; press **Advise** again for what to do next."
+
+
+def setup_diff(before: dict, after: dict) -> str:
+    """What Apply changes on the Size tab, as Markdown: a table of every field whose value ``after``
+    changes (field, before, after; values compared as a page address writes them, so 8 and 8.0 or
+    "1" and 1 are the same), or a line saying it changes none. Keys of ``after`` not in ``before``
+    (a field the tab does not show) are left out."""
+    rows = [
+        f"| {k} | {query_text(before[k])} | {query_text(v)} |"
+        for k, v in after.items()
+        if k in before and query_text(before[k]) != query_text(v)
+    ]
+    if not rows:
+        return "It changes no field of the Size tab: the setup there already has it."
+    head = f"It changes {len(rows)} field{'s' * (len(rows) > 1)} of the Size tab:\n\n| field | before | after |\n|---|---|---|\n"
+    return head + "\n".join(rows)
 
 
 def verify_table(v) -> pd.DataFrame:
