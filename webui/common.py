@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from advisor.analysis.roofline import trace_roofline
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, shown_value
 from advisor.present.charts import timeline_figure
 from advisor.store.ceilings import ceilings_lookup
 from advisor.store.runstore import RunStore
@@ -50,6 +50,7 @@ def guarded(title: str, what: str, rest: Callable[[], tuple] | None = None) -> C
 
     def on_error(fn: Callable, err: Exception):
         if isinstance(err, AdvisorError):
+            log.warning("%s rejected: %s", fn.__name__, shown_value(str(err), 300))  # one line, no traceback
             return shown(f"### {title}\n{err}")
         log.error("%s failed", fn.__name__, exc_info=err)
         return shown(f"### Internal error\n{what} failed unexpectedly; see the server log.")
@@ -137,13 +138,13 @@ def without_server_paths(message: str, upload: str | None) -> str:
 def as_int(value: float | str | None) -> int | None:
     """Gradio numbers arrive as float or None and dropdown degrees as text; integral values become ints,
     the rest stay for the spec's validation to reject with a clear message."""
-    if value is None:
-        return None
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a 400-digit number as text
         return value  # type: ignore[return-value]
-    return int(number) if number.is_integer() else value  # type: ignore[return-value]
+    return int(number) if number.is_integer() and not isinstance(value, bool) else value  # type: ignore[return-value]
 
 
 def degree_dropdown(choices: list[int], value: int, label: str, **kwargs) -> gr.Dropdown:

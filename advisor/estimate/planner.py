@@ -168,11 +168,13 @@ class PlanRequest:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
                 raise SpecError(name, value, f"must be an integer from 1 to {most}")
+        if not isinstance(self.precisions, (str, tuple, list)):
+            raise SpecError("precisions", self.precisions, f"must be a list of {', '.join(PRECISIONS)}")
         precisions = (self.precisions,) if isinstance(self.precisions, str) else tuple(self.precisions)
         if not precisions:
             raise SpecError("precisions", self.precisions, f"must name at least one of {', '.join(PRECISIONS)}")
         for p in precisions:
-            if p not in PRECISIONS:
+            if not isinstance(p, str) or p not in PRECISIONS:
                 raise SpecError("precisions", p, f"unknown precision; choose from {', '.join(PRECISIONS)}")
             if self.hardware.peak_flops(p) <= 0:
                 have = ", ".join(q for q in PRECISIONS if self.hardware.peak_flops(q) > 0)

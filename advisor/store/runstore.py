@@ -197,7 +197,9 @@ def new_run_id(model_name: str, now: float | None = None) -> str:
 def check_run_id(run_id: object) -> str:
     """The id if it is well formed; AdvisorError otherwise."""
     if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
-        raise AdvisorError(f"run id {run_id!r} is not valid: expected YYYYmmdd-HHMMSS-<model>-<6 hex digits>")
+        raise AdvisorError(
+            f"run id {shown_value(run_id, 60)} is not valid: expected YYYYmmdd-HHMMSS-<model>-<6 hex digits>"
+        )
     return run_id
 
 
