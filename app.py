@@ -65,6 +65,7 @@ def build_app() -> gr.Blocks:
         wire_apply(advice, size, profile, plan)
         wire_use_layout(plan_use, size)
         _on_load(demo, size, size_outputs, advice, [runs, analyze_runs, advice["runs"], history["run_b"]], history)
+    common.validate_in_handlers(demo)
     return demo
 
 

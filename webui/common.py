@@ -134,6 +134,25 @@ def without_server_paths(message: str, upload: str | None) -> str:
 
 # --- Widgets -------------------------------------------------------------------------------------
 
+CHECKED_WIDGETS = (gr.Number, gr.Radio, gr.Dropdown, gr.CheckboxGroup)
+"""Widgets whose value Gradio checks before a handler runs (a number in range, one of the choices)."""
+
+
+def validate_in_handlers(demo: gr.Blocks) -> None:
+    """Hand every number and choice widget's value to the handlers as the caller sent it. Gradio refuses
+    an out-of-range number or an unknown choice itself, before any handler runs, with a message that
+    names no widget ("Value: 3 is not in the list of choices"), and text where a number belongs with
+    none at all ({"error": null}); the handlers turn every value into a spec (``as_int``, ``make_setup``,
+    ``PlanRequest``), whose validation names the field, the value and what is allowed. The browser's
+    widgets keep their ranges and choices: this changes only what an API caller sees."""
+    for block in demo.blocks.values():
+        if isinstance(block, CHECKED_WIDGETS):
+            block.preprocess = _as_sent  # type: ignore[method-assign]
+
+
+def _as_sent(payload):
+    return payload
+
 
 def as_int(value: float | str | None) -> int | None:
     """Gradio numbers arrive as float or None and dropdown degrees as text; integral values become ints,
@@ -182,7 +201,7 @@ def run_choices(index: int = 0, measured: bool = True) -> gr.Dropdown:
 def follow_value(component: gr.components.Component, value):
     """``value`` as ``component`` takes it, or gr.skip() where it has no such choice (fp8 on the
     Profile tab) or is out of its range (a global batch of 0 on the Plan tab)."""
-    if value is None:
+    if value is None or not isinstance(value, str | int | float):  # a list or a dict from an API caller
         return gr.skip()
     if isinstance(component, gr.CheckboxGroup):
         value = [value]
@@ -192,6 +211,8 @@ def follow_value(component: gr.components.Component, value):
         if not set(value if isinstance(value, list) else [value]) <= allowed:
             return gr.skip()
     if isinstance(component, gr.Number):
+        if isinstance(value, str | bool) or not math.isfinite(value):
+            return gr.skip()
         low, high = getattr(component, "minimum", None), getattr(component, "maximum", None)
         if (low is not None and value < low) or (high is not None and value > high):
             return gr.skip()
