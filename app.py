@@ -77,6 +77,7 @@ def build_app() -> gr.Blocks:
         pickers = [runs, analyze_runs, advice["runs"], history["run_b"]]
         tabs = {"size": size, "plan": plan, "advice": advice, "history": history}
         _on_load(demo, tabs, size_outputs, pickers, link_note)
+    common.validate_in_handlers(demo)
     return demo
 
 

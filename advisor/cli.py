@@ -217,6 +217,17 @@ def _existing_store(traces: str | None, *, required: bool = True) -> RunStore:
     return store
 
 
+MAX_TRACE_MB = 2**20
+"""The largest --max-mb: 1 TiB of decompressed trace, beyond any machine's memory here."""
+
+
+def _check_max_mb(max_mb: float) -> None:
+    if not 0 < max_mb <= MAX_TRACE_MB:  # also refuses NaN and infinity
+        raise AdvisorError(
+            f"--max-mb={max_mb:g}: must be from 0 (excluded) to {MAX_TRACE_MB} (MiB of decompressed trace)"
+        )
+
+
 def _check_trace_path(path: Path, command: str) -> None:
     """AdvisorError unless ``path`` is a file or folder to analyze; for one of our run directories, also
     where its metrics.json is damaged (the roofline reads its parameter count there)."""
@@ -331,10 +342,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
     path = Path(args.path)
     _check_trace_path(path, "analyze")
-    if not args.max_mb > 0:  # also refuses NaN
-        raise AdvisorError(f"--max-mb={args.max_mb:g}: must be > 0 (MiB of decompressed trace)")
-    if args.max_event_mb is not None and not args.max_event_mb > 0:
-        raise AdvisorError(f"--max-event-mb={args.max_event_mb:g}: must be > 0 (MiB of one trace event)")
+    _check_max_mb(args.max_mb)
+    if args.max_event_mb is not None and not 0 < args.max_event_mb <= MAX_TRACE_MB:  # NaN and infinity too
+        raise AdvisorError(
+            f"--max-event-mb={args.max_event_mb:g}: must be from 0 (excluded) to {MAX_TRACE_MB} (MiB of one trace event)"
+        )
     hardware = get_hardware(args.gpu) if args.gpu else None
     # Our own runs are judged against their device's stored roofs; --ceilings looks them up for any trace.
     ceilings = run_ceilings(path)
@@ -393,8 +405,7 @@ def _cmd_export_trace(args: argparse.Namespace) -> int:
 
     path = Path(args.path)
     _check_trace_path(path, "export-trace")
-    if not args.max_mb > 0:
-        raise AdvisorError(f"--max-mb={args.max_mb:g}: must be > 0 (MiB of decompressed trace)")
+    _check_max_mb(args.max_mb)
     out = Path(args.out) if args.out else Path(path.name.split(".")[0] + ".perfetto.json.gz")
     if out.resolve() == path.resolve():
         raise AdvisorError(f"--out {out} is the trace itself; give another file")
@@ -428,14 +439,22 @@ def _cmd_ceilings(args: argparse.Namespace) -> int:
         path = None
     else:
         dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
-        for name, value, lo in (
-            ("--matmul-n", args.matmul_n, 0),
-            ("--copy-mib", args.copy_mib, 0),
-            ("--repeats", args.repeats, 1),
+        # Upper bounds: three fp32 matrices of 32768^2 take 12 GiB, a 64 GiB copy buffer twice that;
+        # beyond, the allocation only fails (10^9: "tried to allocate 4000000000000000000 bytes").
+        for name, value, lo, hi in (
+            ("--matmul-n", args.matmul_n, 0, 32768),
+            ("--copy-mib", args.copy_mib, 0, 65536),
+            ("--repeats", args.repeats, 1, 1000),
         ):
-            if value < lo:
-                raise AdvisorError(f"{name}={value}: must be >= {lo}")
-        c = measure_ceilings(device, dtypes, matmul_n=args.matmul_n, copy_mib=args.copy_mib, repeats=args.repeats)
+            if not lo <= value <= hi:
+                raise AdvisorError(f"{name}={value}: must be an integer from {lo} to {hi}")
+        try:
+            c = measure_ceilings(device, dtypes, matmul_n=args.matmul_n, copy_mib=args.copy_mib, repeats=args.repeats)
+        except (RuntimeError, MemoryError) as err:  # torch's allocation failures (CPU or CUDA out of memory)
+            raise AdvisorError(
+                f"ceilings --device {device}: the buffers do not fit in memory ({str(err).splitlines()[0][:200]}); "
+                "give a smaller --matmul-n or --copy-mib"
+            ) from None
         path = store_ceilings(c, root)
     if args.json:
         print(json.dumps({**c.to_dict(), "path": str(path) if path else None}, indent=2))

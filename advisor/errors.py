@@ -18,7 +18,18 @@ class SpecError(AdvisorError):
         self.field = field
         self.value = value
         self.allowed = allowed
-        super().__init__(f"{field}={value!r}: {allowed}")
+        super().__init__(f"{field}={shown_value(value)}: {allowed}")
+
+
+def shown_value(value: object, limit: int = 80) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters: a 400-digit integer or a
+    megabyte string given as a count shows its start and its length, not all of it."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{text[:20]}...({len(text.lstrip('-'))} digits)"
+    return f"{text[: limit - 20]}...({len(text)} characters)"
 
 
 class Refused(AdvisorError):

@@ -248,6 +248,7 @@ def _file_synthetic_run(store, setup, step_ms, peak_bytes, status="ok", options=
         m = StepMetrics(
             run_id=run_id,
             source="profile",
+            model_name=setup.model.name,
             device_type="cpu",
             device_name=setup.hardware.name,
             step_time_ms=step_ms,

@@ -149,7 +149,10 @@ def test_ceilings_errors_are_clear(tmp_path, capsys):
     assert main(["ceilings", "--show", "--device", "cpu", "--traces", str(tmp_path)]) == 2
     assert "no ceilings stored for CPU host" in capsys.readouterr().err
     assert main(["ceilings", "--device", "cpu", "--repeats", "0", "--traces", str(tmp_path)]) == 2
-    assert "--repeats=0: must be >= 1" in capsys.readouterr().err
+    assert "--repeats=0: must be an integer from 1 to 1000" in capsys.readouterr().err
+    # Issue 22: a size whose buffers cannot exist is refused by name, before torch tries (4e18 bytes).
+    assert main(["ceilings", "--device", "cpu", "--matmul-n", str(10**9), "--traces", str(tmp_path)]) == 2
+    assert "--matmul-n=1000000000: must be an integer from 0 to 32768" in capsys.readouterr().err
     assert main(["analyze", str(RUN), "--ceilings-file", str(tmp_path / "none.json")]) == 2
     assert "ceilings file none.json cannot be read" in capsys.readouterr().err
 
@@ -247,7 +250,8 @@ def test_analyze_of_a_folder_still_works_after_save(tmp_path, capsys):
         ),
         (["analyze", "{tmp}/none/trace.json"], "error: analyze {tmp}/none/trace.json: no such file or folder"),
         (["analyze", "/dev/null"], "error: analyze /dev/null: not a regular file or folder"),
-        (["analyze", str(RUN), "--max-mb", "-1"], "error: --max-mb=-1: must be > 0"),
+        (["analyze", str(RUN), "--max-mb", "-1"], "error: --max-mb=-1: must be from 0 (excluded) to 1048576"),
+        (["analyze", str(RUN), "--max-mb", "inf"], "error: --max-mb=inf: must be from 0 (excluded) to 1048576"),
         (
             ["analyze", str(RUN / "trace.json.gz"), "--max-mb", "0.1"],
             "error: trace.json.gz decompresses to over 0.1 MiB; refusing it (raise the limit: analyze --max-mb",

@@ -224,7 +224,8 @@ def test_single_process_and_multi_group_runs_are_not_measured(ddp_run, tmp_path)
     (one / "metrics.json").write_text(json.dumps({**metrics, "world_size": 1}))
     assert measured_bus_bandwidth(one) is None
     # dp2 x tp2: a call's group (2 of 4 ranks) is not in a gloo trace, so it is not measured.
-    (one / "metrics.json").write_text(json.dumps({**metrics, "world_size": 4}))
+    four = {k: metrics[k] * 2 for k in ("rank_step_time_ms", "rank_peak_memory_bytes")}
+    (one / "metrics.json").write_text(json.dumps({**metrics, **four, "world_size": 4}))
     record = json.loads((one / "run.json").read_text())
     record["setup"]["parallel"].update(dp=2, tp=2)
     (one / "run.json").write_text(json.dumps(record))

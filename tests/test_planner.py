@@ -10,11 +10,13 @@ from advisor.cli import main
 from advisor.errors import AdvisorError, SpecError
 from advisor.estimate.estimator import estimate, stage_layers
 from advisor.estimate.planner import (
+    MAX_BATCH_CHOICES,
     MAX_POINTS,
     PlanRequest,
     _rank_key,
     _speed,
     _technique_order,
+    batch_grid,
     layout_label,
     plan,
     technique_fields,
@@ -282,9 +284,16 @@ def test_memory_never_shrinks_with_a_larger_micro_batch():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"gpus": 0}, "gpus=0: must be an integer >= 1"),
-        ({"global_batch": 0}, "global_batch=0: must be an integer >= 1"),
-        ({"top": 0}, "top=0: must be an integer >= 1"),
+        ({"gpus": 0}, "gpus=0: must be an integer from 1 to 1048576"),
+        ({"global_batch": 0}, "global_batch=0: must be an integer from 1 to 67108864"),
+        ({"top": 0}, "top=0: must be an integer from 1 to 1000"),
+        # Bounds: 10^18 GPUs or sequences once kept a divisor loop spinning for ever (issue 22).
+        ({"gpus": 10**18}, "gpus=1000000000000000000: must be an integer from 1 to 1048576"),
+        ({"gpus": 2**63}, "gpus=9223372036854775808: must be an integer from 1 to 1048576"),
+        ({"global_batch": 10**18}, "global_batch=1000000000000000000: must be an integer from 1 to 67108864"),
+        ({"seq_len": 2**25}, "seq_len=33554432: must be an integer from 1 to 16777216"),
+        ({"top": 10**18}, "top=1000000000000000000: must be an integer from 1 to 1000"),
+        ({"gpus": 8.0}, "gpus=8.0: must be an integer from 1 to 1048576"),
         ({"precisions": ("fp9",)}, "precisions='fp9': unknown precision; choose from fp32, bf16, fp16, fp8"),
         ({"precisions": ()}, "precisions=(): must name at least one of"),
         ({"hardware": get_hardware("a100"), "precisions": ("bf16", "fp8")}, "A100 SXM 80GB has no fp8 tensor cores"),
@@ -371,7 +380,7 @@ def test_cli_plan_hf_config_no_offload_and_errors(capsys):
     assert main(["plan", "--gpus", "8", "--global-batch", "64", "--precision", "fp9"]) == 2
     assert "error: precisions='fp9': unknown precision" in capsys.readouterr().err
     assert main(["plan", "--gpus", "0", "--global-batch", "64"]) == 2
-    assert "error: gpus=0: must be an integer >= 1" in capsys.readouterr().err
+    assert "error: gpus=0: must be an integer from 1 to 1048576" in capsys.readouterr().err
 
 
 # --- the memory / speed scatter ---------------------------------------------------------------------
@@ -452,3 +461,28 @@ def test_tp_stays_inside_a_72_gpu_rack():
     assert res.top and all(e.setup.parallel.tp <= 8 for e in res.top)
     tps = {int(p.label.split(" TP")[1].split()[0]) for p in res.points}
     assert tps and max(tps) <= 8  # no fitting setting the search estimated has a straddling TP group
+
+
+def test_batch_grid_keeps_every_divisor_of_a_usual_batch_and_thins_a_divisor_rich_one():
+    assert batch_grid(1024) == tuple(2**k for k in range(11))
+    # 64,864,800 = 2^5 3^4 5^2 7 11 13 has 1,440 divisors, 537 of them up to 2^16.
+    assert sum(64864800 % b == 0 for b in range(1, 2**16 + 1)) == 537
+    grid = batch_grid(64864800)
+    # 48 targets on a log scale; near 1 some share their nearest divisor (1 to 5 all taken), leaving 45.
+    assert MAX_BATCH_CHOICES == 48 and len(grid) == 45
+    assert (
+        grid == tuple(sorted(grid)) and grid[0] == 1 and grid[-1] == 65520
+    )  # the largest divisor <= 2^16: 990 x 65520
+    assert all(64864800 % b == 0 for b in grid)
+    # A batch above the largest micro-batch never offers one a TrainSpec refuses.
+    assert max(batch_grid(2**26)) == 2**16
+
+
+def test_extreme_requests_finish_with_counts_that_partition_the_grid():
+    """2^20 GPUs (the most a spec takes) and a 2^26-sequence batch: once the divisor and micro-batch
+    loops ran for ever on such values; now a bounded grid, every listed micro-batch one a spec takes."""
+    req = PlanRequest(get_model("tiny"), get_hardware("h100"), gpus=2**20, seq_len=256, global_batch=2**26)
+    result = plan(req)
+    assert result.top
+    assert result.considered == result.invalid + result.no_fit + result.bounded + result.fitting
+    assert all(e.setup.gpus == 2**20 and e.setup.train.micro_batch <= 2**16 for e in result.top)

@@ -1,6 +1,7 @@
 """The run store: ids validated, commits atomic, damaged runs reported, not fatal, orphans removed."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -17,8 +18,9 @@ def _commit(store, status="ok", metrics=True):
     d = store.staging_dir(run_id)
     write_json_atomic(d / "run.json", {"run_id": run_id, "status": status})
     if metrics:
-        # The fields StepMetrics cannot do without; the rest default to None.
-        (d / "metrics.json").write_text(json.dumps({"run_id": run_id, "source": "profile"}))
+        # The fields StepMetrics cannot do without, and those a finished profiled run always has.
+        minimal = {"run_id": run_id, "source": "profile", "model_name": "tiny", "device_type": "cpu"}
+        (d / "metrics.json").write_text(json.dumps(minimal))
     store.commit(run_id)
     return run_id
 
@@ -171,3 +173,101 @@ def test_a_relative_store_is_made_absolute(tmp_path, monkeypatch):
     assert store.root == tmp_path / "mytraces" and store.root.is_absolute()
     monkeypatch.setenv("ADVISOR_TRACES_DIR", "elsewhere")
     assert RunStore().root == tmp_path / "elsewhere"
+
+
+def _set_json(name: str, value: object):
+    """A damage: ``name`` in the run directory rewritten as ``value`` (text as is, else JSON)."""
+
+    def damage(d: Path) -> None:
+        (d / name).write_text(value if isinstance(value, str) else json.dumps(value))
+
+    return damage
+
+
+def _patch_metrics(**changes):
+    def damage(d: Path) -> None:
+        m = json.loads((d / "metrics.json").read_text())
+        m.update(changes)
+        for k in [k for k, v in changes.items() if v is None]:
+            del m[k]
+        (d / "metrics.json").write_text(json.dumps(m))  # json writes float('nan') as NaN, as Python reads it
+
+    return damage
+
+
+def _link_trace(d: Path) -> None:
+    (d / "trace.json.gz").symlink_to("/etc/passwd")
+
+
+# Each damage the issue 22 audit found listed as ok (and then an "Internal error" on open, advise or
+# plan), with the reason the listing now gives.
+DAMAGES = [
+    (_patch_metrics(world_size=math.nan), "metrics.json has world_size=nan: expected an integer or null"),
+    (_patch_metrics(world_size=2**40), "metrics.json has world_size=1099511627776: expected an integer from 1"),
+    (_patch_metrics(step_time_ms=math.inf), "metrics.json has step_time_ms=inf: expected a finite number or null"),
+    (_patch_metrics(model_name=None), "metrics.json lacks model_name (a string each, as every profiled run has)"),
+    (_patch_metrics(nvml="x"), "metrics.json has nvml='x': expected an object"),
+    (_patch_metrics(world_size=2), "metrics.json has world_size=2 but rank_step_time_ms is not a list of 2 numbers"),
+    (
+        _patch_metrics(world_size=2, rank_step_time_ms=[1.0, 2.0], rank_peak_memory_bytes=[1, -5]),
+        "metrics.json has world_size=2 but rank_peak_memory_bytes is not a list of 2 numbers >= 0",
+    ),
+    (_set_json("top_ops.json", "{oops"), "top_ops.json is unreadable (JSONDecodeError)"),
+    (_set_json("top_ops.json", {"name": "mm"}), "top_ops.json holds a JSON dict, not a list of ops"),
+    (_set_json("top_ops.json", [{"name": "mm", "self_cpu_us": "x"}]), "top_ops.json row 0 has self_cpu_us='x'"),
+    (_set_json("top_ops.json", [{"calls": 3}]), "top_ops.json row 0 has no name (a string)"),
+    (_set_json("nvml.json", []), "nvml.json is not an object with a list of samples"),
+    (
+        _set_json("nvml.json", '{"samples": [{"t_s": 1, "power_w": NaN}]}'),
+        "nvml.json row 0 has power_w=nan: expected a finite",
+    ),
+    (_link_trace, "trace.json.gz is a symbolic link; a run's files must be inside its folder"),
+    (_set_json("run.json", {"status": "ok", "setup": [1]}), "run.json has a setup that is not an object"),
+    (_set_json("run.json", {"status": "ok", "message": {"a": 1}}), "run.json has message={'a': 1}: expected a string"),
+]
+
+
+@pytest.mark.parametrize(("damage", "reason"), DAMAGES)
+def test_damaged_files_are_listed_with_the_reason_and_the_other_runs_stay_usable(tmp_path, damage, reason):
+    from advisor.advice.commlinks import link_for
+    from advisor.spec.presets import cpu_host
+    from advisor.store.history import DAMAGED, run_table
+
+    store = RunStore(tmp_path)
+    good, bad = _commit(store), _commit(store)
+    for run_id in (good, bad):  # what a finished profiled run holds beside its metrics
+        _set_json("top_ops.json", [{"name": "aten::mm", "calls": 2, "self_cpu_us": 10.5}])(tmp_path / run_id)
+        _set_json("nvml.json", {"summary": {}, "samples": [{"t_s": 0.0, "gpu_util_pct": 50}]})(tmp_path / run_id)
+    damage(tmp_path / bad)
+    runs, damaged = store.list_runs()
+    assert [r.run_id for r in runs] == [good]
+    assert len(damaged) == 1 and damaged[0][0] == bad and damaged[0][1].startswith(reason), damaged
+    with pytest.raises(AdvisorError, match=f"run {bad} is damaged"):
+        store.load(bad)
+    table = run_table(store)
+    assert table.set_index("run_id")["status"].to_dict() == {good: "ok", bad: DAMAGED}
+    assert link_for(store, cpu_host()) is None  # the store-wide readers pass the damaged run over
+    info = store.load(good)
+    assert info.top_ops()[0]["name"] == "aten::mm" and info.nvml_samples()[0]["gpu_util_pct"] == 50
+
+
+def test_a_run_folder_that_is_a_link_is_damaged(tmp_path):
+    store = RunStore(tmp_path / "store")
+    good = _commit(store)
+    elsewhere = RunStore(tmp_path / "elsewhere")
+    other = _commit(elsewhere)
+    (store.root / other).symlink_to(elsewhere.root / other)
+    runs, damaged = store.list_runs()
+    assert [r.run_id for r in runs] == [good]
+    assert damaged == [(other, "is a symbolic link; a run must be a folder inside the store")]
+
+
+def test_files_damaged_after_the_listing_name_the_file_when_read(tmp_path):
+    store = RunStore(tmp_path)
+    info = store.load(_commit(store))
+    (info.path / "top_ops.json").write_text('{"oops": 1}')
+    with pytest.raises(AdvisorError, match=r"top_ops\.json holds a JSON dict, not a list of ops; the run is damaged"):
+        info.top_ops()
+    (info.path / "nvml.json").write_text('{"samples": "none"}')
+    with pytest.raises(AdvisorError, match=r"nvml\.json is not an object with a list of samples; the run is damaged"):
+        info.nvml_samples()

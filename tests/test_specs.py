@@ -153,8 +153,21 @@ H100 = get_hardware("h100")
 
 # (what to build, the field the message must name, words the message must contain)
 BAD_INPUTS = [
-    (lambda: _llama(n_layers=0), "model.n_layers=0", "integer >= 1"),
-    (lambda: _llama(hidden=-4096), "model.hidden=-4096", "integer >= 1"),
+    (lambda: _llama(n_layers=0), "model.n_layers=0", "integer from 1 to 65536"),
+    (lambda: _llama(hidden=-4096), "model.hidden=-4096", "integer from 1 to 16777216"),
+    # Issue 22: every count has an upper bound, so no figure or search grows without one.
+    (lambda: _llama(hidden=10**400), "model.hidden=10000000000000000000...(401 digits)", "integer from 1 to 16777216"),
+    (lambda: _llama(n_layers=2**17), "model.n_layers=131072", "integer from 1 to 65536"),
+    (lambda: _llama(vocab=2**25), "model.vocab=33554432", "integer from 1 to 16777216"),
+    (lambda: ParallelSpec(dp=2**21), "parallel.dp=2097152", "integer from 1 to 1048576"),
+    (
+        lambda: ParallelSpec(tp=1024, pp=1024, cp=2),
+        "parallel.tp=1024",
+        "dp(1) x tp(1024) x pp(1024) x cp(2) = 2,097,152 GPUs; at most 1,048,576 in all",
+    ),
+    (lambda: make_setup(gpus=10**18), "gpus=1000000000000000000", "integer from 1 to 1048576"),
+    (lambda: make_setup(gpus=8, dp="8"), "parallel.dp='8'", "integer from 1 to 1048576"),
+    (lambda: make_setup(micro_batch=10**18), "train.micro_batch=1000000000000000000", "from 1 to 65536"),
     (lambda: _llama(n_kv_heads=5), "model.n_kv_heads=5", "must divide n_heads=32"),
     (lambda: replace(_llama(), head_dim=0, n_heads=30), "model.n_heads=30", "must divide hidden=4096"),
     (lambda: _llama(mlp="relu"), "model.mlp='relu'", "one of gelu, swiglu"),
@@ -186,7 +199,7 @@ BAD_INPUTS = [
         "train.recompute_layers=4",
         "needs recompute='full'",
     ),
-    (lambda: TrainSpec(offload_activations=-1), "train.offload_activations=-1", ">= 0"),
+    (lambda: TrainSpec(offload_activations=-1), "train.offload_activations=-1", "integer from 0 to 65536"),
     # Llama-3.1-8B's 32 blocks over 4 stages: 8 a stage, so 9 blocks per stage cannot recompute.
     (
         lambda: make_setup(

@@ -12,6 +12,7 @@ import pandas as pd
 
 from advisor.advice.advise import advice_markdown, advise, advise_run, advise_trace
 from advisor.advice.verify import verification_diff, verify
+from advisor.errors import AdvisorError, shown_value
 from advisor.present.views import (
     ADVICE_COLUMNS,
     DIFF_CATEGORY_COLUMNS,
@@ -53,6 +54,8 @@ def advice_view(source: str, run_id: str | None, upload: str | None, *size_input
     """Advice tab: (summary, ranked table, full report markdown, report files, Advice) for a stored
     run, an uploaded trace, or the setup on the Size tab. The Advice goes to a session State (which
     the API does not return), for Apply."""
+    if source not in SOURCES:
+        raise AdvisorError(f"source={shown_value(source, 60)}: must be one of {', '.join(SOURCES)}")
     if source == "stored run" and not run_id:
         return ("Pick a stored run (profile one on the Profile tab).", *no_advice())
     if source == "uploaded trace" and not upload:

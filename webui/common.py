@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from advisor.analysis.roofline import trace_roofline
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, shown_value
 from advisor.present.charts import timeline_figure
 from advisor.store.ceilings import ceilings_lookup
 from advisor.store.runstore import RunStore
@@ -50,6 +50,7 @@ def guarded(title: str, what: str, rest: Callable[[], tuple] | None = None) -> C
 
     def on_error(fn: Callable, err: Exception):
         if isinstance(err, AdvisorError):
+            log.warning("%s rejected: %s", fn.__name__, shown_value(str(err), 300))  # one line, no traceback
             return shown(f"### {title}\n{err}")
         log.error("%s failed", fn.__name__, exc_info=err)
         return shown(f"### Internal error\n{what} failed unexpectedly; see the server log.")
@@ -133,17 +134,36 @@ def without_server_paths(message: str, upload: str | None) -> str:
 
 # --- Widgets -------------------------------------------------------------------------------------
 
+CHECKED_WIDGETS = (gr.Number, gr.Radio, gr.Dropdown, gr.CheckboxGroup)
+"""Widgets whose value Gradio checks before a handler runs (a number in range, one of the choices)."""
+
+
+def validate_in_handlers(demo: gr.Blocks) -> None:
+    """Hand every number and choice widget's value to the handlers as the caller sent it. Gradio refuses
+    an out-of-range number or an unknown choice itself, before any handler runs, with a message that
+    names no widget ("Value: 3 is not in the list of choices"), and text where a number belongs with
+    none at all ({"error": null}); the handlers turn every value into a spec (``as_int``, ``make_setup``,
+    ``PlanRequest``), whose validation names the field, the value and what is allowed. The browser's
+    widgets keep their ranges and choices: this changes only what an API caller sees."""
+    for block in demo.blocks.values():
+        if isinstance(block, CHECKED_WIDGETS):
+            block.preprocess = _as_sent  # type: ignore[method-assign]
+
+
+def _as_sent(payload):
+    return payload
+
 
 def as_int(value: float | str | None) -> int | None:
     """Gradio numbers arrive as float or None and dropdown degrees as text; integral values become ints,
     the rest stay for the spec's validation to reject with a clear message."""
-    if value is None:
-        return None
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a 400-digit number as text
         return value  # type: ignore[return-value]
-    return int(number) if number.is_integer() else value  # type: ignore[return-value]
+    return int(number) if number.is_integer() and not isinstance(value, bool) else value  # type: ignore[return-value]
 
 
 def degree_dropdown(choices: list[int], value: int, label: str, **kwargs) -> gr.Dropdown:
@@ -181,7 +201,7 @@ def run_choices(index: int = 0, measured: bool = True) -> gr.Dropdown:
 def follow_value(component: gr.components.Component, value):
     """``value`` as ``component`` takes it, or gr.skip() where it has no such choice (fp8 on the
     Profile tab) or is out of its range (a global batch of 0 on the Plan tab)."""
-    if value is None:
+    if value is None or not isinstance(value, str | int | float):  # a list or a dict from an API caller
         return gr.skip()
     if isinstance(component, gr.CheckboxGroup):
         value = [value]
@@ -191,6 +211,8 @@ def follow_value(component: gr.components.Component, value):
         if not set(value if isinstance(value, list) else [value]) <= allowed:
             return gr.skip()
     if isinstance(component, gr.Number):
+        if isinstance(value, str | bool) or not math.isfinite(value):
+            return gr.skip()
         low, high = getattr(component, "minimum", None), getattr(component, "maximum", None)
         if (low is not None and value < low) or (high is not None and value > high):
             return gr.skip()

@@ -30,8 +30,8 @@ def fit_seq_to_model(model: str | None, seq: float | None):
     """The sequence length a newly picked preset can take: its learned positions' count where ``seq``
     runs past them (GPT-2's 1024 against the default 8192, which failed the estimate at once), else
     gr.skip()."""
-    make = MODELS.get(model or "")
-    if make is None or seq is None:
+    make = MODELS.get(model) if isinstance(model, str) else None
+    if make is None or not isinstance(seq, int | float) or isinstance(seq, bool):  # an API caller's junk: no change
         return gr.skip()
     spec = make()
     if spec.position == "learned" and seq > spec.max_positions:

@@ -59,7 +59,7 @@ def _request(model, gpu, gpus, seq, global_batch, precisions, offload, measured_
         gpus=as_int(gpus),
         seq_len=as_int(seq),
         global_batch=as_int(global_batch),
-        precisions=tuple(precisions or ()),
+        precisions=precisions or (),  # PlanRequest checks it and makes it a tuple
         allow_offload=bool(offload),
     )
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
+from advisor.errors import SpecError
 from advisor.estimate.estimator import estimate
 from advisor.present.charts import memory_figure, time_figure
 from advisor.present.export import EXPORT_TARGETS, export_setup
@@ -39,6 +40,8 @@ def setup_from_size_inputs(*values, **named):
         raise TypeError(f"Size tab values missing: {', '.join(missing)}")
     kw["hf_config"] = kw.pop("config_file") or None
     kw |= {k: as_int(kw[k]) for k in INT_KEYS}
+    if bad := next((k for k in sorted(BOOL_KEYS) if kw[k] is not None and not isinstance(kw[k], bool)), None):
+        raise SpecError(bad, kw[bad], "must be true or false")
     kw |= {k: bool(kw[k]) for k in BOOL_KEYS}
     return make_setup(**kw)
 

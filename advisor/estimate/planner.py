@@ -16,7 +16,9 @@ The grid walked (every combination counts as *considered*):
   or the device is a CPU; memory techniques (``_techniques``): no recompute, the activations of half
   or all of each stage's blocks offloaded to host memory (GPUs, offload allowed), selective, op-level
   selective, full recompute of half of each stage's blocks, full recompute;
-- micro-batch: every divisor of the global batch.
+- micro-batch: every divisor of the global batch up to MAX_MICRO_BATCH; where a batch has more than
+  MAX_BATCH_CHOICES of them (64,864,800 has 1,440), that many spread evenly on a log scale, 1 and the
+  largest included, so the search stays within seconds (``batch_grid``).
 
 Sequence parallelism is always on when tp > 1 (Megatron-LM's advice: it removes the activations TP
 leaves replicated). Other step settings are the TrainSpec defaults (AdamW, fused, flash attention,
@@ -48,7 +50,9 @@ result of the top (each also checked against an exhaustive search in the tests):
 
 from __future__ import annotations
 
+import functools
 import heapq
+import math
 import textwrap
 import time
 from collections.abc import Iterator
@@ -61,9 +65,23 @@ from advisor.errors import AdvisorError, SpecError
 from advisor.estimate.efficiency import band_note
 from advisor.estimate.estimator import TIGHT_FRAC, TIME_LABELS, Estimate, estimate, stage_layers
 from advisor.estimate.links import MeasuredLink, describe_link, same_device, with_measured_link
-from advisor.spec.specs import PRECISIONS, RECOMPUTE_MODES, HardwareSpec, ModelSpec, ParallelSpec, Setup, TrainSpec
+from advisor.spec.specs import (
+    MAX_GLOBAL_BATCH,
+    MAX_GPUS,
+    MAX_MICRO_BATCH,
+    MAX_SEQ_LEN,
+    PRECISIONS,
+    RECOMPUTE_MODES,
+    HardwareSpec,
+    ModelSpec,
+    ParallelSpec,
+    Setup,
+    TrainSpec,
+)
 
 GiB = 2**30
+MAX_BATCH_CHOICES = 48  # micro-batches tried per global batch (batch_grid); 2^k batches have at most 17
+MAX_TOP = 1000  # layouts a plan may list: each gets its reasons worked out
 MAX_POINTS = 3000  # scatter points kept per plan: a browser draws them at once; the fastest are the ones that matter
 # Time components that do not depend on ZeRO or offload: for one recompute mode, their least sum over
 # the micro-batches bounds the step time of a layout (module docstring, cut 2).
@@ -80,10 +98,12 @@ _BOUND_COMPONENTS = (
 )
 
 
-def _divisors(n: int) -> list[int]:
-    """Divisors of ``n``, increasing."""
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return small + [n // d for d in reversed(small) if d * d != n]
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    """Divisors of ``n``, increasing: O(sqrt n), at most 2^13 steps for the largest batch a spec takes
+    (MAX_GLOBAL_BATCH = 2^26), cached since each layout asks again for its share of the batch."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return (*small, *(n // d for d in reversed(small) if d * d != n))
 
 
 def _powers_of_two(n: int, limit: int) -> list[int]:
@@ -139,15 +159,22 @@ class PlanRequest:
         frac = self.max_memory_frac
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.1 <= frac <= 1.0:
             raise SpecError("max_memory_frac", frac, "must be a number from 0.1 to 1.0")
-        for name in ("gpus", "seq_len", "global_batch", "top"):
+        for name, most in (
+            ("gpus", MAX_GPUS),
+            ("seq_len", MAX_SEQ_LEN),
+            ("global_batch", MAX_GLOBAL_BATCH),
+            ("top", MAX_TOP),
+        ):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SpecError(name, value, "must be an integer >= 1")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+                raise SpecError(name, value, f"must be an integer from 1 to {most}")
+        if not isinstance(self.precisions, (str, tuple, list)):
+            raise SpecError("precisions", self.precisions, f"must be a list of {', '.join(PRECISIONS)}")
         precisions = (self.precisions,) if isinstance(self.precisions, str) else tuple(self.precisions)
         if not precisions:
             raise SpecError("precisions", self.precisions, f"must name at least one of {', '.join(PRECISIONS)}")
         for p in precisions:
-            if p not in PRECISIONS:
+            if not isinstance(p, str) or p not in PRECISIONS:
                 raise SpecError("precisions", p, f"unknown precision; choose from {', '.join(PRECISIONS)}")
             if self.hardware.peak_flops(p) <= 0:
                 have = ", ".join(q for q in PRECISIONS if self.hardware.peak_flops(q) > 0)
@@ -470,20 +497,39 @@ def _layouts(req: PlanRequest) -> Iterator[_Layout]:
                     dp = gpus // (tp * cp * pp)
                     # Stages need not divide the blocks (uneven stages: estimator.stage_layers); the
                     # interleaved schedules tried are the even ones.
-                    vpps = _divisors(m.n_layers // pp) if pp > 1 and m.n_layers % pp == 0 else [1]
+                    vpps = _divisors(m.n_layers // pp) if pp > 1 and m.n_layers % pp == 0 else (1,)
                     for vpp in vpps:
-                        for ep in _divisors(m.n_experts) if m.is_moe else [1]:
+                        for ep in _divisors(m.n_experts) if m.is_moe else (1,):
                             ok = _layout_ok(m, req.seq_len, tp, cp, pp, vpp, ep, dp)
                             yield _Layout(precision, tp, cp, pp, vpp, ep, dp, ok)
 
 
+@functools.lru_cache(maxsize=64)
+def batch_grid(global_batch: int) -> tuple[int, ...]:
+    """The micro-batches the planner tries for a global batch, increasing (module docstring): its
+    divisors up to MAX_MICRO_BATCH, thinned to MAX_BATCH_CHOICES where there are more. Neighbouring
+    micro-batches among hundreds differ by a few per cent in GEMM shape, so the thinned grid loses
+    little; without the thinning a batch like 64,864,800 kept the search busy for minutes."""
+    bs = [b for b in _divisors(global_batch) if b <= MAX_MICRO_BATCH]
+    if len(bs) <= MAX_BATCH_CHOICES:
+        return tuple(bs)
+    logs = np.log(bs)
+    targets = np.linspace(0.0, logs[-1], MAX_BATCH_CHOICES)
+    picked = {bs[int(np.argmin(np.abs(logs - t)))] for t in targets}
+    return tuple(sorted(picked))
+
+
 def _micro_batches(req: PlanRequest, lay: _Layout) -> tuple[int, ...]:
-    """Micro-batches the Setup accepts for this layout: global_batch = b x dp x m, and m a multiple of
-    pp when interleaved."""
+    """Micro-batches of the grid (``batch_grid``) the Setup accepts for this layout: global_batch =
+    b x dp x m, and m a multiple of pp when interleaved."""
     if not lay.valid or req.global_batch % lay.dp:
         return ()
     per_replica = req.global_batch // lay.dp
-    return tuple(b for b in _divisors(per_replica) if lay.vpp == 1 or (per_replica // b) % lay.pp == 0)
+    return tuple(
+        b
+        for b in batch_grid(req.global_batch)
+        if per_replica % b == 0 and (lay.vpp == 1 or (per_replica // b) % lay.pp == 0)
+    )
 
 
 def _offloads(req: PlanRequest, zero: int) -> tuple[str, ...]:
@@ -752,7 +798,7 @@ def plan(request: PlanRequest) -> PlanResult:
     t0 = time.perf_counter()
     req = request
     search = _Search(req)
-    n_b = len(_divisors(req.global_batch))
+    n_b = len(batch_grid(req.global_batch))
     considered = invalid = 0
     layouts: list[_Layout] = []
     base = len(RECOMPUTE_MODES)  # an invalid layout counts the plain recompute modes

@@ -70,7 +70,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, SpecError
 from advisor.estimate.estimator import FRAGMENTATION_FRAC
 from advisor.run.model import Transformer, build_model
 from advisor.run.parallel import apply_fsdp
@@ -85,6 +85,11 @@ from advisor.run.step import (
 )
 from advisor.spec.specs import Setup
 
+MAX_ACCUM = 64
+"""Micro-batches per step a dry run takes: each runs under fake tensors (tens of ms for the tiny model,
+seconds for a large one), and from two on the peak grows only by each micro-batch's 4-byte loss (tiny,
+seq 64: 105,165,484 bytes at 2, 105,165,508 at 8, 105,165,732 at 64); 1,000 kept the CLI busy for
+minutes and 2^26 for ever."""
 TARGETS = ("cpu", "cuda")
 PHASES = ("forward", "backward", "optimizer")
 GiB = 2**30
@@ -288,6 +293,16 @@ def _check_inputs(setup: Setup, target: str) -> None:
             f"{setup.hardware.name!r} (choose a GPU preset such as h100, or use target='cpu')"
         )
     check_step_options(setup)
+    if setup.grad_accum > MAX_ACCUM:
+        t, dp = setup.train, setup.parallel.dp
+        raise SpecError(
+            "train.global_batch",
+            setup.global_batch,
+            f"the dry run runs each of its {setup.grad_accum:,} micro-batches per step (global_batch / "
+            f"(micro_batch x dp)) under fake tensors: at most {MAX_ACCUM}, a global batch up to "
+            f"{MAX_ACCUM * t.micro_batch * dp:,} here. From the second micro-batch on the peak grows only by a "
+            "4-byte loss each (gradients accumulate in place): a smaller global batch gives the same peak",
+        )
     if setup.train.precision == "fp8":
         raise AdvisorError(
             "precision='fp8': the dry run does not trace torchao's float8 linears; use `advisor size` for the fp8 "

@@ -7,10 +7,11 @@ the parameter count in ways the spec cannot express raise ConfigImportError nami
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-from advisor.errors import ConfigImportError, SpecError
+from advisor.errors import ConfigImportError, SpecError, shown_value
 from advisor.spec.specs import ModelSpec
 
 _LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
@@ -146,13 +147,25 @@ def _llama_like(cfg: dict[str, Any], mt: str, name: str) -> ModelSpec:
     )
 
 
+MAX_CONFIG_BYTES = 2**20
+"""The largest config.json read: Hugging Face's are a few KB (Llama 3.1 405B's: 1 KB)."""
+
+
 def load_hf_config(path: str | Path) -> ModelSpec:
     """Read a config.json file and import it; the model is named after its folder or file."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise ConfigImportError(f"hf_config={shown_value(path, 60)}: expected the path of a config.json file")
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)  # bounded: a path like /dev/zero never ends
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigImportError(
+                f"config file {p.name} is over {MAX_CONFIG_BYTES // 2**20} MiB; a config.json is a few KB"
+            )
+        text = raw.decode("utf-8")
     except OSError as err:
-        raise ConfigImportError(f"cannot read config file {p.name}: {err.strerror}") from err
+        raise ConfigImportError(f"cannot read config file {p.name}: {err.strerror or err}") from err
     except UnicodeDecodeError:
         raise ConfigImportError(f"{p.name} is not a text file; expected a Hugging Face config.json") from None
     try:

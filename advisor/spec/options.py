@@ -4,6 +4,7 @@ child's code, re-exports it)."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -66,23 +67,25 @@ class RunOptions:
     beyond the GPU's free memory."""
 
     def __post_init__(self) -> None:
+        # Each check is a plain comparison, so a value of the wrong type (text from an API call) first
+        # becomes NaN, which every range refuses.
         checks = [
             (self.device in ("auto", "cpu", "cuda"), "device", "auto, cpu or cuda"),
-            (isinstance(self.steps, int) and 1 <= self.steps <= 100, "steps", "an integer from 1 to 100"),
-            (isinstance(self.warmup, int) and 0 <= self.warmup <= 20, "warmup", "an integer from 0 to 20"),
-            (isinstance(self.num_workers, int) and 0 <= self.num_workers <= 32, "num_workers", "0 to 32"),
-            (0 <= self.data_delay_ms <= 10_000, "data_delay_ms", "0 to 10000 ms per sample"),
-            (0 <= self.memory_budget_gib <= 100_000, "memory_budget_gib", "0 (the device's own) to 100000 GiB"),
-            (isinstance(self.layers, int) and self.layers >= 0, "layers", "an integer >= 0 (0 = all layers)"),
-            (0 < self.timeout_s <= 24 * 3600, "timeout_s", "a number of seconds in (0, 86400]"),
+            (_count(self.steps) and 1 <= self.steps <= 100, "steps", "an integer from 1 to 100"),
+            (_count(self.warmup) and 0 <= self.warmup <= 20, "warmup", "an integer from 0 to 20"),
+            (_count(self.num_workers) and 0 <= self.num_workers <= 32, "num_workers", "0 to 32"),
+            (0 <= _num(self.data_delay_ms) <= 10_000, "data_delay_ms", "0 to 10000 ms per sample"),
+            (0 <= _num(self.memory_budget_gib) <= 100_000, "memory_budget_gib", "0 (the device's own) to 100000 GiB"),
+            (_count(self.layers) and 0 <= self.layers <= 2**16, "layers", "an integer from 0 (all layers) to 65536"),
+            (0 < _num(self.timeout_s) <= 24 * 3600, "timeout_s", "a number of seconds in (0, 86400]"),
             (self.inject in ("", *INJECTIONS), "inject", "one of " + ", ".join(INJECTIONS)),
-            (0.01 <= self.nvml_interval_s <= 10, "nvml_interval_s", "0.01 to 10 seconds"),
-            (isinstance(self.nproc, int) and 1 <= self.nproc <= 64, "nproc", "an integer from 1 to 64"),
-            (isinstance(self.nnodes, int) and 1 <= self.nnodes <= 4096, "nnodes", "an integer from 1 to 4096"),
+            (0.01 <= _num(self.nvml_interval_s) <= 10, "nvml_interval_s", "0.01 to 10 seconds"),
+            (_count(self.nproc) and 1 <= self.nproc <= 64, "nproc", "an integer from 1 to 64"),
+            (_count(self.nnodes) and 1 <= self.nnodes <= 4096, "nnodes", "an integer from 1 to 4096"),
             (self.nnodes == 1 or _ENDPOINT_RE.match(self.rdzv_endpoint), "rdzv_endpoint", "host:port when nnodes > 1"),
             (self.nnodes == 1 or self.rdzv_id, "rdzv_id", "a job id shared by every node when nnodes > 1"),
             (not self.rdzv_id or _RDZV_ID_RE.match(self.rdzv_id), "rdzv_id", "letters, digits, '.', '_', '-'"),
-            (0 <= self.um_host_budget_gib <= 100_000, "um_host_budget_gib", "0 to 100000 GiB"),
+            (0 <= _num(self.um_host_budget_gib) <= 100_000, "um_host_budget_gib", "0 to 100000 GiB"),
             (self.unified_memory or not self.um_host_budget_gib, "um_host_budget_gib", "0 without unified_memory"),
             (not (self.unified_memory and self.world_size > 1), "unified_memory", "off for a distributed run"),
         ]
@@ -97,3 +100,12 @@ class RunOptions:
     def world_size(self) -> int:
         """Processes in the job: nproc x nnodes."""
         return self.nproc * self.nnodes
+
+
+def _num(value: object) -> float:
+    """``value`` as a float where it is a real number (not a bool), else NaN (outside every range)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -233,7 +233,7 @@ def get_model(name: str) -> ModelSpec:
     """The preset model called ``name`` (see MODELS)."""
     try:
         return MODELS[name.lower()]()
-    except KeyError:
+    except (KeyError, AttributeError):  # AttributeError: not a name at all (None, a number, a list)
         raise SpecError(
             "model", name, f"unknown preset; choose one of {', '.join(MODELS)} or import a config.json"
         ) from None
@@ -699,10 +699,10 @@ _HARDWARE_ALIASES = {"h100-sxm": "h100", "a100": "a100-80gb", "gb200-nvl72": "gb
 
 def get_hardware(name: str) -> HardwareSpec:
     """The preset device called ``name`` (see HARDWARE)."""
-    key = _HARDWARE_ALIASES.get(name.lower(), name.lower())
     try:
-        return HARDWARE[key]()
-    except KeyError:
+        key = name.lower()
+        return HARDWARE[_HARDWARE_ALIASES.get(key, key)]()
+    except (KeyError, AttributeError):  # AttributeError: not a name at all (None, a number, a list)
         raise SpecError("gpu", name, f"unknown device; choose one of {', '.join(HARDWARE)}") from None
 
 

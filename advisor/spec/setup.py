@@ -7,17 +7,19 @@ from dataclasses import replace
 from advisor.errors import SpecError
 from advisor.spec.hf_config import load_hf_config
 from advisor.spec.presets import get_hardware, get_model
-from advisor.spec.specs import ModelSpec, ParallelSpec, Setup, TrainSpec
+from advisor.spec.specs import MAX_GPUS, ModelSpec, ParallelSpec, Setup, TrainSpec
 
 
 def build_parallel(gpus: int | None, dp: int | None, **kw: object) -> ParallelSpec:
     """A ParallelSpec with dp derived from ``gpus`` when not given, and checked against it when both
     are: ``dp(2) * tp(4) * pp(2) * cp(1) = 16 != gpus(8)``."""
+    if dp is not None and (not isinstance(dp, int) or isinstance(dp, bool) or not 1 <= dp <= MAX_GPUS):
+        raise SpecError("parallel.dp", dp, f"must be an integer from 1 to {MAX_GPUS}")
     probe = ParallelSpec(**kw)  # type: ignore[arg-type]
     per_replica = probe.tp * probe.pp * probe.cp
     if gpus is not None:
-        if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
-            raise SpecError("gpus", gpus, "must be an integer >= 1")
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or not 1 <= gpus <= MAX_GPUS:
+            raise SpecError("gpus", gpus, f"must be an integer from 1 to {MAX_GPUS}")
         if dp is None:
             if gpus % per_replica:
                 raise SpecError("gpus", gpus, f"must be a multiple of tp x pp x cp = {per_replica}")

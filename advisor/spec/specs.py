@@ -29,6 +29,15 @@ MAX_MICRO_BATCH = 2**16
 MAX_GLOBAL_BATCH = 2**26
 """Sequences per step: 67 M, a thousand times the largest published pretraining batch (Llama 3: 16 M
 tokens = 2,048 sequences of 8,192)."""
+MAX_GPUS = 2**20
+"""Devices in one job: 1,048,576, five times the largest cluster built (xAI's Colossus, 200,000 GPUs);
+every parallel degree and their product stay within it, so no search or figure grows without bound."""
+MAX_LAYERS = 2**16
+"""Transformer blocks, heads and experts: 65,536, a hundred times any model card's (Llama 3.1 405B: 126
+blocks, 128 heads; DeepSeek-V3: 256 experts)."""
+MAX_WIDTH = 2**24
+"""Hidden, FFN and head sizes, vocabulary and learned positions: 16,777,216, a hundred times any model
+card's (Llama 3.1 405B: hidden 16,384, FFN 53,248; Gemma 3: vocabulary 262,144)."""
 MAX_ROPE_SCALING = 256.0
 POSITION_KINDS = ("learned", "rope")
 HOST_LINKS = ("pcie3", "pcie4", "pcie5", "nvlink-c2c", "none")
@@ -36,7 +45,8 @@ DEVICE_KINDS = ("gpu", "cpu")
 
 
 def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return ", ".join(str(d) for d in small + [n // d for d in reversed(small) if d * d != n])
 
 
 def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> None:
@@ -122,14 +132,14 @@ class ModelSpec:
     """Every moe_layer_step-th block is MoE, the others dense (Llama-4 Maverick: 2)."""
 
     def __post_init__(self) -> None:
-        _check_int("model.n_layers", self.n_layers, 1)
-        _check_int("model.hidden", self.hidden, 1)
-        _check_int("model.n_heads", self.n_heads, 1)
-        _check_int("model.ffn_hidden", self.ffn_hidden, 1)
-        _check_int("model.vocab", self.vocab, 1)
-        _check_int("model.n_kv_heads", self.n_kv_heads, 0)
-        _check_int("model.head_dim", self.head_dim, 0)
-        _check_int("model.max_positions", self.max_positions, 1)
+        _check_int("model.n_layers", self.n_layers, 1, MAX_LAYERS)
+        _check_int("model.hidden", self.hidden, 1, MAX_WIDTH)
+        _check_int("model.n_heads", self.n_heads, 1, MAX_LAYERS)
+        _check_int("model.ffn_hidden", self.ffn_hidden, 1, MAX_WIDTH)
+        _check_int("model.vocab", self.vocab, 1, MAX_WIDTH)
+        _check_int("model.n_kv_heads", self.n_kv_heads, 0, MAX_LAYERS)
+        _check_int("model.head_dim", self.head_dim, 0, MAX_WIDTH)
+        _check_int("model.max_positions", self.max_positions, 1, MAX_WIDTH)
         ok = isinstance(self.rope_scaling, (int, float)) and not isinstance(self.rope_scaling, bool)
         if not ok or not 1.0 <= self.rope_scaling <= MAX_ROPE_SCALING:
             raise SpecError("model.rope_scaling", self.rope_scaling, f"must be a number from 1 to {MAX_ROPE_SCALING:g}")
@@ -154,9 +164,9 @@ class ModelSpec:
             )
         if self.norm_bias and self.norm != "layernorm":
             raise SpecError("model.norm_bias", True, "only a LayerNorm has a bias; set norm='layernorm'")
-        _check_int("model.n_experts", self.n_experts, 0)
-        _check_int("model.n_shared_experts", self.n_shared_experts, 0)
-        _check_int("model.expert_ffn_hidden", self.expert_ffn_hidden, 0)
+        _check_int("model.n_experts", self.n_experts, 0, MAX_LAYERS)
+        _check_int("model.n_shared_experts", self.n_shared_experts, 0, MAX_LAYERS)
+        _check_int("model.expert_ffn_hidden", self.expert_ffn_hidden, 0, MAX_WIDTH)
         _check_int("model.moe_layer_step", self.moe_layer_step, 1, self.n_layers)
         if self.n_experts:
             _check_int("model.top_k", self.top_k, 1, self.n_experts)
@@ -353,8 +363,8 @@ class TrainSpec:
         _check_choice("train.recompute", self.recompute, RECOMPUTE_MODES)
         if self.fp32_grads is None:
             object.__setattr__(self, "fp32_grads", self.framework == "megatron" and self.precision != "fp32")
-        _check_int("train.recompute_layers", self.recompute_layers, 0)
-        _check_int("train.offload_activations", self.offload_activations, 0)
+        _check_int("train.recompute_layers", self.recompute_layers, 0, MAX_LAYERS)
+        _check_int("train.offload_activations", self.offload_activations, 0, MAX_LAYERS)
         if self.recompute_layers and self.recompute != "full":
             raise SpecError(
                 "train.recompute_layers",
@@ -401,7 +411,15 @@ class ParallelSpec:
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "vpp", "cp", "ep"):
-            _check_int(f"parallel.{name}", getattr(self, name), 1)
+            _check_int(f"parallel.{name}", getattr(self, name), 1, MAX_GPUS)
+        if self.gpus > MAX_GPUS:
+            name = max(("dp", "tp", "pp", "cp"), key=lambda n: getattr(self, n))  # the degree that overshoots most
+            raise SpecError(
+                f"parallel.{name}",
+                getattr(self, name),
+                f"dp({self.dp}) x tp({self.tp}) x pp({self.pp}) x cp({self.cp}) = {self.gpus:,} GPUs; "
+                f"at most {MAX_GPUS:,} in all",
+            )
         _check_int("parallel.zero", self.zero, 0, 3)
         _check_choice("parallel.offload", self.offload, OFFLOAD_MODES)
         if self.vpp > 1 and self.pp == 1:

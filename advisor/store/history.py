@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, shown_value
 from advisor.store.runstore import RunInfo, RunStore
 
 GiB = 2**30
@@ -180,7 +180,11 @@ def filter_runs(
     device: str | None = None,
     text: str | None = None,
 ) -> pd.DataFrame:
-    """The rows of a run table that pass the filters (see :func:`run_table`), index reset."""
+    """The rows of a run table that pass the filters (see :func:`run_table`), index reset. AdvisorError
+    for a filter that is not text."""
+    for name, value in (("model", model), ("status", status), ("device", device), ("text", text)):
+        if value is not None and not isinstance(value, str):
+            raise AdvisorError(f"{name}={shown_value(value, 60)}: a filter must be text (or empty for all)")
     keep = pd.Series(True, index=table.index)
     for col, value in (("model", model), ("status", status), ("device_type", device)):
         if value:

@@ -4,8 +4,10 @@ A run is assembled in ``traces/.staging/<run-id>/`` and moved into ``traces/<run
 ``os.replace`` when it ends, whatever its status: a crash mid-write leaves no half run in the listing.
 Run ids are validated against one pattern and resolved inside the store, so no id can reach a path
 outside it. ``run.json`` holds the spec, options, status, message, environment and file list;
-``metrics.json`` the StepMetrics. A run whose run.json or metrics.json cannot be read is listed as
-damaged, with the reason, and never handed out as a run.
+``metrics.json`` the StepMetrics. Every file a reader computes with is checked against its schema when
+the store lists the run (types, finite numbers, the fields a profiled run always has, one entry per
+rank in the per-rank lists, no symbolic links): a run that fails is listed as damaged, with the reason,
+and never handed out as a run, so no store-wide reader (planner, calibration, history) meets it.
 
 A process killed mid-run (SIGKILL, a lost node) cannot clean up its staging directory, so each one
 records its owners (``.owner``: the process that staged it and the profiling child it starts, each
@@ -18,6 +20,7 @@ see each other's pids, and would otherwise remove each other's runs in progress.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor import CHECKOUT
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, shown_value
 from advisor.spec.metrics import StepMetrics
 
 RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[a-z0-9][a-z0-9._-]{0,39}-[0-9a-f]{6}$")
@@ -48,7 +51,15 @@ assembling the run (see ``add_owner``). Hidden, so the run's file list leaves it
 run is committed."""
 _REQUIRED_METRICS = tuple(f.name for f in fields(StepMetrics) if f.default is MISSING and f.default_factory is MISSING)
 # str(): the annotations are strings under `from __future__ import annotations`, and types without it.
-_NUMERIC_METRICS = frozenset(f.name for f in fields(StepMetrics) if str(f.type) in ("int | None", "float | None"))
+_METRIC_TYPES = {f.name: str(f.type) for f in fields(StepMetrics)}
+_NUMERIC_METRICS = frozenset(k for k, t in _METRIC_TYPES.items() if t in ("int | None", "float | None"))
+_PROFILED_METRICS = ("model_name", "device_type")
+"""Fields the profiling child always writes for a run that finished (source 'profile', status 'ok'):
+the run table, the Profile tab and the calibration read them."""
+_RANK_LISTS = ("rank_step_time_ms", "rank_peak_memory_bytes")
+"""A distributed run's per-rank figures: one number per process, world_size of them."""
+MAX_WORLD_SIZE = 2**20
+"""The most processes a stored run may claim (advisor.spec.specs.MAX_GPUS)."""
 
 
 @dataclass(frozen=True)
@@ -142,9 +153,14 @@ def _json_object(f: Path) -> dict[str, Any] | None:
 
 def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """A run directory's run.json and metrics.json as dicts; None for each that is missing, unreadable
-    or not a JSON object (never raises: a caller that scans runs passes a damaged one over)."""
-    files = RunFiles(Path(run_dir))
-    return _json_object(files.record), _json_object(files.metrics)
+    or fails its schema (the listing's checks, see :meth:`RunStore.list_runs`). Never raises: a caller
+    that scans runs passes a damaged one over."""
+    d = Path(run_dir)
+    record = _read_record(d)
+    if isinstance(record, str):
+        return None, None
+    metrics = _load_metrics(RunFiles(d).metrics)
+    return record, None if isinstance(metrics, str) else metrics
 
 
 def run_context(run_dir: Path) -> dict[str, Any]:
@@ -181,7 +197,9 @@ def new_run_id(model_name: str, now: float | None = None) -> str:
 def check_run_id(run_id: object) -> str:
     """The id if it is well formed; AdvisorError otherwise."""
     if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
-        raise AdvisorError(f"run id {run_id!r} is not valid: expected YYYYmmdd-HHMMSS-<model>-<6 hex digits>")
+        raise AdvisorError(
+            f"run id {shown_value(run_id, 60)} is not valid: expected YYYYmmdd-HHMMSS-<model>-<6 hex digits>"
+        )
     return run_id
 
 
@@ -210,14 +228,15 @@ class RunInfo:
         return read_metrics(self.path)
 
     def top_ops(self) -> list[dict[str, Any]]:
-        """top_ops.json's rows (ops by self time, as the child wrote them); [] where the run has none."""
-        f = RunFiles(self.path).top_ops
-        return json.loads(f.read_text(encoding="utf-8")) if f.is_file() else []
+        """top_ops.json's rows (ops by self time, as the child wrote them); [] where the run has none.
+        AdvisorError naming the file where it is damaged."""
+        return _checked_file(RunFiles(self.path).top_ops, _top_ops_fault) or []
 
     def nvml_samples(self) -> list[dict[str, Any]]:
-        """nvml.json's samples (utilisation, power, memory over the step); [] where the run has none."""
-        f = RunFiles(self.path).nvml
-        return json.loads(f.read_text(encoding="utf-8"))["samples"] if f.is_file() else []
+        """nvml.json's samples (utilisation, power, memory over the step); [] where the run has none.
+        AdvisorError naming the file where it is damaged."""
+        data = _checked_file(RunFiles(self.path).nvml, _nvml_fault)
+        return data["samples"] if data else []
 
     def trace_file(self) -> Path | None:
         """The one trace file to offer for download: the run's own, or rank 0's of a distributed run;
@@ -254,11 +273,104 @@ def _load_metrics(f: Path) -> dict[str, Any] | str:
     missing = [k for k in _REQUIRED_METRICS if not isinstance(data.get(k), str)]
     if missing:
         return f"lacks the field(s) {', '.join(missing)} (a string each)"
-    for k in sorted(_NUMERIC_METRICS & data.keys()):
-        v = data[k]
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            return f"has {k}={v!r}: expected a number or null"
+    for k in sorted(_METRIC_TYPES.keys() & data.keys()):
+        if (fault := _field_fault(k, data[k], _METRIC_TYPES[k])) is not None:
+            return f"has {k}={shown_value(data[k], 60)}: expected {fault}"
+    world = data.get("world_size")
+    if world is not None and not 1 <= world <= MAX_WORLD_SIZE:
+        return f"has world_size={world!r}: expected an integer from 1 to {MAX_WORLD_SIZE} or null"
+    if world is not None and world > 1:
+        for k in _RANK_LISTS:
+            v = data.get(k)
+            if not isinstance(v, list) or len(v) != world or not all(_finite(x) and x >= 0 for x in v):
+                return f"has world_size={world} but {k} is not a list of {world} numbers >= 0"
     return data
+
+
+def _finite(v: object) -> bool:
+    """A real, finite number (JSON's NaN and Infinity, which Python's parser accepts, are not)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _field_fault(name: str, v: object, kind: str) -> str | None:
+    """What a StepMetrics field of annotation ``kind`` should hold, or None where ``v`` holds it."""
+    if v is None and kind.endswith("| None"):
+        return None
+    base = kind.removesuffix(" | None")
+    if base == "int" and name == "world_size":  # a count of processes that sizes the per-rank lists
+        return None if isinstance(v, int) and not isinstance(v, bool) else "an integer or null"
+    if base in ("float", "int"):  # other counts only enter arithmetic (a peak in bytes may come as 1.5e10)
+        return None if _finite(v) else "a finite number or null"
+    if base == "bool":
+        return None if isinstance(v, bool) else "true or false"
+    if base == "str":
+        return None if isinstance(v, str) else "a string"
+    if base.startswith("dict"):
+        return None if isinstance(v, dict) else "an object"
+    if base == "list":
+        return None if isinstance(v, list) else "a list"
+    return None
+
+
+def _rows_fault(rows: object, what: str, key: str, key_kind: type, numbers_only: bool) -> str | None:
+    """Why ``rows`` is not a list of objects, each with ``key`` of ``key_kind`` and finite numbers
+    elsewhere (``numbers_only``), or wherever a number is given (else: NVML's decoded throttle reasons
+    are text)."""
+    if not isinstance(rows, list):
+        return f"holds a JSON {type(rows).__name__}, not a list of {what}"
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            return f"row {i} is a JSON {type(row).__name__}, not an object"
+        if not isinstance(row.get(key), key_kind) or isinstance(row.get(key), bool):
+            return f"row {i} has no {key} ({'a string' if key_kind is str else 'a number'})"
+        for k, v in row.items():
+            number = isinstance(v, (int, float)) and not isinstance(v, bool)
+            if k != key and v is not None and (number or numbers_only) and not _finite(v):
+                return f"row {i} has {k}={shown_value(v, 40)}: expected a finite number"
+    return None
+
+
+def _top_ops_fault(data: object) -> str | None:
+    return _rows_fault(data, "ops", "name", str, numbers_only=True)
+
+
+def _nvml_fault(data: object) -> str | None:
+    if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
+        return "is not an object with a list of samples"
+    if not isinstance(data.get("summary", {}), dict):
+        return "has a summary that is not an object"
+    return _rows_fault(data["samples"], "samples", "t_s", (int, float), numbers_only=False)
+
+
+def _json_file_fault(f: Path, check) -> tuple[Any, str | None]:
+    """(the JSON in ``f``, None) where ``check`` finds nothing wrong with it, else (None, the fault)."""
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return None, f"is unreadable ({type(err).__name__})"
+    fault = check(data)
+    return (None, fault) if fault else (data, None)
+
+
+def _checked_file(f: Path, check) -> Any:
+    """The checked JSON of an optional run file; None where the run has none; AdvisorError where the
+    file is damaged (it was sound when the run was listed, or it would not have been handed out)."""
+    if not f.is_file():
+        return None
+    data, fault = _json_file_fault(f, check)
+    if fault:
+        raise AdvisorError(f"{f} {fault}; the run is damaged (profile it again, or delete it)")
+    return data
+
+
+def _symlink_in(d: Path) -> str | None:
+    """The first symbolic link inside run directory ``d`` (relative path), or None. A run's files are
+    all written by the store's own code, never as links: one may point anywhere outside the store."""
+    for top, dirs, files in os.walk(d):  # os.walk does not follow links to folders
+        for name in sorted(dirs + files):
+            if (Path(top) / name).is_symlink():
+                return str((Path(top) / name).relative_to(d))
+    return None
 
 
 class RunStore:
@@ -351,6 +463,9 @@ class RunStore:
             if not RUN_ID_RE.match(d.name):
                 damaged.append((d.name, "name is not a run id"))
                 continue
+            if d.is_symlink():
+                damaged.append((d.name, "is a symbolic link; a run must be a folder inside the store"))
+                continue
             record = _read_record(d)
             if isinstance(record, str):
                 damaged.append((d.name, record))
@@ -374,13 +489,42 @@ def _read_record(d: Path) -> dict[str, Any] | str:
         return f"run.json is unreadable ({type(err).__name__})"
     if not isinstance(record, dict) or record.get("status") not in STATUSES:
         return "run.json has no valid status"
+    if (fault := _record_fault(record)) is not None:
+        return f"run.json {fault}"
     if record["status"] == "ok" and not files.metrics.is_file():
         return "status ok but metrics.json is missing"
+    if (link := _symlink_in(d)) is not None:
+        return f"{link} is a symbolic link; a run's files must be inside its folder"
     if files.metrics.is_file():
-        fault = _load_metrics(files.metrics)
-        if isinstance(fault, str):
-            return f"metrics.json {fault}"
+        metrics = _load_metrics(files.metrics)
+        if isinstance(metrics, str):
+            return f"metrics.json {metrics}"
+        if record["status"] == "ok" and metrics["source"] == "profile":
+            missing = [k for k in _PROFILED_METRICS if not isinstance(metrics.get(k), str)]
+            if missing:
+                return f"metrics.json lacks {', '.join(missing)} (a string each, as every profiled run has)"
+    for f, check in ((files.top_ops, _top_ops_fault), (files.nvml, _nvml_fault)):
+        if f.is_file() and (fault := _json_file_fault(f, check)[1]):
+            return f"{f.name} {fault}"
     return record
+
+
+def _record_fault(record: dict[str, Any]) -> str | None:
+    """What is wrong with run.json's fields that readers use, or None: a setup of four objects, text
+    where text is expected."""
+    setup = record.get("setup")
+    if setup is not None:
+        if not isinstance(setup, dict):
+            return "has a setup that is not an object"
+        for part in ("model", "train", "parallel", "hardware"):
+            if not isinstance(setup.get(part, {}), dict):
+                return f"has setup.{part} that is not an object"
+    for k in ("message", "created_utc", "run_id"):
+        if record.get(k) is not None and not isinstance(record[k], str):
+            return f"has {k}={shown_value(record[k], 40)}: expected a string"
+    if record.get("options") is not None and not isinstance(record["options"], dict):
+        return "has options that are not an object"
+    return None
 
 
 def add_owner(run_dir: Path, pid: int) -> None:
