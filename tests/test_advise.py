@@ -351,3 +351,102 @@ def test_a_setup_that_does_not_fit_points_to_the_planner(capsys):
     assert "does not fit" not in advice_markdown(
         advise(setup=make_setup(model="llama-3.1-8b", gpu="h100", gpus=8, zero=3))
     )
+
+
+# --- learning from verification ------------------------------------------------------------------
+
+BF16_RUN = "20261130-165253-tiny-617152"
+
+
+def _store_with_pair(tmp_path, run_id=SAMPLE_RUN, measured_gain_pct=-104.6, noise_pct=2.0, predicted=80.6):
+    """A copy of the sample runs with one verification pair filed as ``verify`` files it: fp32 -> bf16
+    on ``run_id``, measured side by side (before 66.7 ms)."""
+    import shutil
+
+    root = tmp_path / "traces"
+    shutil.copytree(REPO / "traces", root)
+    before = 66.7
+    pair = {
+        "run_id": run_id,
+        "rule_id": "prec-fp32-to-bf16",
+        "target": "step_time_ms",
+        "before": before,
+        "predicted_after": before * (1 - predicted / 100),
+        "measured_after": before * (1 - measured_gain_pct / 100),
+        "predicted_gain_pct": predicted,
+        "measured_gain_pct": measured_gain_pct,
+        "new_run_id": "20261206-120000-tiny-aaaaaa",
+        "changes": {"train.precision": "bf16"},
+        "basis": "estimator",
+        "noise_pct": noise_pct,
+        "baseline_run_id": "20261206-115950-tiny-bbbbbb",
+        "stored_before": 65.07,
+        "created_utc": "2026-12-06T12:00:05Z",
+    }
+    (root / "verifications").mkdir()
+    (root / "verifications" / f"{run_id}--prec-fp32-to-bf16--{pair['new_run_id']}.json").write_text(json.dumps(pair))
+    return RunStore(root)
+
+
+@pytest.mark.parametrize(
+    "predicted, measured, noise, expected",
+    [
+        (80.6, -104.6, 2.0, "refuted"),  # the AMX Xeon's fp32 -> bf16 re-run
+        (80.6, -104.6, None, "refuted"),
+        (30.0, 25.0, 39.7, "inconclusive"),  # the loaded machine's baseline spread
+        (30.0, -25.0, 39.7, "inconclusive"),
+        (30.0, 10.0, 2.0, "fell short"),
+        (30.0, 20.0, 2.0, "confirmed"),
+        (30.0, 0.0, None, "refuted"),
+    ],
+)
+def test_a_rerun_verdict_needs_a_change_beyond_the_baseline_spread(predicted, measured, noise, expected):
+    from advisor.advice.evidence import verdict
+
+    assert verdict(predicted, measured, noise) == expected
+
+
+def test_advice_a_rerun_refuted_is_demoted_and_says_what_was_measured(tmp_path, monkeypatch):
+    from tests.sample_cpu import pin_sample_cpu
+
+    pin_sample_cpu(monkeypatch)  # AVX512-BF16: fp32 -> bf16 is advised before any re-run
+    assert "prec-fp32-to-bf16" in fired(advise_run(SAMPLE_RUN, RunStore(REPO / "traces")))
+    advice = advise_run(SAMPLE_RUN, _store_with_pair(tmp_path))
+    assert "prec-fp32-to-bf16" not in fired(advice)
+    demoted = next(r for r in advice.rejected if r.rule.id == "prec-fp32-to-bf16")
+    assert demoted.evidence.verdict == "refuted"
+    assert demoted.gain.gain_pct == pytest.approx(-104.6)  # re-priced from the measurement
+    phrase = "measured -104.6 % on this machine on 2026-12-06"
+    assert demoted.action_note.startswith(phrase)
+    md = advice_markdown(advice)
+    assert f"`prec-fp32-to-bf16` (fp32 training where bf16 is faster): {phrase}" in md
+    assert {"id": "prec-fp32-to-bf16", "reason": demoted.action_note} in json.loads(advice.to_json())["rejected"]
+
+
+def test_advice_a_rerun_that_fell_short_is_repriced_and_an_inconclusive_one_is_noted(tmp_path, monkeypatch):
+    from tests.sample_cpu import pin_sample_cpu
+
+    pin_sample_cpu(monkeypatch)
+    short = advise_run(SAMPLE_RUN, _store_with_pair(tmp_path / "a", measured_gain_pct=10.0))
+    rec = next(r for r in short.recommendations if r.rule.id == "prec-fp32-to-bf16")
+    assert rec.evidence.verdict == "fell short"
+    assert rec.gain.gain_pct == pytest.approx(10.0)
+    assert rec.gain.after == pytest.approx(rec.gain.before * 0.9)
+    assert rec.gain.basis.startswith("measured +10.0 % on this machine on 2026-12-06")
+    assert "- **Re-run on this machine:** fell short: measured +10.0 %" in advice_markdown(short)
+    # The loaded machine: a change smaller than the baseline's spread is no verdict.
+    noisy = advise_run(SAMPLE_RUN, _store_with_pair(tmp_path / "b", measured_gain_pct=-20.0, noise_pct=39.7))
+    rec = next(r for r in noisy.recommendations if r.rule.id == "prec-fp32-to-bf16")
+    assert rec.evidence.verdict == "inconclusive" and rec.gain.gain_pct > 0
+    assert not rec.gain.basis.startswith("measured")  # the prediction stands, with the re-run beside it
+    assert "inconclusive: measured -20.0 % on this machine on 2026-12-06" in advice_markdown(noisy)
+
+
+def test_a_rerun_of_another_setup_does_not_speak_for_this_one(tmp_path, monkeypatch):
+    from tests.sample_cpu import pin_sample_cpu
+
+    pin_sample_cpu(monkeypatch)
+    # The pair names the bf16 sample (recompute full) as its run: not the fp32 sample's setup.
+    advice = advise_run(SAMPLE_RUN, _store_with_pair(tmp_path, run_id=BF16_RUN))
+    rec = next(r for r in advice.recommendations if r.rule.id == "prec-fp32-to-bf16")
+    assert rec.evidence is None and rec.gain.gain_pct > 0
