@@ -10,6 +10,7 @@ calibrated what-if, which is the one used to rank.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -506,4 +507,71 @@ def skipped_steps(target: str, g: GainInput) -> Gain | None:
         m.step_time_ms,
         f"{m.fp16_skipped_steps} of {total} measured steps skipped: time per useful step back to the step time",
         upper_bound=True,
+    )
+
+
+# How much faster memory-bound elementwise, reduction and normalisation ops run in 16-bit than in fp32.
+# GPUs: they are bound by HBM traffic and 16-bit halves the bytes, so 2x (the roofline's own model).
+# CPUs: no 16-bit arithmetic in the vector units for these ops; PyTorch converts each operand to fp32
+# and back. On an AMX Xeon a bf16 elementwise multiply of 4M elements ran 3.2x slower than fp32 (while
+# a bf16 1024^2 matmul ran 12x faster; ../shared/DESIGN.md, December 2026), taken for every CPU.
+ELEMENTWISE_16BIT_SPEEDUP = {"gpu": 2.0, "cpu": 1 / 3.2}
+# Attention in 16-bit: FlashAttention's two GEMMs run on the tensor cores, so on a GPU it moves with the
+# matmul rate. On a CPU the fused attention mixes small GEMMs with an fp32 softmax and has not been
+# measured here: it is left at its fp32 time rather than given a guess.
+_SIXTEEN = ("bf16", "fp16")
+
+
+def _class_speedups(hw: Any, old: str, new: str) -> dict[str, float] | None:
+    """Time in ``old`` over time in ``new`` per op class (gemm, elementwise, attention) on ``hw``; None
+    where this pricing does not cover the change (fp8, TF32)."""
+    if {old, new} - {"fp32", *_SIXTEEN} or old == new:
+        return None
+    p_old, p_new = hw.peak_flops(old), hw.peak_flops(new)
+    if not p_old or not p_new:
+        return None
+    ew = ELEMENTWISE_16BIT_SPEEDUP[hw.kind]
+    ew = ew if new in _SIXTEEN and old == "fp32" else 1 / ew if old in _SIXTEEN and new == "fp32" else 1.0
+    gemm = p_new / p_old
+    return {"gemm": gemm, "elementwise": ew, "attention": gemm if hw.kind == "gpu" else 1.0}
+
+
+def _pace(speedup: float) -> str:
+    if math.isclose(speedup, 1.0):
+        return "unchanged"
+    return f"{speedup:.2g}x faster" if speedup > 1 else f"{1 / speedup:.2g}x slower"
+
+
+@register("precision")
+def precision(target: str, g: GainInput) -> Gain | None:
+    """A precision change priced per op class from the run's roofline split of the step: its GEMMs at
+    the ratio of the two precisions' peaks, its memory-bound elementwise/reduction/norm ops at
+    ELEMENTWISE_16BIT_SPEEDUP, its attention at the GEMM rate on a GPU (unchanged on a CPU), the rest
+    of the step (latency-bound ops, copies, the fp32 optimizer, Python, loading) unchanged. Without a
+    run that has the split (a setup alone, an old run) it is the estimator's what-if (``whatif``), which
+    prices the whole modelled step at the matmul rate: on the tiny CPU sample that put 99 % of the step
+    at the matmul speed-up, and an AMX re-run measured bf16 104.6 % slower than fp32."""
+    base = whatif(target, g)
+    m = g.metrics
+    if base is None or target != "step_time_ms" or m is None or not m.step_time_ms:
+        return base
+    shares = {"gemm": m.roofline_gemm_frac, "elementwise": m.roofline_fusable_frac}
+    shares["attention"] = m.roofline_attention_frac or 0.0
+    speed = _class_speedups(g.setup.hardware, g.setup.train.precision, g.after.train.precision)
+    if speed is None or shares["gemm"] is None or shares["elementwise"] is None:
+        return base
+    total = sum(shares.values())
+    if total > 1.0:  # ops on several threads can add up to more than the step: keep their proportions
+        shares = {k: v / total for k, v in shares.items()}
+    ratio = 1.0 - sum(shares.values()) + sum(shares[k] / speed[k] for k in shares)
+    after = m.step_time_ms * ratio
+    parts = ", ".join(f"{k} ({100 * shares[k]:.0f} % of the step) {_pace(speed[k])}" for k in shares if shares[k] > 0)
+    side = dict(base.side or {}, step_time_ms=(m.step_time_ms, after))
+    return _make(
+        target,
+        m.step_time_ms,
+        after,
+        f"priced per op class from this run's roofline: {parts}; the rest unchanged",
+        analytic_after=base.analytic_after,
+        side=side,
     )
