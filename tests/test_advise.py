@@ -479,3 +479,35 @@ def test_a_rerun_of_another_setup_does_not_speak_for_this_one(tmp_path, monkeypa
     advice = advise_run(SAMPLE_RUN, _store_with_pair(tmp_path, run_id=BF16_RUN))
     rec = next(r for r in advice.recommendations if r.rule.id == "prec-fp32-to-bf16")
     assert rec.evidence is None and rec.gain.gain_pct > 0
+
+
+def test_a_setup_alone_gets_the_levers_users_pull():
+    """70B on 256 H200s, TP8 x PP4 x DP8 with sequence parallelism and selective recompute: TP
+    communication is a fifth of the estimated step and 72 % of the memory is unused. Each lever is
+    priced by the estimate of the changed setup."""
+    from advisor.estimate.estimator import estimate
+
+    setup = make_setup(
+        model="llama-3.1-70b", gpu="h200", gpus=256, seq=8192, micro_batch=1, global_batch=1024, tp=8, pp=4,
+        recompute="selective", sequence_parallel=True, precision="bf16", framework="megatron", zero=1,
+    )  # fmt: skip
+    est = estimate(setup)
+    assert 100 * est.time.tp_comm_ms / est.step_time_ms == pytest.approx(19.6, abs=0.1)
+    assert 100 * est.memory_frac == pytest.approx(28, abs=1)
+    advice = advise(setup=setup)
+    recs = {r.rule.id: r for r in advice.recommendations}
+    # Smaller TP (more DP ranks), with "more PP" as the alternative on the same lever.
+    tp = recs["par-tp-halve"]
+    assert tp.changes == {"parallel.tp": 4, "parallel.dp": 16} and tp.also == ("par-tp-to-pp",)
+    whatif = 100 * (1 - estimate(tp.after).step_time_ms / est.step_time_ms)
+    assert tp.gain.gain_pct == pytest.approx(whatif) and tp.gain.gain_pct == pytest.approx(10.9, abs=0.2)
+    # Less recompute: selective -> none fits in the unused memory.
+    assert recs["mem-headroom-drop-recompute"].gain.gain_pct > 0
+    rejected = {r.rule.id: r.action_note for r in advice.rejected}
+    # A larger micro-batch halves the micro-batches, so the 4-stage bubble grows: priced, and turned down.
+    assert rejected["mem-headroom-larger-microbatch"].endswith("more step time: no gain")
+    assert rejected["par-tp-unneeded"].startswith("the changed setup would not fit")
+    # Without sequence parallelism, turning it on is its own lever.
+    no_sp = advise(setup=replace(setup, parallel=replace(setup.parallel, sequence_parallel=False)))
+    sp = next(r for r in no_sp.recommendations if r.rule.id == "par-tp-sequence-parallel")
+    assert sp.changes == {"parallel.sequence_parallel": True} and sp.gain.gain_pct > 5
