@@ -69,6 +69,14 @@ def test_a_change_within_the_baseline_spread_is_inconclusive_not_a_verdict():
     assert "did NOT improve" in verify_message(wrong) and "no longer recommends it" in verify_message(wrong)
 
 
+def test_cli_verify_prints_the_verdict(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(verify_module, "verify", lambda *a, **kw: _verification(-25.0, 39.7))
+    assert main(["verify", "20261130-165248-tiny-6bcb2f", "--traces", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "  predicted 80.6 % less step time; measured 25.0 % more step time\n" in out
+    assert "  verdict: inconclusive (baseline step-to-step spread 39.7 %)\n" in out
+
+
 def test_a_verification_refits_only_a_calibration_that_exists(tmp_path):
     setup = make_setup(model="tiny", gpu="cpu", seq=128, micro_batch=2, precision="fp32")
     assert verify_module.refit_calibration(RunStore(tmp_path), setup) is False
