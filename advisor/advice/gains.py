@@ -512,19 +512,23 @@ def skipped_steps(target: str, g: GainInput) -> Gain | None:
 
 # How much faster memory-bound elementwise, reduction and normalisation ops run in 16-bit than in fp32.
 # GPUs: they are bound by HBM traffic and 16-bit halves the bytes, so 2x (the roofline's own model).
-# CPUs: no 16-bit arithmetic in the vector units for these ops; PyTorch converts each operand to fp32
-# and back. On an AMX Xeon a bf16 elementwise multiply of 4M elements ran 3.2x slower than fp32 (while
-# a bf16 1024^2 matmul ran 12x faster; ../shared/DESIGN.md, December 2026), taken for every CPU.
-ELEMENTWISE_16BIT_SPEEDUP = {"gpu": 2.0, "cpu": 1 / 3.2}
+# CPUs: unchanged. A standalone bf16 elementwise multiply of 4M elements ran 3.2x slower than fp32 on
+# an AMX Xeon (../shared/DESIGN.md), but under autocast only the matmuls' outputs are bf16 and much of
+# the elementwise work stays fp32: for the 512-wide bench model (seq 256 x 4) on that Xeon, two fp32 /
+# bf16 pairs profiled side by side moved its memory-bound elementwise/norm time 0.95x and 1.19x (a
+# loaded machine: load average 8 on 2 cores), nowhere near 3.2x.
+ELEMENTWISE_16BIT_SPEEDUP = {"gpu": 2.0, "cpu": 1.0}
 # Attention in 16-bit: FlashAttention's two GEMMs run on the tensor cores, so on a GPU it moves with the
 # matmul rate. On a CPU the fused attention mixes small GEMMs with an fp32 softmax and has not been
 # measured here: it is left at its fp32 time rather than given a guess.
 _SIXTEEN = ("bf16", "fp16")
 
 
-def _class_speedups(hw: Any, old: str, new: str) -> dict[str, float] | None:
+def _class_speedups(hw: Any, old: str, new: str, gemm_roof_frac: float | None) -> dict[str, float] | None:
     """Time in ``old`` over time in ``new`` per op class (gemm, elementwise, attention) on ``hw``; None
-    where this pricing does not cover the change (fp8, TF32)."""
+    where this pricing does not cover the change (fp8, TF32). Only the GEMMs' time on their roof scales
+    with the peaks' ratio: the share above it (``1 - gemm_roof_frac``: dispatch, packing, small tiles)
+    stays, so small GEMMs gain less than the peaks say (1 where the run has no GEMM shapes)."""
     if {old, new} - {"fp32", *_SIXTEEN} or old == new:
         return None
     p_old, p_new = hw.peak_flops(old), hw.peak_flops(new)
@@ -532,8 +536,10 @@ def _class_speedups(hw: Any, old: str, new: str) -> dict[str, float] | None:
         return None
     ew = ELEMENTWISE_16BIT_SPEEDUP[hw.kind]
     ew = ew if new in _SIXTEEN and old == "fp32" else 1 / ew if old in _SIXTEEN and new == "fp32" else 1.0
-    gemm = p_new / p_old
-    return {"gemm": gemm, "elementwise": ew, "attention": gemm if hw.kind == "gpu" else 1.0}
+    peak = p_new / p_old
+    roof = 1.0 if gemm_roof_frac is None else min(max(gemm_roof_frac, 0.0), 1.0)
+    gemm = 1.0 / (roof / peak + (1.0 - roof))
+    return {"gemm": gemm, "elementwise": ew, "attention": peak if hw.kind == "gpu" else 1.0}
 
 
 def _pace(speedup: float) -> str:
@@ -544,10 +550,11 @@ def _pace(speedup: float) -> str:
 
 @register("precision")
 def precision(target: str, g: GainInput) -> Gain | None:
-    """A precision change priced per op class from the run's roofline split of the step: its GEMMs at
-    the ratio of the two precisions' peaks, its memory-bound elementwise/reduction/norm ops at
-    ELEMENTWISE_16BIT_SPEEDUP, its attention at the GEMM rate on a GPU (unchanged on a CPU), the rest
-    of the step (latency-bound ops, copies, the fp32 optimizer, Python, loading) unchanged. Without a
+    """A precision change priced per op class from the run's roofline split of the step: its GEMMs'
+    time on their roof at the ratio of the two precisions' peaks (the time above the roof unchanged),
+    its memory-bound elementwise/reduction/norm ops at ELEMENTWISE_16BIT_SPEEDUP, its attention at the
+    peaks' ratio on a GPU (unchanged on a CPU), the rest of the step (latency-bound ops, copies, the
+    fp32 optimizer, Python, loading) unchanged. Without a
     run that has the split (a setup alone, an old run) it is the estimator's what-if (``whatif``), which
     prices the whole modelled step at the matmul rate: on the tiny CPU sample that put 99 % of the step
     at the matmul speed-up, and an AMX re-run measured bf16 104.6 % slower than fp32."""
@@ -557,7 +564,8 @@ def precision(target: str, g: GainInput) -> Gain | None:
         return base
     shares = {"gemm": m.roofline_gemm_frac, "elementwise": m.roofline_fusable_frac}
     shares["attention"] = m.roofline_attention_frac or 0.0
-    speed = _class_speedups(g.setup.hardware, g.setup.train.precision, g.after.train.precision)
+    old, new = g.setup.train.precision, g.after.train.precision
+    speed = _class_speedups(g.setup.hardware, old, new, m.roofline_gemm_roof_frac)
     if speed is None or shares["gemm"] is None or shares["elementwise"] is None:
         return base
     total = sum(shares.values())
