@@ -158,3 +158,30 @@ def test_cli_verify_json(slow_data_run, capsys, monkeypatch):
 
     monkeypatch.setattr(verify_module, "verify", fake)
     assert main(argv) == 2 and asked["baseline"] is True
+
+
+class _FakeRun:
+    """What verify reads of a re-run: its id and metrics."""
+
+    def __init__(self, run_id: str, step_ms: float):
+        self.run_id, self.status = run_id, "ok"
+        self._m = {"step_time_ms": step_ms, "step_time_min_ms": step_ms * 0.99, "step_time_max_ms": step_ms * 1.01}
+
+    def metrics(self):
+        return self._m
+
+
+def test_a_demoted_rule_can_be_named_and_measured_again(tmp_path, monkeypatch):
+    """After a refuted re-run the rule is no longer recommended, so verify's default skips it; named, it
+    is re-run again, its earlier measurement standing as the prediction."""
+    from tests.sample_cpu import pin_sample_cpu
+    from tests.test_advise import SAMPLE_RUN, _store_with_pair
+
+    pin_sample_cpu(monkeypatch)
+    store = _store_with_pair(tmp_path)
+    runs = iter([_FakeRun("20261206-130000-tiny-cccccc", 66.0), _FakeRun("20261206-130010-tiny-dddddd", 138.6)])
+    monkeypatch.setattr(verify_module, "_rerun", lambda *a, **kw: next(runs))
+    v = verify(SAMPLE_RUN, "prec-fp32-to-bf16", store)
+    assert v.predicted_gain_pct == pytest.approx(-104.6)
+    assert v.measured_gain_pct == pytest.approx(-110.0) and v.verdict == "refuted"
+    assert v.baseline_run_id == "20261206-130000-tiny-cccccc" and v.new_run_id == "20261206-130010-tiny-dddddd"

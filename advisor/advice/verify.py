@@ -133,7 +133,10 @@ def verify(
     device_type = local_device_type(record.get("options", {}).get("device", "auto"))
     recs = advice.recommendations
     if rule_id is not None:
-        recs = [r for r in recs if r.rule.id == rule_id]
+        # Named, a rule an earlier re-run demoted can be measured again (a quieter machine, a new
+        # version): its "prediction" is then that earlier measurement.
+        demoted = [r for r in advice.rejected if r.evidence is not None and r.gain is not None]
+        recs = [r for r in (*recs, *demoted) if r.rule.id == rule_id]
         if not recs:
             fired = ", ".join(r.rule.id for r in advice.recommendations) or "none"
             raise AdvisorError(f"rule {rule_id!r} did not fire on run {run_id} (fired: {fired})")
