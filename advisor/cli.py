@@ -770,6 +770,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     print(f"  {v.target}: before {v.before:,.4g}, predicted {v.predicted_after:,.4g}, measured {v.measured_after:,.4g}")
     predicted, measured = gain_phrase(v.target, v.predicted_gain_pct), gain_phrase(v.target, v.measured_gain_pct)
     print(f"  predicted {predicted}{bound}; measured {measured}")
+    spread = "" if v.noise_pct is None else f" (baseline step-to-step spread {v.noise_pct:.1f} %)"
+    print(f"  verdict: {v.verdict}{spread}")
     print(f"  basis: {v.basis}")
     return 0
 

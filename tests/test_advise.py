@@ -177,7 +177,38 @@ def test_precision_advice_on_a_cpu_follows_its_16_bit_path(monkeypatch, flags, f
         assert "prec-fp32-to-bf16" not in fired(fp32)
         top = bf16.recommendations[0]
         assert top.rule.id == bf16_top and top.changes == {"train.precision": "fp32"}
-        assert top.gain.gain_pct > 50
+        # Priced per op class from the run's roofline: its GEMMs are 28.8 % of the step, 73.1 % of their
+        # time on the bf16 roof; that part 30x faster in fp32, the rest of theirs unchanged (3.4x in
+        # all); elementwise/norm ops and the other 45 % unchanged on a CPU:
+        # 1 - (0.288 x (0.731 / 30 + 0.269) + 0.712) = 20.4 % less step time.
+        assert top.gain.gain_pct == pytest.approx(20.4, abs=0.1)
+        assert top.gain.basis.startswith("priced per op class from this run's roofline: gemm (29 % of the step)")
+
+
+def test_precision_is_priced_per_op_class_from_the_runs_roofline(monkeypatch):
+    from advisor.spec import presets
+
+    # The AMX Xeon's flags: bf16 matmul peak 16x fp32. The estimator's what-if applies that rate to the
+    # whole modelled step (80.6 % less). The fp32 sample's roofline: GEMMs 66.8 % of the step, 91.0 % of
+    # their time on the fp32 roof (that part 16x faster, the rest unchanged: 6.8x in all); memory-bound
+    # elementwise/norm ops (12.9 %) and the other 20.4 % unchanged on a CPU:
+    # 0.668 x (0.910 / 16 + 0.090) + 0.129 + 0.204 = 0.430 of the step, 57.0 % less.
+    monkeypatch.setattr(presets, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+    monkeypatch.setattr(presets, "cpu_cores", lambda: 2)
+    rec = next(
+        r for r in advise_run(SAMPLE_RUN, RunStore(REPO / "traces")).recommendations if r.rule.id == "prec-fp32-to-bf16"
+    )
+    g = rec.gain
+    assert g.gain_pct == pytest.approx(57.0, abs=0.1)
+    assert g.basis == (
+        "priced per op class from this run's roofline: gemm (67 % of the step) 6.8x faster, "
+        "elementwise (13 % of the step) unchanged; the rest unchanged"
+    )
+    assert 100 * (1 - g.analytic_after / g.before) == pytest.approx(80.6, abs=0.1)  # the estimator beside it
+    # A setup alone has no roofline: the estimator's what-if prices it.
+    setup = make_setup(model="tiny", gpu="cpu", seq=128, micro_batch=2, precision="fp32")
+    alone = next(r for r in advise(setup=setup).recommendations if r.rule.id == "prec-fp32-to-bf16")
+    assert alone.gain.basis.startswith("estimator's step-time ratio")
 
 
 def test_advise_needs_some_input():
@@ -351,3 +382,134 @@ def test_a_setup_that_does_not_fit_points_to_the_planner(capsys):
     assert "does not fit" not in advice_markdown(
         advise(setup=make_setup(model="llama-3.1-8b", gpu="h100", gpus=8, zero=3))
     )
+
+
+# --- learning from verification ------------------------------------------------------------------
+
+BF16_RUN = "20261130-165253-tiny-617152"
+
+
+def _store_with_pair(tmp_path, run_id=SAMPLE_RUN, measured_gain_pct=-104.6, noise_pct=2.0, predicted=80.6):
+    """A copy of the sample runs with one verification pair filed as ``verify`` files it: fp32 -> bf16
+    on ``run_id``, measured side by side (before 66.7 ms)."""
+    import shutil
+
+    root = tmp_path / "traces"
+    shutil.copytree(REPO / "traces", root)
+    before = 66.7
+    pair = {
+        "run_id": run_id,
+        "rule_id": "prec-fp32-to-bf16",
+        "target": "step_time_ms",
+        "before": before,
+        "predicted_after": before * (1 - predicted / 100),
+        "measured_after": before * (1 - measured_gain_pct / 100),
+        "predicted_gain_pct": predicted,
+        "measured_gain_pct": measured_gain_pct,
+        "new_run_id": "20261206-120000-tiny-aaaaaa",
+        "changes": {"train.precision": "bf16"},
+        "basis": "estimator",
+        "noise_pct": noise_pct,
+        "baseline_run_id": "20261206-115950-tiny-bbbbbb",
+        "stored_before": 65.07,
+        "created_utc": "2026-12-06T12:00:05Z",
+    }
+    (root / "verifications").mkdir()
+    (root / "verifications" / f"{run_id}--prec-fp32-to-bf16--{pair['new_run_id']}.json").write_text(json.dumps(pair))
+    return RunStore(root)
+
+
+@pytest.mark.parametrize(
+    "predicted, measured, noise, expected",
+    [
+        (80.6, -104.6, 2.0, "refuted"),  # the AMX Xeon's fp32 -> bf16 re-run
+        (80.6, -104.6, None, "refuted"),
+        (30.0, 25.0, 39.7, "inconclusive"),  # the loaded machine's baseline spread
+        (30.0, -25.0, 39.7, "inconclusive"),
+        (30.0, 10.0, 2.0, "fell short"),
+        (30.0, 20.0, 2.0, "confirmed"),
+        (30.0, 0.0, None, "refuted"),
+    ],
+)
+def test_a_rerun_verdict_needs_a_change_beyond_the_baseline_spread(predicted, measured, noise, expected):
+    from advisor.advice.evidence import verdict
+
+    assert verdict(predicted, measured, noise) == expected
+
+
+def test_advice_a_rerun_refuted_is_demoted_and_says_what_was_measured(tmp_path, monkeypatch):
+    from tests.sample_cpu import pin_sample_cpu
+
+    pin_sample_cpu(monkeypatch)  # AVX512-BF16: fp32 -> bf16 is advised before any re-run
+    assert "prec-fp32-to-bf16" in fired(advise_run(SAMPLE_RUN, RunStore(REPO / "traces")))
+    advice = advise_run(SAMPLE_RUN, _store_with_pair(tmp_path))
+    assert "prec-fp32-to-bf16" not in fired(advice)
+    demoted = next(r for r in advice.rejected if r.rule.id == "prec-fp32-to-bf16")
+    assert demoted.evidence.verdict == "refuted"
+    assert demoted.gain.gain_pct == pytest.approx(-104.6)  # re-priced from the measurement
+    phrase = "measured -104.6 % on this machine on 2026-12-06"
+    assert demoted.action_note.startswith(phrase)
+    md = advice_markdown(advice)
+    assert f"`prec-fp32-to-bf16` (fp32 training where bf16 is faster): {phrase}" in md
+    assert {"id": "prec-fp32-to-bf16", "reason": demoted.action_note} in json.loads(advice.to_json())["rejected"]
+
+
+def test_advice_a_rerun_that_fell_short_is_repriced_and_an_inconclusive_one_is_noted(tmp_path, monkeypatch):
+    from tests.sample_cpu import pin_sample_cpu
+
+    pin_sample_cpu(monkeypatch)
+    short = advise_run(SAMPLE_RUN, _store_with_pair(tmp_path / "a", measured_gain_pct=10.0))
+    rec = next(r for r in short.recommendations if r.rule.id == "prec-fp32-to-bf16")
+    assert rec.evidence.verdict == "fell short"
+    assert rec.gain.gain_pct == pytest.approx(10.0)
+    assert rec.gain.after == pytest.approx(rec.gain.before * 0.9)
+    assert rec.gain.basis.startswith("measured +10.0 % on this machine on 2026-12-06")
+    assert "- **Re-run on this machine:** fell short: measured +10.0 %" in advice_markdown(short)
+    # The loaded machine: a change smaller than the baseline's spread is no verdict.
+    noisy = advise_run(SAMPLE_RUN, _store_with_pair(tmp_path / "b", measured_gain_pct=-20.0, noise_pct=39.7))
+    rec = next(r for r in noisy.recommendations if r.rule.id == "prec-fp32-to-bf16")
+    assert rec.evidence.verdict == "inconclusive" and rec.gain.gain_pct > 0
+    assert not rec.gain.basis.startswith("measured")  # the prediction stands, with the re-run beside it
+    assert "inconclusive: measured -20.0 % on this machine on 2026-12-06" in advice_markdown(noisy)
+
+
+def test_a_rerun_of_another_setup_does_not_speak_for_this_one(tmp_path, monkeypatch):
+    from tests.sample_cpu import pin_sample_cpu
+
+    pin_sample_cpu(monkeypatch)
+    # The pair names the bf16 sample (recompute full) as its run: not the fp32 sample's setup.
+    advice = advise_run(SAMPLE_RUN, _store_with_pair(tmp_path, run_id=BF16_RUN))
+    rec = next(r for r in advice.recommendations if r.rule.id == "prec-fp32-to-bf16")
+    assert rec.evidence is None and rec.gain.gain_pct > 0
+
+
+def test_a_setup_alone_gets_the_levers_users_pull():
+    """70B on 256 H200s, TP8 x PP4 x DP8 with sequence parallelism and selective recompute: TP
+    communication is a fifth of the estimated step and 72 % of the memory is unused. Each lever is
+    priced by the estimate of the changed setup."""
+    from advisor.estimate.estimator import estimate
+
+    setup = make_setup(
+        model="llama-3.1-70b", gpu="h200", gpus=256, seq=8192, micro_batch=1, global_batch=1024, tp=8, pp=4,
+        recompute="selective", sequence_parallel=True, precision="bf16", framework="megatron", zero=1,
+    )  # fmt: skip
+    est = estimate(setup)
+    assert 100 * est.time.tp_comm_ms / est.step_time_ms == pytest.approx(19.6, abs=0.1)
+    assert 100 * est.memory_frac == pytest.approx(28, abs=1)
+    advice = advise(setup=setup)
+    recs = {r.rule.id: r for r in advice.recommendations}
+    # Smaller TP (more DP ranks), with "more PP" as the alternative on the same lever.
+    tp = recs["par-tp-halve"]
+    assert tp.changes == {"parallel.tp": 4, "parallel.dp": 16} and tp.also == ("par-tp-to-pp",)
+    whatif = 100 * (1 - estimate(tp.after).step_time_ms / est.step_time_ms)
+    assert tp.gain.gain_pct == pytest.approx(whatif) and tp.gain.gain_pct == pytest.approx(10.9, abs=0.2)
+    # Less recompute: selective -> none fits in the unused memory.
+    assert recs["mem-headroom-drop-recompute"].gain.gain_pct > 0
+    rejected = {r.rule.id: r.action_note for r in advice.rejected}
+    # A larger micro-batch halves the micro-batches, so the 4-stage bubble grows: priced, and turned down.
+    assert rejected["mem-headroom-larger-microbatch"].endswith("more step time: no gain")
+    assert rejected["par-tp-unneeded"].startswith("the changed setup would not fit")
+    # Without sequence parallelism, turning it on is its own lever.
+    no_sp = advise(setup=replace(setup, parallel=replace(setup.parallel, sequence_parallel=False)))
+    sp = next(r for r in no_sp.recommendations if r.rule.id == "par-tp-sequence-parallel")
+    assert sp.changes == {"parallel.sequence_parallel": True} and sp.gain.gain_pct > 5

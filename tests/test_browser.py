@@ -343,6 +343,43 @@ def test_open_an_nsys_export_in_perfetto(page):
     assert posted["length"] > 10_000
 
 
+def test_advice_a_rerun_refuted_is_demoted(page, server):
+    """A failed verification injected into the store: fp32 -> bf16 measured 104.6 % slower side by side
+    (the AMX Xeon's re-run of the sample). The advice on the run no longer recommends it and says what
+    was measured, when. Runs before the real re-run below, and takes its pair away again."""
+    before = 66.7
+    pair = {
+        "run_id": FP32_RUN,
+        "rule_id": "prec-fp32-to-bf16",
+        "target": "step_time_ms",
+        "before": before,
+        "predicted_after": before * (1 - 0.806),
+        "measured_after": before * 2.046,
+        "predicted_gain_pct": 80.6,
+        "measured_gain_pct": -104.6,
+        "new_run_id": "20261206-120000-tiny-aaaaaa",
+        "changes": {"train.precision": "bf16"},
+        "noise_pct": 2.1,
+        "baseline_run_id": "20261206-115950-tiny-bbbbbb",
+        "created_utc": "2026-12-06T12:00:05Z",
+    }
+    path = server[1] / "verifications" / f"{FP32_RUN}--prec-fp32-to-bf16--{pair['new_run_id']}.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(pair))
+    try:
+        _tab(page, "Advice")
+        page.get_by_role("radio", name="stored run").check()
+        _choose(page, "#advice-run-choice", FP32_RUN)
+        page.locator("#advice-run").click()
+        summary = page.locator("#advice-summary")
+        expect(summary).to_contain_text(f"for {FP32_RUN}")
+        expect(summary).to_contain_text("No longer recommended: fp32 training where bf16 is faster")
+        expect(summary).to_contain_text("measured -104.6 % on this machine on 2026-12-06")
+        expect(page.locator("#advice-apply-choice input")).not_to_have_value(re.compile("prec-fp32-to-bf16"))
+    finally:
+        path.unlink()
+
+
 def test_advise_apply_and_rerun(page):
     _tab(page, "Advice")
     # The page opens on a first recommendation for the default setup.

@@ -396,3 +396,29 @@ def test_a_sweep_measures_only_the_precisions_the_device_runs_fast(monkeypatch):
     assert sweep_precisions(presets.cpu_host()) == ("fp32", "bf16")
     assert sweep_precisions(presets.get_hardware("h100")) == ("fp32", "bf16")
     assert {s.train.precision for s in sweep_setups(12)} == {"fp32", "bf16"}
+
+
+def test_a_verification_refits_the_calibration_on_its_reruns(setups, tmp_path, monkeypatch):
+    """The calibration learns from verification re-runs: they are ordinary runs in the store, and
+    ``verify`` refits a stored calibration right after filing them."""
+    from advisor.advice.verify import refit_calibration
+
+    pin_sample_cpu(monkeypatch, cores=False)
+    store = _synthetic_store(tmp_path, setups)
+    key = device_key_for(setups[0])
+    path = calibration_path(store, key)
+    before = fit_calibration(training_records(store, key))
+    before.save(path)
+    # A verification of fp32 -> bf16 on one setup: the bf16 re-run measured 3x slower than the synthetic
+    # truth says (the AMX Xeon's elementwise-heavy tiny model), its baseline as the truth says.
+    fp32 = next(s for s in setups if s.train.precision == "fp32")
+    bf16 = replace(fp32, train=replace(fp32.train, precision="bf16"))
+    est32, est16 = estimate(fp32), estimate(bf16)
+    truth16 = est16.step_time_ms * _true_time_factor(bf16)
+    _file_synthetic_run(store, fp32, est32.step_time_ms * _true_time_factor(fp32), int(est32.memory.total_bytes))
+    _file_synthetic_run(store, bf16, 3 * truth16, int(est16.memory.total_bytes * MEMORY))
+    assert refit_calibration(store, fp32) is True
+    after = load_calibration(store, key)
+    assert after.n_runs == before.n_runs + 2
+    # The refitted correction moves the bf16 step towards the measurement.
+    assert after.predict(bf16).step_time_ms > before.predict(bf16).step_time_ms

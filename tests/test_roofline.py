@@ -125,6 +125,12 @@ def test_step_summary_shares(roofline):
     assert s["compute_frac"] + s["memory_frac"] + s["latency_frac"] == pytest.approx(1.0)
     # Measured on this trace: matmuls and attention ~80 % of modelled op time, latency under 1 %.
     assert s["compute_frac"] == pytest.approx(0.797, abs=0.002)
+    # The op classes a precision change prices apart: GEMMs 73.4 % and the fused attention (forward and
+    # backward SDPA) 6.3 %, together the compute-bound time; elementwise/norm ops 14.2 %.
+    assert s["gemm_frac"] == pytest.approx(0.734, abs=0.002)
+    assert s["attention_frac"] == pytest.approx(0.063, abs=0.002)
+    assert s["gemm_frac"] + s["attention_frac"] == pytest.approx(s["compute_frac"])
+    assert s["fusable_frac"] == pytest.approx(0.142, abs=0.002)
     assert s["latency_frac"] < 0.01
     assert 0.9 < s["modelled_frac"] <= 1.0
     assert s["per_step_ms"] == pytest.approx(s["modelled_ms"] / 2)

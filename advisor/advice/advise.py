@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from advisor.advice import rules as R
-from advisor.advice.gains import GAINS, Gain, GainInput
+from advisor.advice.evidence import REFUTED, Evidence, best_evidence, evidence_of, setup_key
+from advisor.advice.gains import GAINS, Gain, GainInput, improvement_pct
 from advisor.errors import AdvisorError, SpecError
 from advisor.estimate.estimator import estimate
 from advisor.spec.metrics import StepMetrics
@@ -49,6 +51,9 @@ class Recommendation:
     """The spec and option values the action sets, as 'section.field': value."""
     also: tuple[str, ...] = ()
     """Lower-ranked rules that fired with the same change (merged into this one)."""
+    evidence: Evidence | None = None
+    """What a re-run of this change on this setup measured on this machine (advisor.advice.evidence):
+    a conclusive one has re-priced ``gain`` from the measurement."""
 
     def as_dict(self) -> dict[str, Any]:
         g = self.gain
@@ -77,6 +82,7 @@ class Recommendation:
             },
             "references": list(self.rule.references),
             "also_fired": list(self.also),
+            "verification": None if self.evidence is None else self.evidence.as_dict(),
         }
 
 
@@ -158,7 +164,9 @@ def _already_in_place(values: dict[str, Any], setup: Setup | None, options: dict
 def _rejection(rec: Recommendation, est: Any) -> str:
     """Why a fired rule's action is not recommended (empty: it is): it is predicted not to help, or it
     would make a setup that fits no longer fit."""
-    g = rec.gain
+    g, ev = rec.gain, rec.evidence
+    if ev is not None and ev.verdict == REFUTED:
+        return f"{ev.phrase()} (re-run {ev.new_run_id}), against a predicted {ev.predicted_gain_pct:+.1f} %"
     if g is None:
         return ""
     if g.gain_pct <= 0:
@@ -171,6 +179,16 @@ def _rejection(rec: Recommendation, est: Any) -> str:
         if mem_after >= mem_before:
             return "the setup does not fit and this change does not lower its memory: fix memory first"
     return ""
+
+
+def repriced(gain: Gain, ev: Evidence) -> Gain:
+    """``gain`` with its after-figure taken from a conclusive re-run: the measured ratio of the
+    side-by-side pair applied to this input's before-figure. The models' own figures stay beside it."""
+    after = gain.before * ev.measured_ratio
+    basis = f"{ev.phrase()} (re-run {ev.new_run_id}; the prediction was {ev.predicted_gain_pct:+.1f} %)"
+    return replace(
+        gain, after=after, gain_pct=improvement_pct(gain.target, gain.before, after), basis=basis, upper_bound=False
+    )
 
 
 def apply_action(
@@ -223,9 +241,12 @@ def advise(
     rules: list[R.Rule] | None = None,
     calibration: Any = None,
     source: str = "",
+    evidence: Sequence[Evidence] = (),
 ) -> Advice:
     """Fire every rule on this input and rank the recommendations: critical before warning before info,
-    then by predicted gain (largest first; rules without a figure last)."""
+    then by predicted gain (largest first; rules without a figure last). ``evidence``: verifications
+    of this setup on this machine, oldest first (``verifications_for``); a conclusive one re-prices
+    its recommendation from the measurement, and one that measured a loss demotes it to the rejected."""
     if metrics is None and setup is None:
         raise AdvisorError("advice needs a profiled run, a trace's metrics or a setup")
     rules = rules if rules is not None else R.load_rules()
@@ -251,7 +272,10 @@ def advise(
             log.exception("rule %s: action or gain failed", rule.id)
             after, opts_after, values, gain = None, None, {}, None
             note = f"gain not computed: {type(err).__name__}: {err}"
-        rec = Recommendation(rule, ev.message, gain, after, opts_after, note, values)
+        proof = best_evidence(evidence, rule.id, values, rule.target) if gain is not None else None
+        if proof is not None and proof.conclusive:
+            gain = repriced(gain, proof)
+        rec = Recommendation(rule, ev.message, gain, after, opts_after, note, values, evidence=proof)
         why_not = _already_in_place(values, setup, options) or _rejection(rec, est)
         if why_not:
             rejected.append(replace(rec, action_note=why_not))
@@ -285,13 +309,42 @@ def advise_run(run_id: str, store: Any = None, *, calibration: Any = None) -> Ad
         setup = replace(setup, hardware=current_hardware(setup.hardware))
     if calibration is None and setup is not None:
         calibration = _calibration_for(store, setup)
+    options = record.get("options") or {}
     return advise(
         StepMetrics.from_dict(m),
         setup,
-        record.get("options") or {},
+        options,
         calibration=calibration,
         source=run_id,
+        evidence=verifications_for(store, setup, options) if setup is not None else (),
     )
+
+
+def verifications_for(store: Any, setup: Setup, options: dict[str, Any] | None = None) -> list[Evidence]:
+    """The verifications filed in ``store`` whose original run had this setup, on this device, with the
+    same step-changing options (``evidence.setup_key``), oldest first. A pair whose run is gone is
+    matched by its baseline re-run (the same setup, run again)."""
+    from advisor.store.history import verification_pairs
+
+    key, out, keys = setup_key(setup, options), [], {}
+    for pair in sorted(verification_pairs(store), key=lambda p: str(p.get("created_utc") or "")):
+        ids = [r for r in (pair.get("run_id"), pair.get("baseline_run_id")) if isinstance(r, str)]
+        for run_id in ids:
+            if run_id not in keys:
+                keys[run_id] = _run_setup_key(store, run_id)
+        found = next((keys[r] for r in ids if keys[r] is not None), None)
+        if found == key and (e := evidence_of(pair)) is not None:
+            out.append(e)
+    return out
+
+
+def _run_setup_key(store: Any, run_id: str) -> str | None:
+    """setup_key of a stored run, or None where it is gone or holds no setup."""
+    try:
+        record = store.load(run_id).record
+        return setup_key(setup_from_dict(record["setup"]), record.get("options") or {})
+    except (AdvisorError, KeyError, TypeError, ValueError):
+        return None
 
 
 def advise_trace(path: str | Path) -> Advice:
@@ -394,6 +447,8 @@ def advice_markdown(advice: Advice) -> str:
                     f"- **Analytic vs calibrated:** {fmt_value(g.target, g.analytic_after)} vs "
                     f"{fmt_value(g.target, g.calibrated_after)}"
                 )
+            if r.evidence is not None:
+                lines.append(f"- **Re-run on this machine:** {r.evidence.sentence()}")
         elif r.action_note:
             lines.append(f"- **Gain:** not computed ({r.action_note})")
         else:

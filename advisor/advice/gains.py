@@ -10,6 +10,7 @@ calibrated what-if, which is the one used to rank.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -506,4 +507,79 @@ def skipped_steps(target: str, g: GainInput) -> Gain | None:
         m.step_time_ms,
         f"{m.fp16_skipped_steps} of {total} measured steps skipped: time per useful step back to the step time",
         upper_bound=True,
+    )
+
+
+# How much faster memory-bound elementwise, reduction and normalisation ops run in 16-bit than in fp32.
+# GPUs: they are bound by HBM traffic and 16-bit halves the bytes, so 2x (the roofline's own model).
+# CPUs: unchanged. A standalone bf16 elementwise multiply of 4M elements ran 3.2x slower than fp32 on
+# an AMX Xeon (../shared/DESIGN.md), but under autocast only the matmuls' outputs are bf16 and much of
+# the elementwise work stays fp32: for the 512-wide bench model (seq 256 x 4) on that Xeon, two fp32 /
+# bf16 pairs profiled side by side moved its memory-bound elementwise/norm time 0.95x and 1.19x (a
+# loaded machine: load average 8 on 2 cores), nowhere near 3.2x.
+ELEMENTWISE_16BIT_SPEEDUP = {"gpu": 2.0, "cpu": 1.0}
+# Attention in 16-bit: FlashAttention's two GEMMs run on the tensor cores, so on a GPU it moves with the
+# matmul rate. On a CPU the fused attention mixes small GEMMs with an fp32 softmax and has not been
+# measured here: it is left at its fp32 time rather than given a guess.
+_SIXTEEN = ("bf16", "fp16")
+
+
+def _class_speedups(hw: Any, old: str, new: str, gemm_roof_frac: float | None) -> dict[str, float] | None:
+    """Time in ``old`` over time in ``new`` per op class (gemm, elementwise, attention) on ``hw``; None
+    where this pricing does not cover the change (fp8, TF32). Only the GEMMs' time on their roof scales
+    with the peaks' ratio: the share above it (``1 - gemm_roof_frac``: dispatch, packing, small tiles)
+    stays, so small GEMMs gain less than the peaks say (1 where the run has no GEMM shapes)."""
+    if {old, new} - {"fp32", *_SIXTEEN} or old == new:
+        return None
+    p_old, p_new = hw.peak_flops(old), hw.peak_flops(new)
+    if not p_old or not p_new:
+        return None
+    ew = ELEMENTWISE_16BIT_SPEEDUP[hw.kind]
+    ew = ew if new in _SIXTEEN and old == "fp32" else 1 / ew if old in _SIXTEEN and new == "fp32" else 1.0
+    peak = p_new / p_old
+    roof = 1.0 if gemm_roof_frac is None else min(max(gemm_roof_frac, 0.0), 1.0)
+    gemm = 1.0 / (roof / peak + (1.0 - roof))
+    return {"gemm": gemm, "elementwise": ew, "attention": peak if hw.kind == "gpu" else 1.0}
+
+
+def _pace(speedup: float) -> str:
+    if math.isclose(speedup, 1.0):
+        return "unchanged"
+    return f"{speedup:.2g}x faster" if speedup > 1 else f"{1 / speedup:.2g}x slower"
+
+
+@register("precision")
+def precision(target: str, g: GainInput) -> Gain | None:
+    """A precision change priced per op class from the run's roofline split of the step: its GEMMs'
+    time on their roof at the ratio of the two precisions' peaks (the time above the roof unchanged),
+    its memory-bound elementwise/reduction/norm ops at ELEMENTWISE_16BIT_SPEEDUP, its attention at the
+    peaks' ratio on a GPU (unchanged on a CPU), the rest of the step (latency-bound ops, copies, the
+    fp32 optimizer, Python, loading) unchanged. Without a
+    run that has the split (a setup alone, an old run) it is the estimator's what-if (``whatif``), which
+    prices the whole modelled step at the matmul rate: on the tiny CPU sample that put 99 % of the step
+    at the matmul speed-up, and an AMX re-run measured bf16 104.6 % slower than fp32."""
+    base = whatif(target, g)
+    m = g.metrics
+    if base is None or target != "step_time_ms" or m is None or not m.step_time_ms:
+        return base
+    shares = {"gemm": m.roofline_gemm_frac, "elementwise": m.roofline_fusable_frac}
+    shares["attention"] = m.roofline_attention_frac or 0.0
+    old, new = g.setup.train.precision, g.after.train.precision
+    speed = _class_speedups(g.setup.hardware, old, new, m.roofline_gemm_roof_frac)
+    if speed is None or shares["gemm"] is None or shares["elementwise"] is None:
+        return base
+    total = sum(shares.values())
+    if total > 1.0:  # ops on several threads can add up to more than the step: keep their proportions
+        shares = {k: v / total for k, v in shares.items()}
+    ratio = 1.0 - sum(shares.values()) + sum(shares[k] / speed[k] for k in shares)
+    after = m.step_time_ms * ratio
+    parts = ", ".join(f"{k} ({100 * shares[k]:.0f} % of the step) {_pace(speed[k])}" for k in shares if shares[k] > 0)
+    side = dict(base.side or {}, step_time_ms=(m.step_time_ms, after))
+    return _make(
+        target,
+        m.step_time_ms,
+        after,
+        f"priced per op class from this run's roofline: {parts}; the rest unchanged",
+        analytic_after=base.analytic_after,
+        side=side,
     )

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from advisor.advice.advise import Recommendation, advise_run
+from advisor.advice.evidence import verdict
 from advisor.advice.gains import improvement_pct
 from advisor.analysis.diff import TraceDiff, diff_paths
 from advisor.errors import AdvisorError
@@ -57,12 +58,18 @@ class Verification:
     """The original run's own figure, measured when it was made."""
 
     @property
+    def verdict(self) -> str:
+        """confirmed, fell short, refuted or inconclusive (``advisor.advice.evidence.verdict``): a
+        change no larger than the baseline's spread is inconclusive, not a verdict."""
+        return verdict(self.predicted_gain_pct, self.measured_gain_pct, self.noise_pct)
+
+    @property
     def error_pct(self) -> float:
         """Predicted minus measured gain, in percentage points."""
         return self.predicted_gain_pct - self.measured_gain_pct
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "verdict": self.verdict}
 
 
 def _measured(metrics: dict[str, Any], target: str) -> float:
@@ -126,7 +133,10 @@ def verify(
     device_type = local_device_type(record.get("options", {}).get("device", "auto"))
     recs = advice.recommendations
     if rule_id is not None:
-        recs = [r for r in recs if r.rule.id == rule_id]
+        # Named, a rule an earlier re-run demoted can be measured again (a quieter machine, a new
+        # version): its "prediction" is then that earlier measurement.
+        demoted = [r for r in advice.rejected if r.evidence is not None and r.gain is not None]
+        recs = [r for r in (*recs, *demoted) if r.rule.id == rule_id]
         if not recs:
             fired = ", ".join(r.rule.id for r in advice.recommendations) or "none"
             raise AdvisorError(f"rule {rule_id!r} did not fire on run {run_id} (fired: {fired})")
@@ -177,4 +187,24 @@ def verify(
     out = store.root / VERIFY_DIR / f"{run_id}--{rec.rule.id}--{new.run_id}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out, {**result.as_dict(), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    refit_calibration(store, setup)
     return result
+
+
+def refit_calibration(store: RunStore, setup) -> bool:
+    """Refit this device's stored calibration on every ok run, the re-runs just made among them, so the
+    next advice's calibrated figures have learned from the measurement; True where one was refitted.
+    Nothing happens where the device has no calibration (one is made on purpose, with a sweep), and a
+    refit that fails leaves the old file as it was."""
+    from advisor.advice.calibrate import calibration_path, fit_calibration, training_records
+    from advisor.spec.presets import device_key_for
+
+    key = device_key_for(setup)
+    path = calibration_path(store, key)
+    if not path.is_file():
+        return False
+    try:
+        fit_calibration(training_records(store, key)).save(path)
+    except AdvisorError:
+        return False
+    return True

@@ -851,7 +851,8 @@ def step_roofline_summary(
     ProfilerStep ranges), ``idle_other_frac``, ``verdict`` (the bound with the largest share),
     ``gemm_frac`` (GEMMs that are not latency-bound), ``gemm_roof_frac`` (their time-weighted share of
     the roof reached: roof time / time; NaN without shapes) and ``fusable_frac`` (memory-bound
-    elementwise, reduction and normalisation ops: what fusion would cut).
+    elementwise, reduction and normalisation ops: what fusion would cut) and ``attention_frac``
+    (attention that is not latency-bound).
     """
     total = float(roofline["time_ms"].sum())
     out: dict = {"modelled_ms": total}
@@ -900,6 +901,10 @@ def step_roofline_summary(
         & ~roofline["name"].str.startswith(("triton_", "fused_"))  # compiled: fused already
     )
     out["fusable_frac"] = float(roofline.loc[fusable, "time_ms"].sum()) * scale
+    # Attention (fused SDPA kernels and ops, forward and backward) that is not latency-bound: with the
+    # GEMMs and the fusable ops, the op classes a precision change speeds up each at its own rate.
+    attention = (roofline["category"] == "attention") & (roofline["bound"] != "latency")
+    out["attention_frac"] = float(roofline.loc[attention, "time_ms"].sum()) * scale
     shares = {b: out[f"{b}_frac"] for b in BOUNDS}
     out["verdict"] = max(shares, key=shares.get) if total or host_wait else None
     return out

@@ -51,8 +51,8 @@ ROOFLINE_SHOWN = [
 ROOFLINE_HEADERS = [header for _, header, _, _ in ROOFLINE_SHOWN]
 ROOFLINE_ROWS = 30
 ADVICE_COLUMNS = ["#", "severity", "rule", "recommendation", "predicted gain %", "on", "before", "after"]
-ADVICE_COLUMNS += ["estimator says", "calibrated says", "basis"]
-VERIFY_COLUMNS = ["rule", "on", "before", "predicted", "measured", "predicted gain %", "measured gain %"]
+ADVICE_COLUMNS += ["estimator says", "calibrated says", "basis", "re-run here"]
+VERIFY_COLUMNS = ["rule", "on", "verdict", "before", "predicted", "measured", "predicted gain %", "measured gain %"]
 VERIFY_COLUMNS += ["baseline spread %", "baseline run", "re-run"]
 PLAN_COLUMNS = ["rank", "layout", "tokens/s", "step ms", "MFU %", "memory GiB", "memory %"]
 DIFF_CATEGORY_COLUMNS = ["category", "before ms", "after ms", "change ms", "before %", "after %"]
@@ -274,8 +274,9 @@ def analysis_details(report) -> pd.DataFrame:
 def _advice_row(i: int, r) -> list:
     g = r.gain
     head = [i, r.rule.severity, r.rule.id, r.rule.title]
+    rerun = "" if r.evidence is None else r.evidence.sentence()
     if g is None:
-        return [*head, None, TARGET_LABELS[r.rule.target], "", "", "", "", r.action_note]
+        return [*head, None, TARGET_LABELS[r.rule.target], "", "", "", "", r.action_note, rerun]
     return [
         *head,
         round(g.gain_pct, 1),
@@ -284,6 +285,7 @@ def _advice_row(i: int, r) -> list:
         "" if g.analytic_after is None else fmt_value(g.target, g.analytic_after),
         "" if g.calibrated_after is None else fmt_value(g.target, g.calibrated_after),
         g.basis + (" (upper bound)" if g.upper_bound else ""),
+        rerun,
     ]
 
 
@@ -302,6 +304,9 @@ def advice_summary(advice) -> str:
         summary = f"### {n} recommendation{'s' * (n > 1)} for {advice.source}\nTop: **{top.rule.title}**{gain}."
     else:
         summary = f"### Nothing to recommend for {advice.source}\nNo rule fired on this input."
+    demoted = [r for r in advice.rejected if r.evidence is not None and r.evidence.verdict == "refuted"]
+    for r in demoted:
+        summary += f"\n\nNo longer recommended: **{r.rule.title}** (`{r.rule.id}`), {r.action_note}."
     return summary + f"\n\n<small>{advice.n_rules} rules; {len(advice.not_applicable)} lacked their input.</small>"
 
 
@@ -342,7 +347,7 @@ def setup_diff(before: dict, after: dict) -> str:
 
 def verify_table(v) -> pd.DataFrame:
     """A verification's one row: before, predicted and measured, both gains, the baseline's spread."""
-    row = [v.rule_id, v.target.replace("_", " ")]
+    row = [v.rule_id, v.target.replace("_", " "), v.verdict]
     row += [fmt_value(v.target, x) for x in (v.before, v.predicted_after, v.measured_after)]
     row += [round(v.predicted_gain_pct, 1), round(v.measured_gain_pct, 1)]
     row += [None if v.noise_pct is None else round(v.noise_pct, 1), v.baseline_run_id or "(stored run)", v.new_run_id]
@@ -383,8 +388,8 @@ def verify_message(v, diff=None, diff_note: str = "") -> str:
     """Whether the re-run improved on the target, beyond the baseline's step-to-step spread; with the
     trace ``diff`` of the before and after runs (``advisor.advice.verify.verification_diff``), its
     line, or ``diff_note`` where there is none."""
-    if v.noise_pct is not None and abs(v.measured_gain_pct) <= v.noise_pct:
-        outcome = f"within the baseline's step-to-step spread of {v.noise_pct:.0f} %"
+    if v.verdict == "inconclusive":
+        outcome = f"inconclusive: the change is within the baseline's step-to-step spread of {v.noise_pct:.1f} %"
     else:
         outcome = "improved" if v.measured_gain_pct > 0 else "did NOT improve"
     change = ", ".join(f"`{k} = {val}`" for k, val in v.changes.items())
@@ -395,6 +400,16 @@ def verify_message(v, diff=None, diff_note: str = "") -> str:
             f"\nBefore is the original setup re-run just now, side by side with the change: "
             f"{fmt_value(v.target, v.before)} (the stored run measured {fmt_value(v.target, v.stored_before)})."
         )
+    msg += (
+        "\n\n"
+        + {
+            "confirmed": "The measurement confirms the prediction; the advice on this setup now quotes it.",
+            "fell short": "The change helped far less than predicted; the advice on this setup is re-priced from it.",
+            "refuted": "The prediction was wrong on this machine: the advice on this setup no longer recommends it.",
+            "inconclusive": "Not a verdict: re-run on a quieter machine. The advice keeps its prediction and "
+            "notes this re-run.",
+        }[v.verdict]
+    )
     if diff is not None:
         msg += f"\n\n{diff_line(diff)}"
     elif diff_note:

@@ -205,6 +205,9 @@ class StepMetrics:
     roofline_fusable_frac: float | None = None
     """Share of the step in memory-bound elementwise, reduction and normalisation ops: the time
     kernel fusion (torch.compile) cuts."""
+    roofline_attention_frac: float | None = None
+    """Share of the step in attention ops or kernels that are not latency-bound (same base as
+    roofline_gemm_frac): with it and roofline_fusable_frac, a precision change is priced per op class."""
     roofline_roofs: str | None = None
     """The device and roofs the verdicts used (datasheet or measured ceilings)."""
 

@@ -312,8 +312,9 @@ def compare_runs(store: RunStore, run_a: str, run_b: str) -> RunComparison:
     return RunComparison(info_a.run_id, info_b.run_id, spec_diff, metrics, summary, m_a, m_b)
 
 
-def _verification_pairs(store: RunStore) -> list[dict[str, Any]]:
-    """The verification files' contents, oldest name first; a file that is not a readable pair is skipped
+def verification_pairs(store: RunStore) -> list[dict[str, Any]]:
+    """The verification files' contents (``advisor.advice.verify.Verification`` with ``created_utc``),
+    oldest first; a file that is not a readable pair is skipped
     (they are written atomically, so only a hand-edited one can be)."""
     folder = store.root / VERIFICATIONS_DIR
     pairs = []
@@ -388,7 +389,7 @@ def predicted_vs_measured(store: RunStore) -> pd.DataFrame:
                     "measured_over_predicted": measured / predicted,
                 }
             )
-    for pair in _verification_pairs(store):
+    for pair in verification_pairs(store):
         row = _pair_row(pair, measured_runs)
         if row is not None:
             rows.append(row)
