@@ -450,6 +450,14 @@ def test_plan_tab_ranks_layouts_and_rejects_bad_input():
     assert none[0].startswith("### Cannot plan") and "precisions" in none[0]
 
 
+def test_trace_loads_share_one_small_concurrency_limit():
+    # Issue 22: 16 concurrent requests at a 4 GiB budget each could ask for 64 GiB of a 24 GiB host.
+    # Every event that loads a trace (Analyze, an upload, Open in Perfetto) queues on one limit of 2.
+    fns = app.build_app().fns.values()
+    loads = [(f.name, f.concurrency_id, f.concurrency_limit) for f in fns if f.name in ("analyze_job", "perfetto_file")]
+    assert sorted(loads) == [("analyze_job", "analyze", 2)] * 2 + [("perfetto_file", "analyze", 2)]
+
+
 def test_the_public_api_is_each_tabs_main_action():
     deps = app.build_app().config["dependencies"]
     public = {d["api_name"] for d in deps if d.get("api_visibility") == "public"}

@@ -24,6 +24,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the torchtitan TOML is read back on 3.11+ only
     tomllib = None
 
+from advisor.present.glossary import UNIT_TIPS
 from tests.chromium import CHROMIUM, launch
 from tests.sample_cpu import pin_sample_cpu
 from tests.shared import SHARED_TRACES
@@ -569,6 +570,17 @@ WRAPPED_INSIDE_WORDS = """() => {
 }"""
 
 
+# Visible column headers whose text ends in a unit (UNIT_TIPS' endings), as [text, title] pairs.
+UNIT_HEADERS = """(endings) => {
+  const out = [];
+  for (const th of document.querySelectorAll("th")) {
+    const text = th.textContent.replace("⋮", "").trim();
+    if (th.offsetParent && endings.some((e) => text.length > e.length && text.endsWith(e))) out.push([text, th.title]);
+  }
+  return out;
+}"""
+
+
 def test_every_tab_reads_at_1280_px(page):
     page.set_viewport_size({"width": 1280, "height": 900})
     verdict = page.locator("#size-verdict h3")
@@ -591,6 +603,14 @@ def test_every_tab_reads_at_1280_px(page):
     page.locator("#analyze-run").click()
     expect(page.locator("#analyze-roofline-table")).to_contain_text("headroom", timeout=60_000)
     assert page.evaluate(WRAPPED_INSIDE_WORDS) == []
+    # Every header that names a unit says it in its tooltip, known to COLUMN_TIPS or not: the "All
+    # analyses" tables keep the analyses' own column names (the CPU run's first: phases, total_ms).
+    page.get_by_text("All analyses: every table of the analysis").click()
+    expect(page.locator("#analyze-table")).to_contain_text("total_ms")
+    page.wait_for_timeout(500)
+    headers = page.evaluate(UNIT_HEADERS, list(UNIT_TIPS))
+    assert len(headers) >= 5 and [text for text, title in headers if not title] == []
+    assert ["total_ms", "total_ms: in milliseconds"] in headers, headers
     for name in ("Profile", "Advice", "History"):
         _tab(page, name)
         page.wait_for_timeout(500)

@@ -237,6 +237,14 @@ def cancel_analysis(request: gr.Request | None = None) -> str:
     )
 
 
+ANALYZE_CONCURRENCY = 2
+"""Analyses the server runs at once (the others queue): a load's peak memory is about 1x to 1.3x its
+decompressed events (bench/results/analyze_speed.md), so two at the default 4 GiB budget stay near
+10 GiB on a 24 GiB machine, where the app's 16 concurrent requests could have asked for 64 GiB."""
+ANALYZE_LIMIT = {"concurrency_limit": ANALYZE_CONCURRENCY, "concurrency_id": "analyze"}
+"""Every event that loads a trace (Analyze, an upload, Open in Perfetto) shares the one limit."""
+
+
 def _inputs():
     upload = gr.File(label=TRACE_LABEL, file_types=TRACE_TYPES, type="filepath", elem_id="analyze-upload")
     runs = run_dropdown("…or a stored run", elem_id="analyze-run-choice")
@@ -252,9 +260,9 @@ def _perfetto(upload, runs) -> None:
     button = gr.Button("Open in Perfetto", elem_id="analyze-perfetto")
     message = gr.Markdown(elem_id="analyze-perfetto-msg")
     file = gr.File(label="Trace for Perfetto (Chrome trace JSON)", interactive=False, elem_id="analyze-perfetto-file")
-    button.click(perfetto_file, [upload, runs], [message, file], js=PERFETTO_OPEN_JS, api_name="perfetto").then(
-        None, file, None, js=PERFETTO_POST_JS
-    )
+    button.click(
+        perfetto_file, [upload, runs], [message, file], js=PERFETTO_OPEN_JS, api_name="perfetto", **ANALYZE_LIMIT
+    ).then(None, file, None, js=PERFETTO_POST_JS)
 
 
 def _tables() -> dict:
@@ -313,9 +321,9 @@ def build_analyze_tab() -> gr.Dropdown:
     outputs = [summary, temporal, categories, timeline, t["top"], t["details"], t["collectives"]]
     outputs += [t["roofline"], t["roofline_table"], t["picker"], t["state"], t["table"]]
     t["picker"].change(show_table, [t["picker"], t["state"]], t["table"], api_visibility="undocumented")
-    button.click(analyze_job, [upload, runs], outputs, api_name="analyze")
+    button.click(analyze_job, [upload, runs], outputs, api_name="analyze", **ANALYZE_LIMIT)
     # A stored run picked replaces a leftover upload: the upload would otherwise win silently.
     runs.input(lambda run: None if run else gr.skip(), runs, upload, api_visibility="undocumented")
-    upload.upload(analyze_job, [upload, runs], outputs, api_visibility="undocumented")
+    upload.upload(analyze_job, [upload, runs], outputs, api_visibility="undocumented", **ANALYZE_LIMIT)
     cancel.click(cancel_analysis, None, summary, queue=False, api_visibility="undocumented")
     return runs

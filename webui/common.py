@@ -94,8 +94,9 @@ class TraceLimits:
     """Wall-clock seconds for the load and the analysis together (ADVISOR_ANALYZE_TIMEOUT_S)."""
 
 
-# A 500 MB upload of gzipped Kineto JSON unpacks to about 4 GiB (compressed 8-12x); 16 requests at a
-# time at the CLI's 8 GiB each could ask for 128 GiB. One event: see advisor.trace.kineto.
+# A 500 MB upload of gzipped Kineto JSON unpacks to about 4 GiB (compressed 8-12x); the CLI's 8 GiB
+# for each of the app's 16 concurrent requests could have asked for 128 GiB. The Analyze tab also runs
+# at most webui.analyze.ANALYZE_CONCURRENCY at once. One event: see advisor.trace.kineto.
 TRACE_LIMIT_DEFAULTS = {
     "ADVISOR_MAX_TRACE_MB": 4096.0,
     "ADVISOR_MAX_EVENT_MB": 16.0,

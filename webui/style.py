@@ -8,7 +8,7 @@ import json
 
 import gradio as gr
 
-from advisor.present.glossary import COLUMN_TIPS, GLOSSARY
+from advisor.present.glossary import COLUMN_TIPS, GLOSSARY, UNIT_TIPS
 from advisor.present.html_report import VERDICT_COLOURS
 
 CSS = """
@@ -26,10 +26,16 @@ th .text.wrap, .prose table th, .prose table td { word-break: normal !important;
 
 
 # Runs once on page load and watches the page: the verdict's first word picks its colour (red, amber,
-# green, with a bar beside it), and a header whose text COLUMN_TIPS knows gets its tooltip. Coalesced
-# to one pass per animation frame.
+# green, with a bar beside it), and a header whose text COLUMN_TIPS knows gets its tooltip, any other
+# header its unit from its ending (UNIT_TIPS, longest ending first). Coalesced to one pass per frame.
 PAGE_JS = """() => {
   const tips = __TIPS__, colours = __COLOURS__;
+  const units = Object.entries(__UNITS__).sort((a, b) => b[0].length - a[0].length);
+  const tipOf = (text) => {
+    if (tips[text]) return tips[text];
+    const unit = units.find(([end]) => text.length > end.length && text.endsWith(end));
+    return unit ? `${text}: in ${unit[1]}` : "";
+  };
   const mark = () => {
     for (const h of document.querySelectorAll("#size-verdict h3")) {
       const text = h.textContent.trim();
@@ -43,7 +49,7 @@ PAGE_JS = """() => {
       h.dataset.verdict = word || "";
     }
     for (const th of document.querySelectorAll("th")) {
-      const tip = tips[th.textContent.replace("⋮", "").trim()];
+      const tip = tipOf(th.textContent.replace("⋮", "").trim());
       if (tip && th.title !== tip) th.title = tip;
     }
   };
@@ -56,7 +62,11 @@ PAGE_JS = """() => {
   new MutationObserver(schedule).observe(document.body, {childList: true, subtree: true, characterData: true});
   mark();
 }"""
-PAGE_JS = PAGE_JS.replace("__TIPS__", json.dumps(COLUMN_TIPS)).replace("__COLOURS__", json.dumps(VERDICT_COLOURS))
+PAGE_JS = (
+    PAGE_JS.replace("__TIPS__", json.dumps(COLUMN_TIPS))
+    .replace("__UNITS__", json.dumps(UNIT_TIPS))
+    .replace("__COLOURS__", json.dumps(VERDICT_COLOURS))
+)
 
 
 def glossary() -> gr.HTML:

@@ -58,3 +58,29 @@ COLUMN_TIPS: dict[str, str] = {
     "change_pct": "B against A, in % of A",
 }
 """Tooltips of the tables' column headers, by the header's text."""
+
+UNIT_TIPS: dict[str, str] = {
+    "_ns": "nanoseconds",
+    "_us": "microseconds",
+    "_ms": "milliseconds",
+    "_s": "seconds",
+    "_pct": "percent, 0 to 100",
+    "_frac": "a fraction, 0 to 1",
+    "_count": "a count",
+    "_bytes": "bytes",
+    "_mib": "mebibytes (2^20 bytes)",
+    "_gib": "gibibytes (2^30 bytes)",
+    "_gbps": "GB/s (10^9 bytes per second)",
+    "_flops": "floating-point operations",
+    "_w": "watts",
+    "_mhz": "megahertz",
+    " ms": "milliseconds",
+    " us": "microseconds",
+    " %": "percent, 0 to 100",
+    " GiB": "gibibytes (2^30 bytes)",
+    " MiB": "mebibytes (2^20 bytes)",
+    " GB/s": "GB/s (10^9 bytes per second)",
+    " GFLOP/s": "10^9 floating-point operations per second",
+}
+"""The unit a column header's ending names (the house style puts the unit in every column name): a
+header COLUMN_TIPS does not know gets "<header>: in <unit>" from its longest matching ending."""
