@@ -4,6 +4,7 @@ a half run, and never two profiling children at once; the host memory preflight.
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -161,3 +162,43 @@ def test_cancel_stops_the_child_before_the_next_queued_run_starts(tmp_path):
         a, b = results["first"], results["second"]
         assert (a.status, b.status) == ("cancelled", "failed")
         assert a.record["child"]["ended_unix_s"] <= b.record["child"]["started_unix_s"]
+
+
+@pytest.mark.slow  # starts a child process or runs seconds of real steps
+def test_kill_9_of_the_app_during_a_run_files_it_interrupted_and_its_folders_go(tmp_path):
+    gradio_client = pytest.importorskip("gradio_client")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, TMPDIR=str(tmp_path), GRADIO_ANALYTICS_ENABLED="False")
+    env.pop("GRADIO_TEMP_DIR", None)
+    argv = [sys.executable, "app.py", "--port", str(port), "--traces", str(tmp_path / "runs")]
+    served = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = _connect(gradio_client, f"http://127.0.0.1:{port}/")
+        client.submit(model="tiny", seq=64, micro_batch=1, device="cpu", steps=100, api_name="/profile")
+        staged, (app_pid, child_pid) = _owners(RunStore(tmp_path / "runs"))
+        assert app_pid == served.pid
+        (tmp_path / f"advisor-uploads-{app_pid}" / "a1").mkdir(parents=True)  # an upload in its cache
+    finally:
+        served.kill()
+        served.wait()
+    _wait_for(lambda: _gone(child_pid))  # its next progress line meets the dead app's pipe
+    runs, damaged = RunStore(tmp_path / "runs").list_runs()
+    assert damaged == [] and [(r.run_id, r.status) for r in runs] == [(staged.name, "interrupted")]
+    assert (tmp_path / f"advisor-uploads-{app_pid}").is_dir()
+    code = "import app, webui.common as c; print(c.remove_dead_folders())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert str(tmp_path / f"advisor-uploads-{app_pid}") in out.stdout
+    assert not (tmp_path / f"advisor-uploads-{app_pid}").exists()
+
+
+def _connect(gradio_client, url: str, timeout_s: float = 120):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return gradio_client.Client(url, verbose=False, download_files=False)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
