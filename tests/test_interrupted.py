@@ -162,6 +162,7 @@ def test_cancel_stops_the_child_before_the_next_queued_run_starts(tmp_path):
         a, b = results["first"], results["second"]
         assert (a.status, b.status) == ("cancelled", "failed")
         assert a.record["child"]["ended_unix_s"] <= b.record["child"]["started_unix_s"]
+        assert a.record["finished_utc"] <= b.record["created_utc"]  # filed before the next was created
 
 
 @pytest.mark.slow  # starts a child process or runs seconds of real steps

@@ -489,7 +489,7 @@ class RunStore:
 
     def list_runs(self) -> tuple[list[RunInfo], list[tuple[str, str]]]:
         """(runs newest first, damaged entries as (name, reason)); staging and hidden entries skipped,
-        staging directories of dead processes removed (see :meth:`remove_orphans`)."""
+        staging directories of dead processes filed as interrupted or removed (see :meth:`remove_orphans`)."""
         runs: list[RunInfo] = []
         damaged: list[tuple[str, str]] = []
         if not self.root.is_dir():
