@@ -281,7 +281,8 @@ def in_background(kind: str, request: gr.Request | None, job, progress_view):
     button sets ``cancel``: see Jobs), yielding ``progress_view(done, total, message)`` for each
     progress report; returns the job's result, or a message where it raised. The server never sees
     the raise. If the page goes away (Gradio stops the generator), the job is cancelled and waited
-    for, so the device is free before the next queued job starts."""
+    for. Gradio may free the queue's slot before that (a client's job.cancel(): bench/cancel_queue.py),
+    so a profile also waits for the device in the launcher (advisor.run.launcher._DEVICE)."""
     updates: queue.Queue = queue.Queue()
     result: dict = {}
     cancel = JOBS.start(kind, request)
