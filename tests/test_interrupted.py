@@ -111,7 +111,7 @@ PARENT = (
 
 
 @pytest.mark.slow  # starts a child process or runs seconds of real steps
-@pytest.mark.parametrize("victim", ["parent", "child", "both"])
+@pytest.mark.parametrize("victim", ["parent", "child", "both", "ctrl-c"])
 def test_kill_9_during_a_run_leaves_the_run_filed_as_interrupted(tmp_path, victim):
     store = RunStore(tmp_path)
     # Killed alone, the parent leaves a child that runs on until its next progress line meets the dead
@@ -124,8 +124,11 @@ def test_kill_9_during_a_run_leaves_the_run_filed_as_interrupted(tmp_path, victi
         os.kill(parent_pid, signal.SIGKILL)
     if victim in ("child", "both"):
         os.kill(child_pid, signal.SIGKILL)
+    if victim == "ctrl-c":  # the CLI's parent gets SIGINT; its child, in its own session, does not
+        os.kill(parent_pid, signal.SIGINT)
     parent.wait(timeout=60)
-    assert store.list_runs()[0] == [] or victim != "parent"  # no half run while the child lives on
+    listed = store.list_runs()[0]
+    assert listed == [] or _gone(child_pid) or victim in ("child", "ctrl-c")  # none while the child lives on
     _wait_for(lambda: _gone(child_pid))
     runs, damaged = store.list_runs()
     assert damaged == [] and [r.run_id for r in runs] == [staged.name] and not staged.exists()
@@ -133,6 +136,9 @@ def test_kill_9_during_a_run_leaves_the_run_filed_as_interrupted(tmp_path, victi
     assert run.status == "interrupted"
     if victim == "child":  # the parent lived to file it
         assert parent.returncode == 0 and run.record["message"].startswith("the child was stopped by SIGKILL")
+        assert run.record["child"]["returncode"] == -signal.SIGKILL
+    elif victim == "ctrl-c":  # the parent stopped its child and filed the run
+        assert parent.returncode == 0 and run.record["message"] == "interrupted by Ctrl-C: the child was stopped"
         assert run.record["child"]["returncode"] == -signal.SIGKILL
     else:
         assert parent.returncode == -signal.SIGKILL and run.record["message"].startswith("interrupted: the process")
