@@ -7,10 +7,19 @@ change, ADVISOR_AUTH to ask for a login).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import hmac
 import logging
 import os
+import tempfile
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+# Gradio's upload cache, one folder per app process (UPLOADS), set before gradio is imported (some of its
+# modules read it then): removed at exit, and by the next start after a kill.
+os.environ.setdefault("GRADIO_TEMP_DIR", os.path.join(tempfile.gettempdir(), f"advisor-uploads-{os.getpid()}"))
 
 import gradio as gr
 
@@ -26,7 +35,10 @@ from webui.size import SIZE_KEYS, build_size_tab
 from webui.style import CSS, PAGE_JS, glossary
 
 log = logging.getLogger("advisor.app")
+UPLOADS = common.process_folder("uploads")
 _QUIET = {"api_visibility": "undocumented"}
+CACHE_AGE_S = 3600
+"""Uploads and made files older than this are removed from Gradio's cache (checked as often)."""
 
 
 def _on_load(demo: gr.Blocks, tabs: dict, size_outputs: list, pickers: list, link_note: gr.Markdown) -> None:
@@ -48,7 +60,9 @@ def _on_load(demo: gr.Blocks, tabs: dict, size_outputs: list, pickers: list, lin
 
 def build_app() -> gr.Blocks:
     """The whole app: six tabs over one current setup."""
-    with gr.Blocks(title="LLM training advisor") as demo:
+    # Gradio removes the uploads and files it made older than CACHE_AGE_S every CACHE_AGE_S, and all of
+    # them when the server shuts down (gradio.route_utils.delete_files_created_by_app).
+    with gr.Blocks(title="LLM training advisor", delete_cache=(CACHE_AGE_S, CACHE_AGE_S)) as demo:
         gr.Markdown(
             "# LLM training advisor\nSize a training setup instantly (memory per GPU, step time, MFU), then "
             "profile a real step on this machine. The page address carries the Size tab's setup: copy it "
@@ -95,6 +109,58 @@ def auth_from_env(value: str | None) -> list[tuple[str, str]] | None:
     return pairs
 
 
+LOGIN_MAX_FAILURES = 5
+"""Wrong passwords one user name may have in LOGIN_WINDOW_S; past it, that name is refused (even the
+right password) until its oldest failure leaves the window."""
+LOGIN_MAX_FAILURES_ALL = 30
+"""Wrong passwords all user names together may have in LOGIN_WINDOW_S (a guesser cycling names);
+past it, every login is refused for the rest of the window (logged)."""
+LOGIN_WINDOW_S = 60.0
+LOGIN_FAIL_DELAY_S = 1.0
+"""Each refused login is answered after this delay (awaited: the server serves others meanwhile)."""
+
+
+def rate_limited_auth(
+    pairs: list[tuple[str, str]],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    fail_delay_s: float = LOGIN_FAIL_DELAY_S,
+) -> Callable[[str, str], Awaitable[bool]]:
+    """Gradio's auth as an async callable over ``pairs`` with the limits above: a password guesser gets
+    LOGIN_MAX_FAILURES tries a name and LOGIN_MAX_FAILURES_ALL in all per LOGIN_WINDOW_S, each a second
+    late (without it, issue 22 measured 50 wrong passwords in 0.19 s). Passwords compare in constant
+    time. Memory stays bounded: only names with a failure in the window are kept."""
+    users = dict(pairs)
+    failures: dict[str, deque[float]] = {}
+    everyone: deque[float] = deque()
+
+    def recent(times: deque[float], now: float) -> int:
+        while times and now - times[0] >= LOGIN_WINDOW_S:
+            times.popleft()
+        return len(times)
+
+    async def check(username: str, password: str) -> bool:
+        now = clock()
+        for name in [n for n, t in failures.items() if not recent(t, now)]:
+            del failures[name]
+        mine = failures.get(username, deque())
+        limited = recent(mine, now) >= LOGIN_MAX_FAILURES or recent(everyone, now) >= LOGIN_MAX_FAILURES_ALL
+        expected = users.get(username, "")
+        ok = hmac.compare_digest(password.encode(), expected.encode()) and username in users
+        if ok and not limited:
+            return True
+        if not limited:
+            failures[username] = mine
+            mine.append(now)
+            everyone.append(now)
+        else:
+            log.warning("login for %r refused: too many wrong passwords in the last %g s", username, LOGIN_WINDOW_S)
+        await asyncio.sleep(fail_delay_s)
+        return False
+
+    return check
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """``python app.py [--host H] [--port P] [--traces DIR]``; the flags override ADVISOR_HOST,
     ADVISOR_PORT and ADVISOR_TRACES_DIR, which override the defaults."""
@@ -129,6 +195,9 @@ def main(argv: list[str] | None = None) -> None:
         auth = auth_from_env(os.environ.get("ADVISOR_AUTH"))
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
+    common.remove_dead_folders()  # uploads and reports of app processes killed before their exit handlers
+    if os.environ["GRADIO_TEMP_DIR"] == UPLOADS:
+        common.remove_at_exit(UPLOADS)
     if host not in ("127.0.0.1", "localhost") and auth is None:
         log.warning("serving on %s without a login: set ADVISOR_AUTH=user:password to require one", host)
     build_app().queue(default_concurrency_limit=16).launch(
@@ -136,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         server_port=port,
         max_file_size=MAX_UPLOAD,
         allowed_paths=[str(common.store().root)],
-        auth=auth,
+        auth=rate_limited_auth(auth) if auth else None,
         css=CSS,
     )
 

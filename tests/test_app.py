@@ -1,5 +1,7 @@
 """The app's Size tab handler: widget values in, verdict, plots and tables out; bad input shown, not raised."""
 
+import asyncio
+import inspect
 import json
 import os
 import re
@@ -498,7 +500,8 @@ def test_login_comes_from_the_environment(monkeypatch):
     monkeypatch.setattr(app, "build_app", lambda: FakeBlocks())
     monkeypatch.setenv("ADVISOR_AUTH", "ana:s3cret")
     app.main([])
-    assert seen["auth"] == [("ana", "s3cret")] and seen["server_name"] == "127.0.0.1"
+    assert seen["server_name"] == "127.0.0.1" and inspect.iscoroutinefunction(seen["auth"])  # rate limited
+    assert asyncio.run(seen["auth"]("ana", "s3cret")) is True
     monkeypatch.setenv("ADVISOR_AUTH", "broken")
     with pytest.raises(SystemExit, match="ADVISOR_AUTH entry 1"):
         app.main([])

@@ -64,7 +64,12 @@ def advice_view(source: str, run_id: str | None, upload: str | None, *size_input
         advice = advise_run(run_id, common.store())
     elif source == "uploaded trace":
         # Named by the file's name: the server's temporary path meant nothing to the user.
-        advice = replace(advise_trace(upload), source=f"the uploaded file {os.path.basename(upload)}")
+        try:
+            advised = advise_trace(upload)
+        except AdvisorError:
+            common.discard_upload(upload)  # refused: it would otherwise stay in the upload cache
+            raise
+        advice = replace(advised, source=f"the uploaded file {os.path.basename(upload)}")
     else:
         advice = advise(setup=setup_from_size_inputs(*size_inputs), source="the Size tab's setup")
     return advice_summary(advice), advice_table(advice), advice_markdown(advice), _report_files(advice), advice

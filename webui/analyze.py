@@ -113,6 +113,7 @@ def _load(path: str, upload: str | None, limits: common.TraceLimits, check):
     except (_Cancelled, _OverTime):
         raise
     except AdvisorError as err:
+        common.discard_upload(upload)  # refused: it would otherwise stay in the upload cache
         raise TraceError(common.without_server_paths(str(err), upload)) from None
 
 

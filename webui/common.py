@@ -3,12 +3,15 @@ decorator for every handler, and the figures two tabs draw (a step timeline, a r
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import inspect
 import logging
 import math
 import os
 import queue
+import re
 import shutil
 import tempfile
 import threading
@@ -279,7 +282,8 @@ def in_background(kind: str, request: gr.Request | None, job, progress_view):
     button sets ``cancel``: see Jobs), yielding ``progress_view(done, total, message)`` for each
     progress report; returns the job's result, or a message where it raised. The server never sees
     the raise. If the page goes away (Gradio stops the generator), the job is cancelled and waited
-    for, so the device is free before the next queued job starts."""
+    for. Gradio may free the queue's slot before that (a client's job.cancel(): bench/cancel_queue.py),
+    so a profile also waits for the device in the launcher (advisor.run.launcher._DEVICE)."""
     updates: queue.Queue = queue.Queue()
     result: dict = {}
     cancel = JOBS.start(kind, request)
@@ -306,13 +310,71 @@ def cancel_message(kind: str, request: gr.Request | None, cancelling: str, nothi
 
 
 DOWNLOAD_MAX_AGE_S = 3600
+PROCESS_FOLDER_RE = re.compile(r"^advisor-(reports|uploads)-([0-9]+)$")
+"""The temporary folders an app process owns, by kind and pid: its reports to download, and Gradio's
+upload cache (app.py points GRADIO_TEMP_DIR there)."""
+_REMOVE_AT_EXIT: set[str] = set()
+
+
+def process_folder(kind: str, pid: int | None = None) -> str:
+    """``<tmp>/advisor-<kind>-<pid>``: process ``pid``'s (this one's) folder of that kind (not created)."""
+    return os.path.join(tempfile.gettempdir(), f"advisor-{kind}-{pid or os.getpid()}")
+
+
+def remove_at_exit(folder: str) -> None:
+    """Remove ``folder`` when this process exits normally (a kill -9 leaves it to remove_dead_folders)."""
+    if not _REMOVE_AT_EXIT:
+        atexit.register(lambda: [shutil.rmtree(f, ignore_errors=True) for f in sorted(_REMOVE_AT_EXIT)])
+    _REMOVE_AT_EXIT.add(folder)
+
+
+def remove_dead_folders() -> list[str]:
+    """Remove the process folders (see PROCESS_FOLDER_RE) of app processes that are gone (killed, so
+    their exit handlers never ran); returns the folders removed. A folder whose pid is alive is kept,
+    even where the pid was reused by another program: leaving a folder is the safe mistake."""
+    removed = []
+    tmp = tempfile.gettempdir()
+    for name in sorted(os.listdir(tmp)):
+        m = PROCESS_FOLDER_RE.match(name)
+        path = os.path.join(tmp, name)
+        if not m or os.path.islink(path) or not os.path.isdir(path) or _pid_alive(int(m.group(2))):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            removed.append(path)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's process; a pid beyond the platform's
+        return True
+    return True
+
+
+def discard_upload(upload: str | None) -> None:
+    """Remove a rejected upload (and its folder, once empty) from Gradio's upload cache, so a refused
+    file takes no disk; a path outside the cache is never touched."""
+    if not upload:
+        return
+    cache = os.path.realpath(os.environ.get("GRADIO_TEMP_DIR") or os.path.join(tempfile.gettempdir(), "gradio"))
+    path = os.path.realpath(upload)
+    if os.path.commonpath([cache, path]) != cache or path == cache:
+        return
+    with contextlib.suppress(OSError):
+        os.remove(path)
+        os.rmdir(os.path.dirname(path))  # Gradio keeps each upload in a folder of its own; fails if not empty
 
 
 def download_root() -> str:
-    """One folder per app process for files made to download (reports, traces for Perfetto); folders
-    in it older than an hour are removed."""
-    root = os.path.join(tempfile.gettempdir(), f"advisor-reports-{os.getpid()}")
+    """One folder per app process for files made to download (reports, traces for Perfetto), removed
+    when the process exits; folders in it older than an hour are removed."""
+    root = process_folder("reports")
     os.makedirs(root, exist_ok=True)
+    remove_at_exit(root)
     cutoff = time.time() - DOWNLOAD_MAX_AGE_S
     for entry in os.scandir(root):
         if entry.is_dir() and entry.stat().st_mtime < cutoff:

@@ -83,11 +83,54 @@ def suggest_proxy_layers(setup: Setup) -> int:
     return 0
 
 
+# What a profiled run costs the host beyond its model state, measured on this project's 2-core x86 dev
+# machine (torch 2.13 CPU) by polling every descendant's /proc smaps (psutil memory_full_info) while
+# `profile --model tiny --device cpu --seq 64 --steps 3 --warmup 1` ran: one process, 2 loader workers,
+# and 2 processes (torchrun, gloo), 1 worker each. Rounded up: the tiny model's own state is a few MiB.
+PROCESS_HOST_BYTES = 768 * 2**20
+"""One profiling process: Python, torch and its libraries, the step's buffers. Measured peak RSS 636 MiB
+(one process) and 682 MiB (a rank of two); issue 22 saw 712 MiB per process on another machine."""
+LOADER_WORKER_HOST_BYTES = 192 * 2**20
+"""One DataLoader worker, a fork of its process: measured PSS 132-160 MiB (RSS 322 MiB, most of it pages
+shared with the process it forked from; unique 7-42 MiB, growing as pages are touched)."""
+LAUNCHER_HOST_BYTES = 320 * 2**20
+"""torchrun's agent process (nproc > 1): measured peak RSS 280 MiB."""
+
+
+def host_memory_available_bytes() -> int:
+    """The host memory a new run can have now: /proc/meminfo's MemAvailable (bytes); 0 where unknown
+    (then the host check is skipped)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def host_need_bytes(options: RunOptions, state_bytes: int) -> dict[str, int]:
+    """The host memory a run on this node takes, by part (bytes): ``nproc`` processes' interpreter and
+    torch footprint, their loader workers (``num_workers`` each), torchrun's agent, and the model state
+    where it lives on the host (``state_bytes`` per process: a CPU run's whole estimate, else 0)."""
+    n = options.nproc
+    return {
+        "processes": n * PROCESS_HOST_BYTES,
+        "workers": n * options.num_workers * LOADER_WORKER_HOST_BYTES,
+        "launcher": LAUNCHER_HOST_BYTES if n > 1 else 0,
+        "state": n * state_bytes,
+    }
+
+
 def preflight(setup: Setup, options: RunOptions) -> None:
-    """Refuse a run the estimator says will not fit this machine's memory; offer proxy mode."""
+    """Refuse a run the estimator says will not fit this machine's memory (offering proxy mode), or
+    whose processes, loader workers and host-side state do not fit the host's available memory."""
     run = proxy_setup(setup, options.layers)
     est = estimate(run)
     if est.fits:
+        on_host = est.memory.total_bytes if local_device_type(options.device) == "cpu" else 0
+        _check_host(options, on_host)
         return
     hw = run.hardware
     need, have = est.memory.total_bytes / 2**30, hw.memory_bytes / 2**30
@@ -102,6 +145,27 @@ def preflight(setup: Setup, options: RunOptions) -> None:
     else:
         msg += " Even one layer does not fit: shrink the micro-batch or sequence length."
     raise AdvisorError(msg)
+
+
+def _check_host(options: RunOptions, state_bytes: int) -> None:
+    have = host_memory_available_bytes()
+    need = host_need_bytes(options, state_bytes)
+    if not have or sum(need.values()) <= have:
+        return
+    gib = 2**30
+    n, w = options.nproc, options.num_workers
+    parts = [f"{n} process(es) x {PROCESS_HOST_BYTES / gib:.2f} GiB (Python and torch)"]
+    if w:
+        parts.append(f"{n * w} loader worker(s) x {LOADER_WORKER_HOST_BYTES / gib:.2f} GiB")
+    if need["launcher"]:
+        parts.append(f"torchrun {LAUNCHER_HOST_BYTES / gib:.2f} GiB")
+    if state_bytes:
+        parts.append(f"{n} x {state_bytes / gib:.2f} GiB of model state")
+    raise AdvisorError(
+        f"nproc={n}, num_workers={w} needs about {sum(need.values()) / gib:.1f} GiB of host memory "
+        f"({' + '.join(parts)}), but this host has {have / gib:.1f} GiB available: lower --nproc or "
+        "--num-workers (or free memory)"
+    )
 
 
 def launcher(options: RunOptions) -> list[str]:
@@ -238,6 +302,41 @@ def profile_run(
         )
     check_step_options(setup, options.compile)
     preflight(setup, options)
+    with _device_turn(cancel, on_progress):
+        return _profile(setup, options, store, on_progress, cancel)
+
+
+_DEVICE = threading.Lock()
+"""Held from a run's creation until it is filed: one profiled run at a time in this process. The app's
+queue runs one profile at a time, but a job it has given up on (a cancel, a page that went away) can
+still be stopping its child when the queue starts the next one; the next one waits here, so a cancelled
+child has exited and its run is filed before the next run is even created."""
+
+
+@contextlib.contextmanager
+def _device_turn(cancel: threading.Event | None, on_progress: ProgressFn | None):
+    """Wait for the device (see _DEVICE); AdvisorError where the caller cancels while waiting."""
+    told = False
+    while not _DEVICE.acquire(timeout=0.05):
+        if cancel is not None and cancel.is_set():
+            raise AdvisorError("cancelled while waiting for the previous run to stop; nothing ran")
+        if on_progress is not None and not told:
+            on_progress(0, 1, "waiting for the previous run to stop")
+            told = True
+    try:
+        yield
+    finally:
+        _DEVICE.release()
+
+
+def _profile(
+    setup: Setup,
+    options: RunOptions,
+    store: RunStore,
+    on_progress: ProgressFn | None,
+    cancel: threading.Event | None,
+) -> RunInfo:
+    """Create the run, watch its child to the end and file it (the device is this caller's)."""
     run_id = new_run_id(setup.model.name)
     run_dir = store.staging_dir(run_id)
     cmd = _child_command(run_dir, options)
@@ -247,10 +346,11 @@ def profile_run(
     write_json_atomic(files.record, record)
 
     t0 = time.perf_counter()
-    status, message = _watch(cmd, run_dir, options.timeout_s, on_progress, cancel)
+    status, message, child = _watch(cmd, run_dir, options.timeout_s, on_progress, cancel)
     record.update(
         status=status,
         message=message,
+        child=child,
         finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         wall_s=round(time.perf_counter() - t0, 3),
         files=sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".")),
@@ -306,14 +406,23 @@ def _file_refused(setup: Setup, options: RunOptions, store: RunStore, reason: st
     return store.load(run_id)
 
 
+INTERRUPTING_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""Signals that stop a child from outside (a user's kill, a shutdown, the kernel's OOM killer): the run
+is 'interrupted', where a signal the child raised itself (SIGSEGV, SIGABRT) is a crash."""
+
+
 def _watch(
     cmd: list[str], run_dir: Path, timeout_s: float, on_progress: ProgressFn | None, cancel: threading.Event | None
-) -> tuple[str, str]:
-    """Run the child to its end, the timeout or a cancel; returns (status, message)."""
+) -> tuple[str, str, dict[str, Any]]:
+    """Run the child to its end, the timeout or a cancel (Ctrl-C too); returns (status, message, child),
+    ``child`` the child's pid, exit code and the wall-clock bracket of its life as this process saw it
+    (``started_unix_s`` just before it was started, ``ended_unix_s`` just after its exit was reaped: the
+    child lived inside it)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     env.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     files = RunFiles(run_dir)
     log = open(files.log, "w", encoding="utf-8")  # noqa: SIM115 - closed after the reader thread
+    started = time.time()
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, env=env, start_new_session=True
     )
@@ -337,33 +446,45 @@ def _watch(
     reader.start()
     deadline = time.monotonic() + timeout_s
     outcome: tuple[str, str] | None = None
-    while proc.poll() is None:
-        if cancel is not None and cancel.is_set():
-            outcome = ("cancelled", "cancelled by the user")
-        elif time.monotonic() > deadline:
-            outcome = (
-                "timeout",
-                f"no result after {timeout_s:g} s: the child was stopped (a hang, or raise --timeout)",
-            )
-        if outcome:
-            _kill(proc)
-            break
-        time.sleep(0.05)
-    proc.wait()
+    try:
+        while proc.poll() is None:
+            if cancel is not None and cancel.is_set():
+                outcome = ("cancelled", "cancelled by the user")
+            elif time.monotonic() > deadline:
+                outcome = (
+                    "timeout",
+                    f"no result after {timeout_s:g} s: the child was stopped (a hang, or raise --timeout)",
+                )
+            if outcome:
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:  # Ctrl-C at the CLI: the child, in its own session, did not get it
+        outcome = ("interrupted", "interrupted by Ctrl-C: the child was stopped")
+    if outcome:
+        _kill(proc)
+    proc.wait()  # the child has exited before the run is filed (and before the next one may start)
+    child = {"pid": proc.pid, "returncode": proc.returncode, "started_unix_s": started, "ended_unix_s": time.time()}
     reader.join(timeout=5)
     log.close()
-    if outcome:
-        return outcome
-    child = files.child_status
-    if proc.returncode == 0 and files.metrics.is_file():
+    return (*(outcome or _ending(proc.returncode, files)), child)
+
+
+def _ending(returncode: int, files: RunFiles) -> tuple[str, str]:
+    """(status, message) of a child that ended on its own."""
+    if returncode == 0 and files.metrics.is_file():
         return "ok", ""
-    if child.is_file():
-        info = json.loads(child.read_text(encoding="utf-8"))
+    if files.child_status.is_file():
+        info = json.loads(files.child_status.read_text(encoding="utf-8"))
         return info["status"], info["message"]
-    if proc.returncode < 0:
-        name = signal.Signals(-proc.returncode).name
-        return "crashed", f"the child died with {name}; see log.txt"
-    return "crashed", f"the child exited with status {proc.returncode}; see log.txt: {_tail(files.log)}"
+    if returncode < 0:
+        sig = signal.Signals(-returncode)
+        if sig in INTERRUPTING_SIGNALS:
+            return "interrupted", (
+                f"the child was stopped by {sig.name} from outside (a user's kill, a shutdown, or the kernel's "
+                "out-of-memory killer: see dmesg); see log.txt"
+            )
+        return "crashed", f"the child died with {sig.name}; see log.txt"
+    return "crashed", f"the child exited with status {returncode}; see log.txt: {_tail(files.log)}"
 
 
 def _kill(proc: subprocess.Popen) -> None:

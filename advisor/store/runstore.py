@@ -12,7 +12,9 @@ and never handed out as a run, so no store-wide reader (planner, calibration, hi
 A process killed mid-run (SIGKILL, a lost node) cannot clean up its staging directory, so each one
 records its owners (``.owner``: the process that staged it and the profiling child it starts, each
 with its start time, and the machine: host, boot and PID namespace); opening the store for a new run
-or listing it removes the staging directories whose owners are all gone. Only owners seen from the
+or listing it files the staging directories whose owners are all gone: one whose run.json says the run
+was still running is committed with status ``interrupted`` (a user who killed it sees that it was), one
+with no run.json yet (killed before the run was created) is removed. Only owners seen from the
 same PID namespace of the same boot are judged: two containers sharing a store and a hostname do not
 see each other's pids, and would otherwise remove each other's runs in progress.
 """
@@ -36,9 +38,15 @@ from advisor.errors import AdvisorError, shown_value
 from advisor.spec.metrics import StepMetrics
 
 RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[a-z0-9][a-z0-9._-]{0,39}-[0-9a-f]{6}$")
-STATUSES = ("running", "ok", "oom", "timeout", "crashed", "failed", "cancelled", "refused")
+STATUSES = ("running", "ok", "oom", "timeout", "crashed", "failed", "cancelled", "refused", "interrupted")
 """'refused': an option this machine cannot run (fp8 without fp8 units or torchao, Unified Memory beyond
-what the GPU has free); the run holds the reason and no measurement."""
+what the GPU has free); the run holds the reason and no measurement. 'interrupted': the run was killed
+from outside (its child by a signal it did not handle, or its launcher and child both died before the
+run was filed); what it had written stays, its measurement (if any) is not trusted."""
+INTERRUPTED_MESSAGE = (
+    "interrupted: the process that profiled this run and its child both ended before the run was filed "
+    "(killed, or the machine went down); what it wrote is kept, profile it again for a measurement"
+)
 DEFAULT_ROOT = CHECKOUT / "traces" if CHECKOUT else Path("traces")
 """The checkout's ``traces/``; for an installed package, ``traces/`` under the working directory."""
 STAGING = ".staging"
@@ -410,10 +418,12 @@ class RunStore:
         return dst
 
     def remove_orphans(self) -> list[str]:
-        """Remove the staging directories whose owning process, on this host, is gone (a run killed
-        before its commit); returns their names. A directory without a readable owner (written before
-        owners were recorded), or owned on another host (a store shared between nodes), is left alone,
-        as is anything that cannot be removed (a read-only store)."""
+        """File the staging directories whose owning processes, on this host, are all gone (a run
+        killed before its commit); returns their names. One whose run.json says ``running`` is committed
+        as ``interrupted`` (see :func:`_file_interrupted`); one without a run.json is removed. A directory
+        without a readable owner (written before owners were recorded), or owned on another host (a
+        store shared between nodes), is left alone, as is anything that cannot be moved or removed (a
+        read-only store)."""
         staging = self.root / STAGING
         removed: list[str] = []
         try:
@@ -430,10 +440,38 @@ class RunStore:
             except (OSError, ValueError, TypeError, KeyError, AttributeError):
                 continue  # no readable owner (staged before owners were recorded): left alone
             if owners and not any(_alive(pid, start) for pid, start in owners):
+                if self._file_interrupted(d):
+                    removed.append(d.name)
+                    continue
                 shutil.rmtree(d, ignore_errors=True)
                 if not d.exists():
                     removed.append(d.name)
         return removed
+
+    def _file_interrupted(self, d: Path) -> bool:
+        """Commit the dead staging directory ``d`` as an interrupted run where its run.json holds a run
+        that was still running (a child that finished on its own after its launcher died counts too:
+        nobody checked and filed its result). False where there is no such record, or ``d`` cannot be
+        filed (its id is malformed, the store is read-only, a run of that id exists): then it is removed."""
+        files = RunFiles(d)
+        record = _json_object(files.record)
+        if record is None or record.get("status") != "running" or not RUN_ID_RE.match(d.name):
+            return False
+        record.update(
+            status="interrupted",
+            message=INTERRUPTED_MESSAGE,
+            finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            files=sorted(p.name for p in d.iterdir() if not p.name.startswith(".")),
+        )
+        try:
+            write_json_atomic(files.record, record)
+            (d / OWNER_FILE).unlink(missing_ok=True)
+            if (self.root / d.name).exists():
+                return False
+            os.replace(d, self.root / d.name)
+        except OSError:
+            return False
+        return True
 
     def path(self, run_id: str) -> Path:
         """The directory of a committed run; AdvisorError if the id is invalid or unknown."""
@@ -451,7 +489,7 @@ class RunStore:
 
     def list_runs(self) -> tuple[list[RunInfo], list[tuple[str, str]]]:
         """(runs newest first, damaged entries as (name, reason)); staging and hidden entries skipped,
-        staging directories of dead processes removed (see :meth:`remove_orphans`)."""
+        staging directories of dead processes filed as interrupted or removed (see :meth:`remove_orphans`)."""
         runs: list[RunInfo] = []
         damaged: list[tuple[str, str]] = []
         if not self.root.is_dir():
