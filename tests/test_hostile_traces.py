@@ -266,7 +266,7 @@ def test_the_cli_says_what_is_wrong_without_a_traceback(tmp_path, capsys):
         err = capsys.readouterr().err
         assert path.name in err and "Traceback" not in err
     assert cli_main(["analyze", str(files[0]), "--max-event-mb", "0"]) == 2
-    assert "--max-event-mb=0: must be > 0" in capsys.readouterr().err
+    assert "--max-event-mb=0: must be from 0 (excluded) to 1048576" in capsys.readouterr().err
 
 
 # --- The app ------------------------------------------------------------------------------------
