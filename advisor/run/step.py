@@ -330,7 +330,8 @@ def build_trainer(
     fp8_context, fp8 = None, {}
     if t.precision == "fp8":
         if torchao_available():
-            fp8 = {"backend": "torchao", "recipe": t.fp8_recipe, "linears": convert_to_fp8(model, t.fp8_recipe)}
+            linears = convert_to_fp8(model, t.fp8_recipe, emulate=fp8_emulate)
+            fp8 = {"backend": "torchao", "recipe": t.fp8_recipe, "linears": linears}
         else:
             linears, fp8_context = convert_to_te(model, t.fp8_recipe)
             fp8 = {"backend": "transformer_engine", "recipe": t.fp8_recipe, "linears": linears}
