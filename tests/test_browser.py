@@ -381,7 +381,19 @@ def test_advice_a_rerun_refuted_is_demoted(page, server):
         path.unlink()
 
 
-def test_advise_apply_and_rerun(page):
+def test_advise_apply_and_rerun(page, server):
+    verifications = server[1] / "verifications"
+    filed_before = set(verifications.glob("*.json")) if verifications.is_dir() else set()
+    try:
+        _advise_apply_and_rerun(page)
+    finally:
+        # The re-run's verdict is this machine's: on an AVX2-only CPU bf16 runs slower and the pair would
+        # demote fp32 -> bf16 for the tests after this one, which apply it. They see the shipped store.
+        for path in set(verifications.glob("*.json")) - filed_before:
+            path.unlink()
+
+
+def _advise_apply_and_rerun(page):
     _tab(page, "Advice")
     # The page opens on a first recommendation for the default setup.
     expect(page.locator("#advice-summary")).to_contain_text("for the Size tab's setup")
@@ -399,6 +411,13 @@ def test_advise_apply_and_rerun(page):
     result = page.locator("#advice-verify-result")
     expect(result).to_contain_text("Re-ran with train.precision = bf16", timeout=LONG_MS)
     _shot(page, "advice")
+    if "no longer recommends it" in result.inner_text():
+        # Refuted on this CPU (an AVX2-only EPYC runs bf16 matmuls 30x slower than fp32; the server shows
+        # the sample's flags): the advice learned it at once, and Apply still clears the re-run's results.
+        expect(page.locator("#advice-apply-choice input")).not_to_have_value(re.compile("prec-fp32-to-bf16"))
+        page.locator("#advice-apply").click()
+        expect(result).not_to_contain_text("Re-ran")
+        return
     page.locator("#advice-apply").click()  # again: the re-run's results were of the setup before it
     expect(result).not_to_contain_text("Re-ran")
     expect(page.locator("#advice-apply-result")).to_contain_text("It changes no field of the Size tab")
@@ -455,10 +474,8 @@ def test_the_page_address_reproduces_the_setup(page, browser, server):
         other.close()
 
 
-def test_apply_shows_what_it_changes_and_undo_puts_it_back(page, server):
-    page.goto(server[0] + "/" + LAYOUT_70B)
-    verdict = page.locator("#size-verdict")
-    expect(verdict).to_contain_text("FITS: 42.0 GiB")
+def _apply_the_samples_advice(page):
+    """Advise on the fp32 sample run, apply its top recommendation (fp32 -> bf16); the Apply result."""
     _tab(page, "Advice")
     page.get_by_role("radio", name="stored run").check()
     _choose(page, "#advice-run-choice", FP32_RUN)
@@ -466,7 +483,14 @@ def test_apply_shows_what_it_changes_and_undo_puts_it_back(page, server):
     expect(page.locator("#advice-summary")).to_contain_text(f"for {FP32_RUN}")
     expect(page.locator("#advice-apply-choice input")).to_have_value(re.compile("prec-fp32-to-bf16"))
     page.locator("#advice-apply").click()
-    result = page.locator("#advice-apply-result")
+    return page.locator("#advice-apply-result")
+
+
+def test_apply_shows_what_it_changes_and_undo_puts_it_back(page, server):
+    page.goto(server[0] + "/" + LAYOUT_70B)
+    verdict = page.locator("#size-verdict")
+    expect(verdict).to_contain_text("FITS: 42.0 GiB")
+    result = _apply_the_samples_advice(page)
     # Issue 21: Apply named one field while the 70B layout became the sample's tiny CPU run. Now every
     # changed field is listed, from and to (the sample: tiny, seq 128, micro-batch 2, on the CPU).
     expect(result).to_contain_text("It changes 10 fields of the Size tab")
@@ -488,14 +512,7 @@ def test_apply_shows_what_it_changes_and_undo_puts_it_back(page, server):
 
 
 def test_a_new_action_clears_what_the_last_one_left(page):
-    _tab(page, "Advice")
-    page.get_by_role("radio", name="stored run").check()
-    _choose(page, "#advice-run-choice", FP32_RUN)
-    page.locator("#advice-run").click()
-    expect(page.locator("#advice-summary")).to_contain_text(f"for {FP32_RUN}")
-    expect(page.locator("#advice-apply-choice input")).to_have_value(re.compile("prec-fp32-to-bf16"))
-    page.locator("#advice-apply").click()
-    result = page.locator("#advice-apply-result")
+    result = _apply_the_samples_advice(page)
     expect(result).to_contain_text("train.precision = bf16")
     rule = page.get_by_label("Rule id (empty: the top one that can re-run here)")
     expect(rule).to_have_value("prec-fp32-to-bf16")
