@@ -23,6 +23,7 @@ os.environ.setdefault("GRADIO_TEMP_DIR", os.path.join(tempfile.gettempdir(), f"a
 
 import gradio as gr
 
+from advisor.run import analysis_child as isolated
 from webui import common
 from webui.advice import advice_view, apply_choices, build_advice_tab
 from webui.analyze import MAX_UPLOAD, build_analyze_tab
@@ -200,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         common.remove_at_exit(UPLOADS)
     if host not in ("127.0.0.1", "localhost") and auth is None:
         log.warning("serving on %s without a login: set ADVISOR_AUTH=user:password to require one", host)
+    isolated.SPARE.start()  # the first Analyze finds its child's imports done
     build_app().queue(default_concurrency_limit=16).launch(
         server_name=host,
         server_port=port,

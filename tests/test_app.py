@@ -226,12 +226,13 @@ def fresh_run_figures():
 
 def test_a_run_whose_roofline_fails_still_shows_the_rest(monkeypatch, fresh_run_figures):
     from advisor.errors import TraceError
+    from advisor.run import analysis_child as isolated
     from advisor.store.runstore import RunStore
 
     def no_roofline(*_args, **_kwargs):
         raise TraceError("trace.json.gz holds no cpu_op events to judge")
 
-    monkeypatch.setattr(common, "trace_roofline", no_roofline)
+    monkeypatch.setattr(isolated, "trace_roofline", no_roofline)
     summary, phases, _, _, timeline, top, _, roofline = profile_tab.run_view(RunStore().load(SAMPLE_RUNS[0]))
     assert roofline is None
     assert "`: ok" in summary and phases is not None and timeline is not None and not top.empty
@@ -341,13 +342,21 @@ def test_analyze_tab_draws_the_roofline_of_a_stored_cpu_run():
 
 
 def test_a_trace_whose_roofline_fails_is_still_analyzed(monkeypatch):
+    from advisor.analysis.summary import load_trace
     from advisor.errors import TraceError
+    from advisor.run import analysis_child as isolated
 
     def no_roofline(*_args, **_kwargs):
         raise TraceError("trace.json.gz holds no cpu_op events to judge")
 
-    monkeypatch.setattr(common, "trace_roofline", no_roofline)
-    summary, _, _, timeline, top, *_, roofline, table = analyze_tab.analyze_view(None, SAMPLE_RUNS[0])[:9]
+    monkeypatch.setattr(isolated, "trace_roofline", no_roofline)
+    run_trace = load_trace(Path(__file__).parents[1] / "traces" / SAMPLE_RUNS[0])
+    assert common.roofline_of(run_trace)[1].endswith("holds no cpu_op events to judge")
+    # The app analyses in a child process, where the same refusal is made (tests/isolated_workers.py).
+    worker = "tests.isolated_workers:no_roofline"
+    summary, _, _, timeline, top, *_, roofline, table = analyze_tab.analyze_view(None, SAMPLE_RUNS[0], worker=worker)[
+        :9
+    ]
     assert summary.endswith("Roofline skipped: trace.json.gz holds no cpu_op events to judge")
     assert "1 rank(s), cpu" in summary and timeline is not None and top.iloc[0]["name"] == "aten::mm"
     assert roofline is None and table.empty and "headroom %" in table.columns

@@ -334,30 +334,85 @@ def test_the_apps_limits_come_from_the_environment(tmp_path, monkeypatch):
     assert common.trace_limits() == common.TraceLimits(4096 * MIB, 16 * MIB, 600.0)
 
 
-def test_cancel_and_the_time_budget_act_inside_the_load(tmp_path, monkeypatch, looked_at):
-    path = H.long_name(tmp_path / "name.json.gz", 4 * MIB, closed=True)  # 17 blocks of 256 KiB
+def _gone(pid: int) -> bool:
+    """The process has ended and been waited for: its pid names no process any more."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.fixture
+def child_pids(monkeypatch):
+    """The pids of the analysis children the app starts during the test."""
+    from advisor.run import analysis_child as isolated
+
+    pids, run = [], isolated.run_isolated
+    monkeypatch.setattr(analyze_tab.isolated, "run_isolated", lambda *a, **k: run(*a, **k, on_start=pids.append))
+    return pids
+
+
+def test_cancel_kills_the_analysis_inside_its_stage(tmp_path, child_pids):
+    # The analysis runs in a child process: a Cancel during a stage that never ends (an analysis
+    # computing forever) kills the child at once, and it is waited for. Before, a check between groups
+    # of analyses let the running one go on to its end.
+    upload = H.kineto_file(tmp_path / "t.json", H.events(100))
+    pid_file = tmp_path / "t.json.pid"
     cancel = threading.Event()
-    assert _summary(path, on_stage=lambda *_: cancel.set(), cancel=cancel) == "### Analysis cancelled"
-    assert looked_at["parsed"] == 0  # stopped before the first block was parsed, not after the load
-    clock = iter(range(10**6))
-    monkeypatch.setattr(analyze_tab.time, "monotonic", lambda: next(clock))
-    monkeypatch.setenv("ADVISOR_ANALYZE_TIMEOUT_S", "5")
-    summary = _summary(path)
+    stages = []
+
+    def cancel_once_computing():
+        while not pid_file.exists() or not pid_file.read_text():
+            time.sleep(0.01)
+        cancel.set()
+
+    threading.Thread(target=cancel_once_computing, daemon=True).start()
+    worker = "tests.isolated_workers:stuck_in_analysis"
+    summary = _summary(upload, on_stage=lambda *a: stages.append(a), cancel=cancel, worker=worker)
+    assert summary == "### Analysis cancelled"
+    assert [done for done, *_ in stages] == [0, 1]  # it was inside the analyses' stage
+    assert int(pid_file.read_text()) == child_pids[0] and _gone(child_pids[0])
+    # A cancel as the load starts stops the real analysis before it answers; the next one runs.
+    cancel = threading.Event()
+    on_stage = lambda done, *_: cancel.set()  # noqa: E731
+    assert _summary(upload, on_stage=on_stage, cancel=cancel) == "### Analysis cancelled"
+    assert _gone(child_pids[1])
+    assert "1 rank(s)" in _summary(upload) and len(child_pids) == 3 and _gone(child_pids[2])
+
+
+def test_the_time_budget_kills_the_analysis(tmp_path, monkeypatch, child_pids):
+    upload = H.kineto_file(tmp_path / "t.json", H.events(100))
+    monkeypatch.setenv("ADVISOR_ANALYZE_TIMEOUT_S", "0.3")
+    summary = _summary(upload, worker="tests.isolated_workers:stuck_in_analysis")
     assert summary.startswith(
-        "### Cannot analyze this trace\nThe analysis ran past its budget of 5 s (ADVISOR_ANALYZE_TIMEOUT_S"
+        "### Cannot analyze this trace\nThe analysis ran past its budget of 0.3 s (ADVISOR_ANALYZE_TIMEOUT_S on the "
+        "server) and was stopped"
     )
-    assert next(clock) == 7  # the clock was read at the start, the first stage and 5 blocks: no more
-    # A cancel during the analysis stage stops it before its first analysis, not after the last.
+    assert _gone(child_pids[0])
+
+
+def test_a_child_that_dies_or_crashes_is_a_message(tmp_path, caplog, child_pids):
+    upload = H.kineto_file(tmp_path / "t.json", H.events(100))
+    summary = _summary(upload, worker="tests.isolated_workers:dies")
+    assert summary == (
+        "### Cannot analyze this trace\nThe analysis process ended without an answer (killed by signal 9: often the "
+        "system running out of memory); try a smaller trace, or `python -m advisor analyze`."
+    )
+    assert upload.exists()  # not a refusal of the file: it is kept for another try
+    summary = _summary(upload, worker="tests.isolated_workers:crashes")
+    assert summary == "### Internal error\nThe analysis failed unexpectedly; see the server log."
+    assert "ZeroDivisionError: a bug in an analysis" in caplog.text  # the child's traceback, in our log
+    assert all(_gone(pid) for pid in child_pids) and len(child_pids) == 2
+
+
+def test_the_analysis_between_groups_stops_at_a_check(tmp_path):
+    # ``analyze(check=...)`` (the CLI and library callers) still stops between groups of analyses.
     from advisor.analysis import summary
 
-    monkeypatch.undo()
-    breakdowns = []
-    monkeypatch.setattr(summary.A, "kernel_breakdown", lambda df: breakdowns.append(df))
-    cancel = threading.Event()
     small = H.kineto_file(tmp_path / "small.json", H.events(100))
-    on_stage = lambda done, *_: cancel.set() if done == 1 else None  # noqa: E731
-    assert _summary(small, on_stage=on_stage, cancel=cancel) == "### Analysis cancelled"
-    assert breakdowns == []
     calls = []
 
     def stop_at_third():
@@ -365,7 +420,6 @@ def test_cancel_and_the_time_budget_act_inside_the_load(tmp_path, monkeypatch, l
         if len(calls) == 3:
             raise analyze_tab._Cancelled("cancelled by the user")
 
-    monkeypatch.undo()
     with pytest.raises(analyze_tab._Cancelled):
         summary.analyze(load_trace(small), check=stop_at_third)
     assert len(calls) == 3

@@ -11,7 +11,7 @@ import time
 import gradio as gr
 import pandas as pd
 
-from advisor.analysis.summary import analyze, format_report, load_trace
+from advisor.analysis.summary import format_report, load_trace
 from advisor.errors import AdvisorError, TraceError
 from advisor.present.charts import category_figure, roofline_figure, temporal_figure
 from advisor.present.views import (
@@ -28,6 +28,8 @@ from advisor.present.views import (
     table_choices,
     table_view,
 )
+from advisor.run import analysis_child as isolated
+from advisor.run.analysis_child import Analysis
 from advisor.trace.export import write_chrome_trace
 from webui import common
 from webui.common import ROOFLINE_LABEL, TRACE_LABEL, TRACE_TYPES, guarded, run_dropdown
@@ -37,7 +39,8 @@ STAGES = 3
 
 
 class _Cancelled(AdvisorError):
-    """The user cancelled the job (seen between two blocks of the trace read, or two stages)."""
+    """The user cancelled the job (the analysis process is killed; a load in this process, for
+    Perfetto, stops at its next block)."""
 
 
 class _OverTime(AdvisorError):
@@ -97,15 +100,6 @@ def _stopper(cancel: threading.Event | None, timeout_s: float):
     return check
 
 
-def _stage_reporter(on_stage, check):
-    def stage(done: int, message: str) -> None:
-        check()
-        if on_stage is not None:
-            on_stage(done, STAGES, message)
-
-    return stage
-
-
 def _load(path: str, upload: str | None, limits: common.TraceLimits, check):
     """The upload's (or run's) event table within ``limits``; its errors without server paths."""
     try:
@@ -117,16 +111,16 @@ def _load(path: str, upload: str | None, limits: common.TraceLimits, check):
         raise TraceError(common.without_server_paths(str(err), upload)) from None
 
 
-def _views(report, table, roofline, label: str, skipped: str, source: str = ""):
-    t = report.tables
+def _views(result: Analysis, label: str, source: str = ""):
+    report, roofline, t = result.report, result.roofline, result.report.tables
     gpu = not t["temporal_breakdown"].empty
     summary = (source and f"{source}\n\n") + code_block(format_report(report, label))
-    summary += f"\n\n{skipped}" if skipped else ""
+    summary += f"\n\n{result.roofline_note}" if result.roofline_note else ""
     return (
         summary,
         temporal_figure(t["temporal_breakdown"]) if gpu else None,
         category_figure(t["kernel_categories"]) if gpu else None,
-        common.timeline_of(table),
+        common.timeline_figure_of(result.timeline),
         analysis_top_table(report),
         analysis_details(report),
         t["collectives"][COLLECTIVE_COLUMNS].round(3),
@@ -139,30 +133,43 @@ def _views(report, table, roofline, label: str, skipped: str, source: str = ""):
 
 
 @guarded("Cannot analyze this trace", "The analysis", no_analysis)
-def analyze_view(upload: str | None, run_id: str | None, on_stage=None, cancel: threading.Event | None = None):
+def analyze_view(
+    upload: str | None,
+    run_id: str | None,
+    on_stage=None,
+    cancel: threading.Event | None = None,
+    worker: str = isolated.WORKER,
+):
     """Analyze tab: (summary, temporal figure, category figure, step-timeline figure, top table,
     details table, collectives table, roofline figure, roofline table, the "All analyses" picker, every
     table (its state), the picked table) of an uploaded trace, or else of a stored run's trace; outputs
-    added later come last. ``on_stage(done, total, message)`` hears of
-    each stage; a set ``cancel`` stops the trace's read within a block and the analyses between two of
-    their groups, as does the wall-clock budget (common.trace_limits)."""
+    added later come last. The load and the analyses run in a child process (advisor.run.analysis_child):
+    ``on_stage(done, total, message)`` hears of each stage; a set ``cancel``, or the wall-clock budget
+    (common.trace_limits), kills the child wherever it is and returns at once. ``worker`` names the
+    child's function (tests)."""
     if not (upload or run_id):
         hint = "Upload a trace (Kineto .json / .json.gz, a .zip of rank files, or an nsys .sqlite) or pick a run."
         return (hint, *no_analysis())
     path, label = (upload, os.path.basename(upload)) if upload else (str(common.store().path(run_id)), run_id)
     source = f"Analysed: the {'uploaded file' if upload else 'stored run'} {inline_code(label)}"
     limits = common.trace_limits()
-    stage = _stage_reporter(on_stage, check := _stopper(cancel, limits.timeout_s))
+    check = _stopper(cancel, limits.timeout_s)
+
+    def stage(done: int, message: str) -> None:
+        if on_stage is not None:
+            on_stage(done, STAGES, message)
+        check()  # a Cancel set while the stage was reported stops the child before it goes on
+
+    request = {"path": path, "label": label, "max_bytes": limits.max_bytes, "max_event_bytes": limits.max_event_bytes}
     try:
-        stage(0, f"loading {label}")
-        table = _load(path, upload, limits, check)
-        stage(1, f"analyzing {len(table):,} events")
-        roofline, skipped = common.roofline_of(table)
-        report = analyze(table, run_id=label, roofline=roofline, check=check)
-        stage(2, "drawing")
+        result = isolated.run_isolated(request, check=check, on_stage=stage, worker=worker)
     except _Cancelled:
         return ("### Analysis cancelled", *no_analysis())
-    return _views(report, table, roofline, label, skipped, source)
+    except isolated.StageError as err:
+        if err.stage == 0:
+            common.discard_upload(upload)  # refused: it would otherwise stay in the upload cache
+        raise AdvisorError(common.without_server_paths(str(err), upload)) from None
+    return _views(result, label, source)
 
 
 PERFETTO = "https://ui.perfetto.dev"
@@ -216,7 +223,7 @@ def perfetto_file(upload: str | None, run_id: str | None) -> tuple[str, str | No
 
 def analyze_job(upload: str | None, run_id: str | None, request: gr.Request | None = None):
     """The Analyze tab's action: analyze_view in the background, its stages shown as they pass, and
-    cancellable (the stage in progress finishes, the next does not start)."""
+    cancellable (Cancel kills the analysis process wherever it is)."""
     result = yield from common.in_background(
         "analyze",
         request,
@@ -233,7 +240,7 @@ def cancel_analysis(request: gr.Request | None = None) -> str:
     return common.cancel_message(
         "analyze",
         request,
-        "### Cancelling: the trace's read stops at its next block, the analyses at their next group…",
+        "### Cancelling: the analysis process is being stopped…",
         "No analysis of yours is running here to cancel.",
     )
 

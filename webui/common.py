@@ -21,10 +21,9 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from advisor.analysis.roofline import trace_roofline
 from advisor.errors import AdvisorError, shown_value
 from advisor.present.charts import timeline_figure
-from advisor.store.ceilings import ceilings_lookup
+from advisor.run.analysis_child import roofline_or_reason, timeline_rows
 from advisor.store.runstore import RunStore
 
 log = logging.getLogger("advisor.app")
@@ -385,27 +384,15 @@ def download_root() -> str:
 def timeline_of(table):
     """The step-timeline figure of an event table's last step on rank 0; None where it has none
     (a trace with no events) or it fails (logged: the rest of the view still shows)."""
-    from advisor.analysis.timeline import step_timeline
+    return timeline_figure_of(timeline_rows(table))
 
-    try:
-        return timeline_figure(step_timeline(table))
-    except AdvisorError:
-        return None
-    except Exception:
-        log.exception("step timeline failed")
-        return None
+
+def timeline_figure_of(rows):
+    """The step-timeline figure of ``advisor.run.analysis_child.timeline_rows``; None for None."""
+    return None if rows is None else timeline_figure(rows)
 
 
 def roofline_of(table):
     """(Roofline, "") of a trace's event table, or (None, why) where it cannot be made; the rest of a
-    view still shows. Our own runs are judged against the measured ceilings stored for their device
-    where there are any (as ``advisor analyze`` does), uploads against the datasheet."""
-    run = table.attrs.get("run")
-    ceilings = ceilings_lookup(run["store_root"]) if run else None
-    try:
-        return trace_roofline(table, ceilings=ceilings), ""
-    except AdvisorError as err:
-        return None, f"Roofline skipped: {err}"
-    except Exception:
-        log.exception("roofline failed")
-        return None, "Roofline skipped: it failed unexpectedly; see the server log."
+    view still shows (advisor.run.analysis_child.roofline_or_reason)."""
+    return roofline_or_reason(table)
