@@ -23,8 +23,6 @@ import threading
 import time
 from pathlib import Path
 
-from tests.shared import SHARED_TRACES
-
 
 def _sibling(name: str):
     """A module of this folder (the bench scripts are not a package), loaded from its file."""
@@ -35,7 +33,8 @@ def _sibling(name: str):
     return module
 
 
-write_large_trace = _sibling("analyze_speed").write_large_trace
+_speed = _sibling("analyze_speed")
+write_large_trace, SHARED_TRACES = _speed.write_large_trace, _speed.TRACES
 
 
 def rss_mib() -> float:

@@ -42,7 +42,7 @@ from pathlib import Path
 from advisor.errors import AdvisorError
 from advisor.estimate.estimator import estimate
 from advisor.run.ceilings import measure_ceilings
-from advisor.run.launcher import local_device_type, on_this_machine, profile_run
+from advisor.run.launcher import PROCESS_HOST_BYTES, local_device_type, on_this_machine, profile_run
 from advisor.spec.options import RunOptions
 from advisor.spec.presets import device_slug
 from advisor.spec.setup import make_setup
@@ -295,6 +295,7 @@ def _row(label: str, run, est, dry_run_peak: float | None, dry_run_message: str 
         "activation_offload": m.get("activation_offload") or {},
         "unified_memory": m.get("unified_memory") or {},
         "estimate_host_bytes": est.memory.host_bytes,
+        "host_peak_rss_bytes": m.get("host_peak_rss_bytes"),
     }
 
 
@@ -389,6 +390,14 @@ def _markdown(rows: list[dict], device_name: str, wall_s: float) -> str:
             )
             um = f"{_gib(u.get('peak_bytes'))} | {u.get('allocations', '-')} | {u.get('refused_allocations', '-')}"
             lines.append(f"| {r['config']} | {off} | {um if u else '- | - | -'} |")
+    rss = [r["host_peak_rss_bytes"] for r in rows if r["status"] == "ok" and r.get("host_peak_rss_bytes")]
+    if rss:
+        lines += [
+            "",
+            f"Host footprint of one profiling process (peak RSS; the launcher's host preflight reads it): "
+            f"{_gib(min(rss))} to {_gib(max(rss))} GiB over {len(rss)} runs, against "
+            f"{_gib(PROCESS_HOST_BYTES)} GiB assumed for a CPU process.",
+        ]
     missing = [r for r in rows if r.get("dry_run_message")]
     if missing:
         lines += ["", "No dry run for:"] + [f"- {r['config']}: {r['dry_run_message']}" for r in missing]

@@ -72,6 +72,34 @@ def test_preflight_counts_each_process_and_loader_worker_on_the_host(tmp_path, m
     assert not tmp_path.exists() or list(tmp_path.iterdir()) == []
 
 
+def _measured_run(store: RunStore, device_type: str, rss: int, status: str = "ok", **fields) -> str:
+    run_id = new_run_id("tiny")
+    d = store.staging_dir(run_id)
+    write_json_atomic(d / "run.json", {"run_id": run_id, "status": status})
+    metrics = {"run_id": run_id, "source": "profile", "model_name": "tiny", "device_type": device_type}
+    write_json_atomic(d / "metrics.json", {**metrics, "host_peak_rss_bytes": rss, **fields})
+    store.commit(run_id)
+    return run_id
+
+
+def test_a_gpu_process_footprint_is_what_this_stores_gpu_runs_measured(tmp_path, monkeypatch):
+    # A CUDA process maps the device runtime's libraries on top of Python and torch: the CPU figure
+    # (0.75 GiB) is not its footprint, so the preflight reads what this store's cuda runs recorded.
+    store = RunStore(tmp_path)
+    assert launcher.process_host_bytes("cuda", store) == (launcher.PROCESS_HOST_BYTES, "Python and torch")
+    _measured_run(store, "cuda", 3 * GIB, optimizer_host_bytes=GIB)  # 1 GiB of it an offloaded optimizer: 2 GiB
+    _measured_run(store, "cuda", int(1.5 * GIB), activation_offload={"host_bytes": GIB // 2})
+    _measured_run(store, "cuda", 9 * GIB, status="failed")  # not an ok run: not read
+    _measured_run(store, "cpu", 5 * GIB)  # a CPU run's figure holds its model state: not read
+    assert launcher.process_host_bytes("cuda", store) == (2 * GIB, "measured on this store's cuda runs")
+    assert launcher.process_host_bytes("cpu", store) == (launcher.PROCESS_HOST_BYTES, "Python and torch")
+    monkeypatch.setattr(launcher, "host_memory_available_bytes", lambda: 16 * GIB)
+    options = RunOptions(device="cpu", nproc=8)
+    with pytest.raises(AdvisorError, match=r"needs about 16\.3 GiB.*8 process\(es\) x 2\.00 GiB \(measured on this"):
+        launcher._check_host(options, 0, *launcher.process_host_bytes("cuda", store))
+    launcher._check_host(options, 0, *launcher.process_host_bytes("cpu", store))  # 8 x 0.75 + 0.31: fits
+
+
 def _owners(store: RunStore, timeout_s: float = 60) -> tuple[Path, list[int]]:
     """The one staging directory and its owners' pids, once the child is among them."""
     deadline = time.monotonic() + timeout_s

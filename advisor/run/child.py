@@ -15,6 +15,7 @@ import gzip
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import sys
@@ -430,7 +431,13 @@ def _rank_result(trainer, measured: _Measured, options: RunOptions, rank: int = 
         "losses": list(getattr(trainer, "losses", [])),
         "offload": _mean_offload(getattr(trainer, "offload_stats", [])[1 : 1 + options.steps]),
         "fp8": _fp8_summary(trainer),
+        "host_rss": peak_rss_bytes(),
     }
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (bytes; Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _fp8_summary(trainer) -> dict[str, Any]:
@@ -552,6 +559,7 @@ def _metrics(
         offload_activations=t.offload_activations,
         activation_offload=_offload_summary(setup, ranks[0].get("offload") or {}),
         fp8=ranks[0].get("fp8") or {},
+        host_peak_rss_bytes=max((r.get("host_rss") or 0 for r in ranks), default=0) or None,
     )
 
 

@@ -110,27 +110,58 @@ def host_memory_available_bytes() -> int:
     return 0
 
 
-def host_need_bytes(options: RunOptions, state_bytes: int) -> dict[str, int]:
+MEASURED_RUNS = 50
+"""The newest runs of a store whose recorded host footprint process_host_bytes reads."""
+
+
+def process_host_bytes(device_type: str, store: RunStore | None = None) -> tuple[int, str]:
+    """(bytes, where from) of one profiling process's host footprint on ``device_type``: the largest
+    that this store's newest ok runs on that device type recorded (StepMetrics.host_peak_rss_bytes, less
+    what they kept on the host on purpose: an offloaded optimizer, offloaded activations), where that
+    is more than PROCESS_HOST_BYTES (measured on the CPU); a GPU process also maps the CUDA libraries, so
+    its own runs say what it takes. CPU runs hold their model state in that figure too, so their
+    device type uses PROCESS_HOST_BYTES and counts the state apart."""
+    measured = 0
+    if store is not None and device_type != "cpu":
+        runs, _ = store.list_runs()
+        for info in [r for r in runs if r.status == "ok"][:MEASURED_RUNS]:
+            try:
+                m = info.metrics() or {}
+            except AdvisorError:
+                continue  # a damaged run is listed as such elsewhere
+            if m.get("device_type") != device_type or not m.get("host_peak_rss_bytes"):
+                continue
+            kept = (m.get("optimizer_host_bytes") or 0) + ((m.get("activation_offload") or {}).get("host_bytes") or 0)
+            measured = max(measured, int(m["host_peak_rss_bytes"] - kept))
+    if measured > PROCESS_HOST_BYTES:
+        return measured, f"measured on this store's {device_type} runs"
+    return PROCESS_HOST_BYTES, "Python and torch"
+
+
+def host_need_bytes(options: RunOptions, state_bytes: int, process_bytes: int = PROCESS_HOST_BYTES) -> dict[str, int]:
     """The host memory a run on this node takes, by part (bytes): ``nproc`` processes' interpreter and
-    torch footprint, their loader workers (``num_workers`` each), torchrun's agent, and the model state
-    where it lives on the host (``state_bytes`` per process: a CPU run's whole estimate, else 0)."""
+    torch footprint (``process_bytes`` each: see process_host_bytes), their loader workers
+    (``num_workers`` each), torchrun's agent, and the model state where it lives on the host
+    (``state_bytes`` per process: a CPU run's whole estimate, else 0)."""
     n = options.nproc
     return {
-        "processes": n * PROCESS_HOST_BYTES,
+        "processes": n * process_bytes,
         "workers": n * options.num_workers * LOADER_WORKER_HOST_BYTES,
         "launcher": LAUNCHER_HOST_BYTES if n > 1 else 0,
         "state": n * state_bytes,
     }
 
 
-def preflight(setup: Setup, options: RunOptions) -> None:
+def preflight(setup: Setup, options: RunOptions, store: RunStore | None = None) -> None:
     """Refuse a run the estimator says will not fit this machine's memory (offering proxy mode), or
-    whose processes, loader workers and host-side state do not fit the host's available memory."""
+    whose processes, loader workers and host-side state do not fit the host's available memory (each
+    process's footprint as ``store``'s runs on this device type measured it: process_host_bytes)."""
     run = proxy_setup(setup, options.layers)
     est = estimate(run)
     if est.fits:
-        on_host = est.memory.total_bytes if local_device_type(options.device) == "cpu" else 0
-        _check_host(options, on_host)
+        device_type = local_device_type(options.device)
+        on_host = est.memory.total_bytes if device_type == "cpu" else 0
+        _check_host(options, on_host, *process_host_bytes(device_type, store))
         return
     hw = run.hardware
     need, have = est.memory.total_bytes / 2**30, hw.memory_bytes / 2**30
@@ -147,14 +178,16 @@ def preflight(setup: Setup, options: RunOptions) -> None:
     raise AdvisorError(msg)
 
 
-def _check_host(options: RunOptions, state_bytes: int) -> None:
+def _check_host(
+    options: RunOptions, state_bytes: int, process_bytes: int = PROCESS_HOST_BYTES, basis: str = "Python and torch"
+) -> None:
     have = host_memory_available_bytes()
-    need = host_need_bytes(options, state_bytes)
+    need = host_need_bytes(options, state_bytes, process_bytes)
     if not have or sum(need.values()) <= have:
         return
     gib = 2**30
     n, w = options.nproc, options.num_workers
-    parts = [f"{n} process(es) x {PROCESS_HOST_BYTES / gib:.2f} GiB (Python and torch)"]
+    parts = [f"{n} process(es) x {process_bytes / gib:.2f} GiB ({basis})"]
     if w:
         parts.append(f"{n * w} loader worker(s) x {LOADER_WORKER_HOST_BYTES / gib:.2f} GiB")
     if need["launcher"]:
@@ -301,7 +334,7 @@ def profile_run(
             f"{options.world_size}: set --gpus to the world size, or --nproc / --nnodes to the layout"
         )
     check_step_options(setup, options.compile)
-    preflight(setup, options)
+    preflight(setup, options, store)
     with _device_turn(cancel, on_progress):
         return _profile(setup, options, store, on_progress, cancel)
 
