@@ -23,6 +23,7 @@ import gradio as gr
 
 from advisor.analysis.roofline import trace_roofline
 from advisor.errors import AdvisorError, shown_value
+from advisor.estimate.planner import MAX_TIME_BUDGET_S
 from advisor.present.charts import timeline_figure
 from advisor.store.ceilings import ceilings_lookup
 from advisor.store.runstore import RunStore
@@ -125,6 +126,28 @@ def trace_limits() -> TraceLimits:
         max_event_bytes=max(1, int(values["ADVISOR_MAX_EVENT_MB"] * 2**20)),
         timeout_s=values["ADVISOR_ANALYZE_TIMEOUT_S"],
     )
+
+
+PLAN_TIMEOUT_DEFAULT_S = 60.0
+"""The Plan tab's search budget where ADVISOR_PLAN_TIMEOUT_S is unset: every plan of the bench cases
+takes under a second here; the largest grids the spec admits about two minutes (advisor.estimate.planner)."""
+
+
+def plan_time_budget() -> float:
+    """Wall-clock seconds one Plan request may search (ADVISOR_PLAN_TIMEOUT_S), read afresh from the
+    environment; AdvisorError naming the variable and its value where it is not a number from above 0
+    to the planner's MAX_TIME_BUDGET_S."""
+    raw = os.environ.get("ADVISOR_PLAN_TIMEOUT_S", "")
+    try:
+        value = float(raw) if raw.strip() else PLAN_TIMEOUT_DEFAULT_S
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_TIME_BUDGET_S:  # NaN fails too
+        raise AdvisorError(
+            f"ADVISOR_PLAN_TIMEOUT_S={raw!r}: must be a number of seconds above 0, at most {MAX_TIME_BUDGET_S:g} "
+            f"(the server's setting; default {PLAN_TIMEOUT_DEFAULT_S:g})"
+        )
+    return value
 
 
 def without_server_paths(message: str, upload: str | None) -> str:
