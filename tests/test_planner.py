@@ -516,7 +516,7 @@ def test_a_tiny_time_budget_stops_an_extreme_search_and_says_so():
     note = (
         f"Stopped at the time budget of 0.05 s: {searched:,} of the 590 layouts searched in {res.elapsed_s:.2f} s; "
         f"{res.layouts_unsearched:,} layouts ({res.unsearched:,} combinations) were not estimated, so a faster "
-        "layout may exist. For the complete answer, raise the budget (advisor plan --time-budget, or the app's "
+        "layout (or one that fits) may exist. For the complete answer, raise the budget (advisor plan --time-budget, or the app's "
         "ADVISOR_PLAN_TIMEOUT_S) or narrow the search: fewer precisions, no offload, fewer GPUs or a global batch "
         "with fewer divisors."
     )

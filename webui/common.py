@@ -130,7 +130,7 @@ def trace_limits() -> TraceLimits:
 
 PLAN_TIMEOUT_DEFAULT_S = 60.0
 """The Plan tab's search budget where ADVISOR_PLAN_TIMEOUT_S is unset: every plan of the bench cases
-takes under a second here; the largest grids the spec admits about two minutes (advisor.estimate.planner)."""
+takes under 20 s on a loaded 2-core box; the largest grids the spec admits 2-4 minutes (advisor.estimate.planner)."""
 
 
 def plan_time_budget() -> float:
