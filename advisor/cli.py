@@ -12,6 +12,7 @@ from pathlib import Path
 
 from advisor.errors import AdvisorError
 from advisor.estimate.estimator import Estimate, estimate
+from advisor.estimate.planner import DEFAULT_TIME_BUDGET_S, MAX_TIME_BUDGET_S
 from advisor.present.export import EXPORT_TARGETS, export_setup
 from advisor.present.report import format_estimate, format_run
 from advisor.spec.defaults import DEFAULTS, PROFILE_DEFAULTS, fit_seq
@@ -610,6 +611,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         top=args.top,
         max_memory_frac=args.max_memory_pct / 100,
         measured_link=link,
+        time_budget_s=args.time_budget,
     )
     result = plan(request)
     print(json.dumps(result.as_dict(), indent=2) if args.json else format_plan(result))
@@ -676,6 +678,14 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="auto: communication at the bus bandwidth of the newest distributed run of this device in --traces, "
         "when there is one; off: the datasheet link (default: %(default)s)",
+    )
+    plan.add_argument(
+        "--time-budget",
+        type=float,
+        default=DEFAULT_TIME_BUDGET_S,
+        metavar="S",
+        help="wall-clock seconds the search may take; past it the best layouts found so far are listed and the "
+        f"plan says it is incomplete (above 0, at most {MAX_TIME_BUDGET_S:g}; default: %(default)g)",
     )
     plan.add_argument("--traces", default=None, help="run store directory (default: traces/)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")

@@ -7,6 +7,11 @@ on this machine, and an exhaustive search that builds and estimates every valid 
 same grid (no cuts), timed where it takes under a minute and projected from the measured rate
 otherwise; the exhaustive search's best layout must be the planner's. Target: 405B on 1024 H100s,
 sequence 8192, in about a second.
+
+``--budgets``: for each case, the complete plan beside plans cut by a time budget of a tenth, a quarter
+and a half of the complete plan's time: is the best layout found so far the best? ``--slowest``: the
+slowest request found (Maverick on 262,144 H100s, batch 2^26, four precisions), complete (budget
+3600 s) and under the default budget.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import time
 
 from advisor.estimate.estimator import estimate
 from advisor.estimate.planner import (
+    DEFAULT_TIME_BUDGET_S,
+    MAX_TIME_BUDGET_S,
     PlanRequest,
     _layouts,
     _micro_batches,
@@ -69,10 +76,72 @@ def estimator_rate(req: PlanRequest, seconds: float = 1.0) -> float:
     return n / (time.perf_counter() - t0)
 
 
+SLOWEST = ("llama-4-maverick", "h100", 262144, 8192, 2**26, ("fp32", "bf16", "fp16", "fp8"))
+BUDGET_FRACTIONS = (0.1, 0.25, 0.5)
+
+
+def _request(case: tuple, budget: float = DEFAULT_TIME_BUDGET_S) -> PlanRequest:
+    model, gpu, gpus, seq, gb, precisions = case
+    return PlanRequest(get_model(model), get_hardware(gpu), gpus, seq, gb, precisions=precisions, time_budget_s=budget)
+
+
+def _name(case: tuple) -> str:
+    model, gpu, gpus, seq, gb, precisions = case
+    return f"{model}, {gpus:,} x {gpu}, seq {seq}, batch {gb:,}, {'+'.join(precisions)}"
+
+
+def _cut_row(case: tuple, full, budget: float, label: str) -> str:
+    """One table row: the plan of ``case`` under ``budget`` against the complete one, ``full``."""
+    cut = plan(_request(case, budget))
+    best, got = full.top[0].estimate, cut.top[0].estimate if cut.top else None
+    same = "yes" if got is not None and _rank_key(got) == _rank_key(best) else "NO"
+    speed = f"{got.tokens_per_s / best.tokens_per_s:.4f}" if got is not None else "nothing listed"
+    in_top = sum(layout_label(e.setup) in {layout_label(f.setup) for f in full.top} for e in cut.top)
+    return (
+        f"| {_name(case)} | {label} | {cut.elapsed_s:.2f} | {'yes' if cut.complete else 'no'} | "
+        f"{cut.layouts - cut.layouts_unsearched:,} / {cut.layouts:,} | {same} | {speed} | {in_top} of {len(cut.top)} |"
+    )
+
+
+def budgets() -> None:
+    """The best found so far under a budget of a fraction of the complete plan's time, per case."""
+    print(
+        "| case | budget | s | complete | layouts searched | same #1 | #1 tokens/s vs complete | top-10 in complete top-10 |"
+    )
+    print("|---|---|---:|---|---:|---|---:|---|")
+    for case in CASES:
+        full = plan(_request(case, MAX_TIME_BUDGET_S))
+        print(_cut_row(case, full, MAX_TIME_BUDGET_S, f"complete, {full.elapsed_s:.2f} s"))
+        for frac in BUDGET_FRACTIONS:
+            print(_cut_row(case, full, frac * full.elapsed_s, f"{frac:g} x"), flush=True)
+
+
+def slowest() -> None:
+    """The slowest request found, complete and under the default budget."""
+    full = plan(_request(SLOWEST, MAX_TIME_BUDGET_S))
+    print(
+        f"{_name(SLOWEST)}: complete in {full.elapsed_s:.1f} s, {full.estimated:,} estimates; "
+        f"#1 {layout_label(full.top[0].setup)}, {full.top[0].estimate.tokens_per_s:,.0f} tokens/s"
+    )
+    print(
+        "| case | budget | s | complete | layouts searched | same #1 | #1 tokens/s vs complete | top-10 in complete top-10 |"
+    )
+    print("|---|---|---:|---|---:|---|---:|---|")
+    print(_cut_row(SLOWEST, full, DEFAULT_TIME_BUDGET_S, f"default, {DEFAULT_TIME_BUDGET_S:g} s"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-brute", action="store_true", help="skip the exhaustive searches")
+    ap.add_argument("--budgets", action="store_true", help="only the best found under a fraction of the time")
+    ap.add_argument("--slowest", action="store_true", help="only the slowest request, complete and under the default")
     args = ap.parse_args()
+    if args.budgets or args.slowest:
+        if args.budgets:
+            budgets()
+        if args.slowest:
+            slowest()
+        return
     print(
         "| case | considered | valid | estimated | planner s | considered/s | estimates/s | exhaustive s | "
         "exhaustive / planner | same best |"
@@ -80,7 +149,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     bests = []
     for model, gpu, gpus, seq, gb, precisions in CASES:
-        req = PlanRequest(get_model(model), get_hardware(gpu), gpus, seq, gb, precisions=precisions)
+        req = _request((model, gpu, gpus, seq, gb, precisions), MAX_TIME_BUDGET_S)
         runs = [plan(req) for _ in range(3)]
         res = min(runs, key=lambda r: r.elapsed_s)
         valid = res.considered - res.invalid

@@ -461,6 +461,23 @@ def test_plan_tab_ranks_layouts_and_rejects_bad_input():
     assert none[0].startswith("### Cannot plan") and "precisions" in none[0]
 
 
+def test_plan_tab_searches_within_the_servers_time_budget(monkeypatch):
+    # ADVISOR_PLAN_TIMEOUT_S bounds each Plan request; past it the summary says the search is incomplete.
+    args = ("llama-3.1-405b", "h100", 65536, 8192, 2**26, ["bf16"], True, False)
+    monkeypatch.setenv("ADVISOR_PLAN_TIMEOUT_S", "0.05")
+    summary, table, explain, _ = plan_tab.plan_view(*args)
+    assert "(incomplete search)" in summary and "Stopped at the time budget of 0.05 s: " in summary
+    assert len(table) > 0 and "**Incomplete.** Stopped at the time budget of 0.05 s" in explain
+    for bad in ("0", "-1", "nan", "inf", "4000", "soon"):
+        monkeypatch.setenv("ADVISOR_PLAN_TIMEOUT_S", bad)
+        msg = plan_tab.plan_view(*args)[0]
+        assert (
+            msg.startswith("### Cannot plan") and f"ADVISOR_PLAN_TIMEOUT_S={bad!r}: must be a number of seconds" in msg
+        )
+    monkeypatch.delenv("ADVISOR_PLAN_TIMEOUT_S")
+    assert common.plan_time_budget() == common.PLAN_TIMEOUT_DEFAULT_S == 60.0
+
+
 def test_trace_loads_share_one_small_concurrency_limit():
     # Issue 22: 16 concurrent requests at a 4 GiB budget each could ask for 64 GiB of a 24 GiB host.
     # Every event that loads a trace (Analyze, an upload, Open in Perfetto) queues on one limit of 2.

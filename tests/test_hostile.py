@@ -29,12 +29,13 @@ SETUP_FLAGS = ["--gpus", "--seq", "--micro-batch", "--global-batch", "--tp", "--
 SETUP_FLAGS += ["--zero", "--dp", "--recompute-layers", "--offload-activations", "--rope-scaling", "--model", "--gpu"]
 SETUP_FLAGS += ["--hf-config", "--precision", "--recompute"]
 PLAN_FLAGS = ["--gpus", "--seq", "--global-batch", "--top", "--max-memory-pct", "--model", "--gpu", "--precision"]
-PLAN_FLAGS += ["--hf-config"]
+PLAN_FLAGS += ["--hf-config", "--time-budget"]
 PLAN_BASE = ["plan", "--model", "tiny", "--gpus", "8", "--seq", "256", "--global-batch", "64", "--measured-comm", "off"]
 # Words a rejection may name its flag by: the flag, its field, or what the field is called in the spec.
 FIELD_WORDS = {
     "--seq": ["seq_len"],
     "--max-memory-pct": ["max_memory_frac"],
+    "--time-budget": ["time_budget_s"],
     "--gpu": ["device"],
     "--hf-config": ["config"],
     "--gpus": ["parallel."],

@@ -10,13 +10,16 @@ from advisor.cli import main
 from advisor.errors import AdvisorError, SpecError
 from advisor.estimate.estimator import estimate, stage_layers
 from advisor.estimate.planner import (
+    DEFAULT_TIME_BUDGET_S,
     MAX_BATCH_CHOICES,
     MAX_POINTS,
+    MAX_TIME_BUDGET_S,
     PlanRequest,
     _rank_key,
     _speed,
     _technique_order,
     batch_grid,
+    format_plan,
     layout_label,
     plan,
     technique_fields,
@@ -24,6 +27,7 @@ from advisor.estimate.planner import (
     techniques_for,
 )
 from advisor.present.charts import plan_scatter_figure
+from advisor.present.views import plan_summary
 from advisor.spec.presets import get_hardware, get_model
 from advisor.spec.specs import OFFLOAD_MODES, RECOMPUTE_MODES, ParallelSpec, Setup, TrainSpec
 
@@ -486,3 +490,71 @@ def test_extreme_requests_finish_with_counts_that_partition_the_grid():
     assert result.top
     assert result.considered == result.invalid + result.no_fit + result.bounded + result.fitting
     assert all(e.setup.gpus == 2**20 and e.setup.train.micro_batch <= 2**16 for e in result.top)
+
+
+# --- the time budget ---------------------------------------------------------------------------------
+
+
+def test_a_tiny_time_budget_stops_an_extreme_search_and_says_so():
+    # 405B on 65,536 GPUs with a global batch of 2^26: 590 layouts with a valid micro-batch, a search of
+    # about 4 CPU s (37,629 estimates). At 0.05 s it stops after a few layouts and lists the best of them.
+    req = request("llama-3.1-405b", "h100", 65536, 8192, 2**26, time_budget_s=0.05)
+    res = plan(req)
+    assert not res.complete and res.layouts == 590 and 0 < res.layouts_unsearched < 590
+    assert res.considered == res.invalid + res.no_fit + res.bounded + res.fitting + res.unsearched
+    assert res.unsearched > 0 and res.estimated < 37629
+    # What it lists passes the usual checks: valid setups that fit within 90 %, ranked by tokens/s.
+    assert res.top and [e.rank for e in res.top] == list(range(1, len(res.top) + 1))
+    for e in res.top:
+        again = estimate(e.setup)
+        assert again.tokens_per_s == e.estimate.tokens_per_s and again.fits and again.memory_frac <= 0.9
+    speeds = [e.estimate.tokens_per_s for e in res.top]
+    assert speeds == sorted(speeds, reverse=True)
+    _check_points(res)
+    # Said plainly wherever the plan is shown: how much was searched, in what time, and what to do.
+    searched = res.layouts - res.layouts_unsearched
+    note = (
+        f"Stopped at the time budget of 0.05 s: {searched:,} of the 590 layouts searched in {res.elapsed_s:.2f} s; "
+        f"{res.layouts_unsearched:,} layouts ({res.unsearched:,} combinations) were not estimated, so a faster "
+        "layout (or one that fits) may exist. For the complete answer, raise the budget (advisor plan --time-budget, or the app's "
+        "ADVISOR_PLAN_TIMEOUT_S) or narrow the search: fewer precisions, no offload, fewer GPUs or a global batch "
+        "with fewer divisors."
+    )
+    assert res.budget_note() == note
+    assert f"**Incomplete.** {note}" in res.explain()
+    assert "INCOMPLETE: Stopped at the time budget of 0.05 s" in format_plan(res)
+    assert f"{res.unsearched:,} not searched (time budget)" in format_plan(res)
+    data = res.as_dict()
+    assert data["complete"] is False and data["budget_note"] == note and data["request"]["time_budget_s"] == 0.05
+    assert data["unsearched"] == res.unsearched and data["layouts_unsearched"] == res.layouts_unsearched
+    assert "(incomplete search)" in plan_summary(res) and note in plan_summary(res)
+
+
+def test_the_default_budget_leaves_plans_complete_and_unchanged():
+    # The default budget (60 s) is far above these searches: the same result as the largest budget.
+    assert DEFAULT_TIME_BUDGET_S == PlanRequest.time_budget_s == 60.0
+    a = plan(request("gpt2-124m", "h100", 8, 1024, 64))
+    b = plan(request("gpt2-124m", "h100", 8, 1024, 64, time_budget_s=MAX_TIME_BUDGET_S))
+    assert a.complete and a.unsearched == a.layouts_unsearched == 0 and a.budget_note() == ""
+    assert a.considered == a.invalid + a.no_fit + a.bounded + a.fitting
+    assert [layout_label(e.setup) for e in a.top] == [layout_label(e.setup) for e in b.top]
+    counts = ("considered", "invalid", "no_fit", "bounded", "fitting", "dominated", "estimated", "layouts")
+    assert [getattr(a, k) for k in counts] == [getattr(b, k) for k in counts]
+    assert "INCOMPLETE" not in format_plan(a) and "Incomplete" not in a.explain() and a.as_dict()["complete"]
+
+
+@pytest.mark.parametrize("budget", [0, 0.0, -1, float("nan"), float("inf"), 1e9, 3600.5, True, "60", None])
+def test_bad_time_budgets_name_the_field(budget):
+    with pytest.raises(SpecError) as err:
+        request("gpt2-124m", "h100", 8, 1024, 64, time_budget_s=budget)
+    assert str(err.value) == f"time_budget_s={budget!r}: must be a number of seconds above 0, at most 3600"
+
+
+def test_cli_plan_time_budget(capsys):
+    argv = ["plan", "--model", "llama-3.1-405b", "--gpus", "65536", "--seq", "8192", "--global-batch", str(2**26)]
+    assert main([*argv, "--measured-comm", "off", "--time-budget", "0.05"]) == 0
+    out = capsys.readouterr().out
+    assert "INCOMPLETE: Stopped at the time budget of 0.05 s: " in out and "\n  1 " in out
+    for bad in ("0", "-5", "nan", "1e5"):
+        assert main(["plan", "--gpus", "8", "--global-batch", "64", "--time-budget", bad]) == 2
+        assert f"error: time_budget_s={float(bad)!r}: must be a number of seconds above 0" in capsys.readouterr().err

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from advisor.errors import AdvisorError, shown_value
+from advisor.estimate.planner import MAX_TIME_BUDGET_S
 from advisor.present.charts import timeline_figure
 from advisor.run.analysis_child import roofline_or_reason, timeline_rows
 from advisor.store.runstore import RunStore
@@ -124,6 +125,28 @@ def trace_limits() -> TraceLimits:
         max_event_bytes=max(1, int(values["ADVISOR_MAX_EVENT_MB"] * 2**20)),
         timeout_s=values["ADVISOR_ANALYZE_TIMEOUT_S"],
     )
+
+
+PLAN_TIMEOUT_DEFAULT_S = 60.0
+"""The Plan tab's search budget where ADVISOR_PLAN_TIMEOUT_S is unset: every plan of the bench cases
+takes under 20 s on a loaded 2-core box; the largest grids the spec admits 2-4 minutes (advisor.estimate.planner)."""
+
+
+def plan_time_budget() -> float:
+    """Wall-clock seconds one Plan request may search (ADVISOR_PLAN_TIMEOUT_S), read afresh from the
+    environment; AdvisorError naming the variable and its value where it is not a number from above 0
+    to the planner's MAX_TIME_BUDGET_S."""
+    raw = os.environ.get("ADVISOR_PLAN_TIMEOUT_S", "")
+    try:
+        value = float(raw) if raw.strip() else PLAN_TIMEOUT_DEFAULT_S
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_TIME_BUDGET_S:  # NaN fails too
+        raise AdvisorError(
+            f"ADVISOR_PLAN_TIMEOUT_S={raw!r}: must be a number of seconds above 0, at most {MAX_TIME_BUDGET_S:g} "
+            f"(the server's setting; default {PLAN_TIMEOUT_DEFAULT_S:g})"
+        )
+    return value
 
 
 def without_server_paths(message: str, upload: str | None) -> str:

@@ -61,6 +61,7 @@ def _request(model, gpu, gpus, seq, global_batch, precisions, offload, measured_
         global_batch=as_int(global_batch),
         precisions=precisions or (),  # PlanRequest checks it and makes it a tuple
         allow_offload=bool(offload),
+        time_budget_s=common.plan_time_budget(),
     )
 
 

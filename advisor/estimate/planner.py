@@ -46,10 +46,19 @@ result of the top (each also checked against an exhaustive search in the tests):
    than needed is never worth choosing. Both are checked on the estimates, not assumed, because the
    estimator has ties (parameter streaming that hides entirely behind compute costs nothing) and
    corner cases where a little extra work shrinks exposed communication.
+
+Bounded in time as well as in count (issue 22): the largest grids the spec admits (Llama 4 Maverick on
+262,144 GPUs, a global batch of 2^26, four precisions) take 2-4 minutes on a loaded 2-core box
+(bench/results/planner_speed.md). A request carries a
+wall-clock budget, ``time_budget_s``: the speed bounds get the first half of it (layouts of the
+fastest precision first), the search the rest, best bound first; when it runs out the plan lists the
+best layouts found so far and says how much was left unsearched (``PlanResult.complete``). The
+search never stops before it has a layout to list, but gives up at twice the budget.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import heapq
 import math
@@ -83,6 +92,9 @@ GiB = 2**30
 MAX_BATCH_CHOICES = 48  # micro-batches tried per global batch (batch_grid); 2^k batches have at most 17
 MAX_TOP = 1000  # layouts a plan may list: each gets its reasons worked out
 MAX_POINTS = 3000  # scatter points kept per plan: a browser draws them at once; the fastest are the ones that matter
+DEFAULT_TIME_BUDGET_S = 60.0  # the plans of tests/ and bench/planner_speed.py take under 20 s on a loaded 2-core box
+MAX_TIME_BUDGET_S = 3600.0  # an hour: the slowest grid found takes 2-4 minutes on a loaded 2-core box
+TIME_BUDGET_HINT = "advisor plan --time-budget, or the app's ADVISOR_PLAN_TIMEOUT_S"
 # Time components that do not depend on ZeRO or offload: for one recompute mode, their least sum over
 # the micro-batches bounds the step time of a layout (module docstring, cut 2).
 _BOUND_COMPONENTS = (
@@ -139,6 +151,9 @@ class PlanRequest:
     measured_link: MeasuredLink | None = None
     """Bus bandwidth measured on a distributed run of this device (advisor.advice.commlinks.link_for); None: the
     datasheet link. Collectives inside a node then run at it (advisor.estimate.links.with_measured_link)."""
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S
+    """Wall-clock seconds the search may take (above 0, at most MAX_TIME_BUDGET_S); past it the plan
+    lists the best layouts found so far and says what was left unsearched (module docstring)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelSpec):
@@ -159,6 +174,11 @@ class PlanRequest:
         frac = self.max_memory_frac
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.1 <= frac <= 1.0:
             raise SpecError("max_memory_frac", frac, "must be a number from 0.1 to 1.0")
+        budget = self.time_budget_s
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= MAX_TIME_BUDGET_S:
+            raise SpecError(
+                "time_budget_s", budget, f"must be a number of seconds above 0, at most {MAX_TIME_BUDGET_S:g}"
+            )
         for name, most in (
             ("gpus", MAX_GPUS),
             ("seq_len", MAX_SEQ_LEN),
@@ -230,7 +250,7 @@ class PlanPoint:
 @dataclass(frozen=True)
 class PlanResult:
     """The ranked layouts that fit and what the search did. The counts partition the grid:
-    considered = invalid + no_fit + bounded + fitting."""
+    considered = invalid + no_fit + bounded + fitting + unsearched."""
 
     request: PlanRequest
     top: list[PlanEntry]
@@ -256,6 +276,32 @@ class PlanResult:
     points: list[PlanPoint] = field(default_factory=list)
     """The settings counted in ``fitting`` (dominated ones included), fastest first: every top entry and
     the fastest of the rest, MAX_POINTS in all at most."""
+    layouts: int = 0
+    """Layouts of the grid (parallel degrees and precision) with a valid micro-batch."""
+    layouts_unsearched: int = 0
+    """Of ``layouts``, those the time budget left unsearched: neither estimated nor bounded out."""
+    unsearched: int = 0
+    """Their combinations (0 when the search is complete)."""
+
+    @property
+    def complete(self) -> bool:
+        """The whole grid was searched: the top is the best of every combination, not only of those
+        reached within ``request.time_budget_s``."""
+        return self.layouts_unsearched == 0
+
+    def budget_note(self) -> str:
+        """'' for a complete search; else what the time budget cut and how to get the complete answer."""
+        if self.complete:
+            return ""
+        r = self.request
+        return (
+            f"Stopped at the time budget of {r.time_budget_s:g} s: {self.layouts - self.layouts_unsearched:,} of "
+            f"the {self.layouts:,} layouts searched in {self.elapsed_s:.2f} s; {self.layouts_unsearched:,} layouts "
+            f"({self.unsearched:,} combinations) were not estimated, so a faster layout (or one that fits) may "
+            "exist. For the "
+            f"complete answer, raise the budget ({TIME_BUDGET_HINT}) or narrow the search: fewer precisions, "
+            "no offload, fewer GPUs or a global batch with fewer divisors."
+        )
 
     def table(self) -> pd.DataFrame:
         """One row per top entry: speed, memory and the layout; units in the column names."""
@@ -300,12 +346,16 @@ class PlanResult:
             f"sequence {r.seq_len:,}, global batch {r.global_batch:,}",
             "",
             f"Searched {self.considered:,} combinations in {self.elapsed_s:.2f} s: {self.invalid:,} invalid, "
-            f"{self.no_fit:,} do not fit, {self.bounded:,} ruled out by a speed bound, {self.fitting:,} fit; "
-            f"{self.dominated:,} of these not listed because another setting of the same layout is as fast "
+            f"{self.no_fit:,} do not fit, {self.bounded:,} ruled out by a speed bound, "
+            + (f"{self.unsearched:,} not searched (time budget), " if self.unsearched else "")
+            + f"{self.fitting:,} fit; {self.dominated:,} of these not listed because another setting of the same "
+            "layout is as fast "
             f"with less memory, or faster with less recompute or offload. {self.estimated:,} estimates. "
             f"Listed: layouts within {100 * r.max_memory_frac:.0f} % of the GPU's memory.",
             "",
         ]
+        if note := self.budget_note():
+            lines += [f"**Incomplete.** {note}", ""]
         if r.hardware.kind == "gpu" and (note := band_note()):
             lines += [f"<small>{note}</small>", ""]
         if r.measured_link is not None:
@@ -354,7 +404,13 @@ class PlanResult:
                 "allow_offload": r.allow_offload,
                 "top": r.top,
                 "measured_link": None if r.measured_link is None else asdict(r.measured_link),
+                "time_budget_s": r.time_budget_s,
             },
+            "complete": self.complete,
+            "layouts": self.layouts,
+            "layouts_unsearched": self.layouts_unsearched,
+            "unsearched": self.unsearched,
+            "budget_note": self.budget_note(),
             "considered": self.considered,
             "invalid": self.invalid,
             "no_fit": self.no_fit,
@@ -424,10 +480,13 @@ def format_plan(result: PlanResult) -> str:
     lines = [
         f"{r.model.name} on {r.gpus} x {r.hardware.name}, sequence {r.seq_len:,}, global batch {r.global_batch:,}",
         f"searched {result.considered:,} combinations in {result.elapsed_s:.2f} s: {result.invalid:,} invalid, "
-        f"{result.no_fit:,} do not fit, {result.dominated:,} dominated, {result.bounded:,} bounded; "
-        f"{result.estimated:,} estimated",
+        f"{result.no_fit:,} do not fit, {result.dominated:,} dominated, {result.bounded:,} bounded"
+        + (f", {result.unsearched:,} not searched (time budget)" if result.unsearched else "")
+        + f"; {result.estimated:,} estimated",
         "",
     ]
+    if note := result.budget_note():
+        lines += [*textwrap.wrap("INCOMPLETE: " + note, 110), ""]
     if r.measured_link is not None:
         lines += [describe_link(r.measured_link, r.hardware), ""]
     if not result.top:
@@ -693,13 +752,16 @@ class _Search:
         """tokens/s a layout must be able to beat to enter the top (0 until the top is full)."""
         return self.best_speeds[0] if len(self.best_speeds) >= self.req.top else 0.0
 
-    def closest(self, layouts: list[_Layout]) -> Estimate | None:
+    def closest(self, layouts: list[_Layout], deadline: float = math.inf) -> Estimate | None:
         """When nothing fits: the setting nearest to fitting, over every layout, ZeRO stage, offload and
         recompute mode at the smallest micro-batch (the search skips some of these once it knows they
-        cannot fit; here they are estimated so the comparison is fair)."""
+        cannot fit; here they are estimated so the comparison is fair). Past ``deadline`` (a
+        perf_counter time) the layouts left are not looked at."""
         best, best_excess = None, float("inf")
         host_cap = self.req.hardware.host_memory_bytes
-        for lay in layouts:
+        for i, lay in enumerate(layouts):
+            if i and time.perf_counter() > deadline:
+                break
             for zero in range(4):
                 for offload in _offloads(self.req, zero):
                     for recompute in lay.techniques:
@@ -710,6 +772,14 @@ class _Search:
                         if excess < best_excess:
                             best, best_excess = est, excess
         return best
+
+    def visit(self, lay: _Layout) -> None:
+        """Search ``lay``, or count its combinations as bounded out when its speed bound cannot reach
+        the top (cut 2)."""
+        if _below(self.bound(lay, "none"), self.threshold):
+            self.bounded += _combos(self.req, len(lay.techniques)) * len(lay.micro_batches)
+        else:
+            self.search_layout(lay)
 
     def search_layout(self, lay: _Layout) -> None:
         """Every ZeRO stage, offload, recompute and micro-batch of one layout (cuts 1 and 2), then the
@@ -793,35 +863,60 @@ def plan(request: PlanRequest) -> PlanResult:
     """Search the layouts of ``request`` and rank those that fit by predicted tokens/s (ties: less memory).
 
     Returns the top ``request.top`` with reasons; an empty top (and the closest layout) when nothing
-    fits. Never raises for a layout that is invalid or too big: those are counted.
+    fits. Never raises for a layout that is invalid or too big: those are counted. Past
+    ``request.time_budget_s`` the top is the best of what was searched (``PlanResult.complete``).
     """
     t0 = time.perf_counter()
     req = request
+    budget = req.time_budget_s
     search = _Search(req)
     n_b = len(batch_grid(req.global_batch))
     considered = invalid = 0
     layouts: list[_Layout] = []
     base = len(RECOMPUTE_MODES)  # an invalid layout counts the plain recompute modes
+    techniques: dict[tuple[int, int], tuple[str, ...]] = {}  # they follow the stages: (pp, vpp)
     for lay in _layouts(req):
         lay.micro_batches = _micro_batches(req, lay)
-        lay.techniques = _techniques(req, lay) if lay.micro_batches else ()
+        if lay.micro_batches:
+            if (lay.pp, lay.vpp) not in techniques:
+                techniques[lay.pp, lay.vpp] = _techniques(req, lay)
+            lay.techniques = techniques[lay.pp, lay.vpp]
         per_b = _combos(req, len(lay.techniques) or base)
         considered += per_b * n_b
         invalid += per_b * (n_b - len(lay.micro_batches))
         if lay.micro_batches:
-            search.bound(lay, "none")
             layouts.append(lay)
-    # Best bound first, so the top fills early and the bound cuts the most.
-    layouts.sort(key=lambda lay: lay.bound_ms["none"])
-    for lay in layouts:
-        if _below(search.bound(lay, "none"), search.threshold):
-            search.bounded += _combos(req, len(lay.techniques)) * len(lay.micro_batches)
-        else:
-            search.search_layout(lay)
+    # The speed bounds take up to half the budget (those of the fastest precision first: a cut there
+    # leaves the slower ones out), the search the rest; at least one layout is bounded and searched.
+    order = sorted(range(len(layouts)), key=lambda i: -req.hardware.peak_flops(layouts[i].precision))
+    n_bounded = 0
+    for i in order:
+        if n_bounded and time.perf_counter() - t0 > budget / 2:
+            break
+        search.bound(layouts[i], "none")
+        n_bounded += 1
+    unsearched = collections.deque(layouts[i] for i in order[n_bounded:])
+    # Best bound first (ties in the grid's order), so the top fills early and the bound cuts the most.
+    reached = [layouts[i] for i in sorted(order[:n_bounded], key=lambda i: (layouts[i].bound_ms["none"], i))]
+
+    def out_of_time() -> bool:
+        spent = time.perf_counter() - t0
+        return spent > budget and (bool(search.listed) or spent > 2 * budget)
+
+    for i, lay in enumerate(reached):
+        if i and out_of_time():
+            unsearched.extendleft(reversed(reached[i:]))  # best bound first, should the loop below run
+            break
+        search.visit(lay)
+    # Time left after the bounds' half (or nothing to list yet): the layouts not bounded, in their order.
+    while unsearched and not out_of_time():
+        lay = unsearched.popleft()
+        search.visit(lay)
+        reached.append(lay)
 
     ranked = sorted(search.listed, key=_rank_key)[: req.top]
     entries = _entries(ranked)
-    closest = None if entries else search.closest(layouts)
+    closest = None if entries else search.closest(reached, t0 + 2 * budget)
     points = _points(search.fits, ranked)
     return PlanResult(
         request=req,
@@ -836,6 +931,9 @@ def plan(request: PlanRequest) -> PlanResult:
         fitting=search.fitting,
         closest=closest,
         points=points,
+        layouts=len(layouts),
+        layouts_unsearched=len(unsearched),
+        unsearched=sum(_combos(req, len(lay.techniques)) * len(lay.micro_batches) for lay in unsearched),
     )
 
 

@@ -449,10 +449,14 @@ def export_summary(out) -> str:
 
 
 def plan_summary(result) -> str:
+    """The Plan tab's headline: what was listed and searched; an incomplete search says so first."""
+    note = result.budget_note()
     return (
-        f"### {len(result.top)} layouts of {result.fitting:,} that fit\n"
+        f"### {len(result.top)} layouts of {result.fitting:,} that fit"
+        + (" (incomplete search)" if note else "")
+        + "\n"
         f"{result.considered:,} combinations considered ({result.invalid:,} invalid, {result.no_fit:,} do not fit), "
-        f"{result.estimated:,} estimated, in {result.elapsed_s:.2f} s."
+        f"{result.estimated:,} estimated, in {result.elapsed_s:.2f} s." + (f"\n\n**{note}**" if note else "")
     )
 
 

@@ -10,7 +10,11 @@ Bounded work for any input (issue 22): each byte is searched and parsed once, so
 decompressed bytes; ``max_bytes`` caps those over all files of one load (a gzip bomb stops there),
 ``max_event_bytes`` one event (a 64 MiB name stops at 16 MiB), and the JSON kept outside traceEvents
 is capped at META_MAX_BYTES with blanks not kept (a file padded with 1 GiB of spaces holds one block
-of them). A ``check`` callable runs before each block (the app's Cancel and time budget). A field of
+of them). A string value longer than MAX_STRING_BYTES (a 64 MiB name, loaded with the event cap
+raised) is cut in the raw buffer before it is parsed, to its first STRING_KEEP_BYTES and a marker
+saying how many bytes were dropped, so no string of absurd length is ever materialised beside its raw
+bytes; the table's ``attrs["cut_strings"]`` counts them and ``attrs["skipped_files"]`` says so. A
+``check`` callable runs before each block (the app's Cancel and time budget). A field of
 the wrong type (``args.device: "zero"``) or a time out of range (1e30, a negative duration, a
 boolean) is refused with the event and the field named.
 
@@ -33,6 +37,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -59,6 +64,12 @@ DEFAULT_MAX_BYTES = 8 * 2**30
 # event (a 64 MiB name) cannot hold its whole self in memory or be scanned again and again.
 DEFAULT_MAX_EVENT_BYTES = 16 * 2**20
 META_MAX_BYTES = 64 * 2**20  # the JSON outside traceEvents (metadata): a few KiB in real traces
+# The longest string value kept whole. The real traces' longest is 5 KiB (a kernel name with its template
+# arguments, tests/data/hta's alexnet trace) and their largest event 6 KiB (../shared/traces, our own
+# runs: at most 2.4 KiB). A longer one is cut to its first STRING_KEEP_BYTES (a name still reads) and a
+# marker before it is parsed, so a 64 MiB name costs its raw bytes only, not those and the parsed string.
+MAX_STRING_BYTES = 2**20
+STRING_KEEP_BYTES = 1024
 # Times in microseconds (Kineto's unit) whose nanoseconds, and a start plus a duration, fit int64:
 # 2**62 ns is 146 years; an epoch timestamp today is about 1.8e15 us, under a third of it.
 MAX_TIME_US = 2**62 / 1000
@@ -144,6 +155,24 @@ class TraceSource:
         if self.archive:
             return f"{self.archive}: member {self.name} is damaged or its header lies about its size ({why})"
         return f"{self.name} is damaged or not gzip ({why})"
+
+
+@dataclass
+class StringCuts:
+    """What the loader cut from one file: string values over MAX_STRING_BYTES, the events holding
+    them, and the bytes dropped (the kept prefixes and markers not counted)."""
+
+    events: int = 0
+    strings: int = 0
+    dropped_bytes: int = 0
+
+    def note(self, name: str) -> str:
+        """The sentence the table's ``skipped_files`` carries for a file with cut strings."""
+        return (
+            f"{self.dropped_bytes:,} bytes of {self.strings:,} over-long string value(s) in {self.events:,} event(s) "
+            f"of {name}: each string over {_mib(MAX_STRING_BYTES)} MiB keeps its first {STRING_KEEP_BYTES:,} bytes "
+            "and ends with '...[N bytes cut]'"
+        )
 
 
 class ReadBudget:
@@ -241,9 +270,12 @@ def load_sources(
     # Only small values in attrs: pandas deep-copies them on nearly every operation on the table
     # (EventArgs, the large one, hands itself out as its copy).
     names = sorted({str(d.get("name")) for m in meta for d in m.get("deviceProperties") or [] if d.get("name")})
+    cuts = [(m["file"], m["cuts"]) for m in meta if m["cuts"].strings]
+    skipped += [c.note(name) for name, c in cuts]
     df.attrs.update(
         source="kineto", files=[m["file"] for m in meta], ranks=sorted(ranks), gpu_names=names, skipped_files=skipped
     )
+    df.attrs["cut_strings"] = {name: c.strings for name, c in cuts}
     df.attrs["devices"] = {m["rank"]: d for m in meta if (d := _first_device(m))}
     df.attrs["rank_files"] = {m["rank"]: m["file"] for m in meta}
     if keep_args is not None:
@@ -385,10 +417,13 @@ class _EventReader:
     by _Boundaries, which took a fifth of the load time when every block went through it. Either way
     each byte is searched once and parsed once: the time is linear in the bytes."""
 
-    def __init__(self, src: TraceSource, on_events: Callable[[list], None], max_event_bytes: int) -> None:
+    def __init__(
+        self, src: TraceSource, on_events: Callable[[list], None], max_event_bytes: int, cuts: StringCuts
+    ) -> None:
         self.src = src
         self.on_events = on_events
         self.max_event_bytes = max_event_bytes
+        self.cuts = cuts
         self.buf = bytearray()
         self.bounds: _Boundaries | None = None  # set while the fast cut has failed on the buffer
         self.after: bytes | None = None  # the bytes after the array's end, once found
@@ -398,7 +433,9 @@ class _EventReader:
         self.buf += block
         if self.bounds is None:
             cut = self.buf.rfind(b"},", searched) + 1
-            if cut:
+            # A prefix that could hold an over-long string goes through _Boundaries, which knows it ends
+            # at an event's end: only there can its strings be found and cut (_cut_long_strings).
+            if 0 < cut <= MAX_STRING_BYTES:
                 try:
                     events = _parse_prefix(self.buf, cut)
                 except ValueError:
@@ -420,6 +457,11 @@ class _EventReader:
         assert bounds is not None
         bounds.scan(self.buf)
         if bounds.done:
+            if bounds.done > MAX_STRING_BYTES:
+                shrunk = _cut_long_strings(self.buf, bounds.done, self.cuts)
+                bounds.done -= shrunk
+                bounds.array_end = None if bounds.array_end is None else bounds.array_end - shrunk
+                bounds.scanned -= shrunk
             try:
                 events = _parse_prefix(self.buf, bounds.done)
             except ValueError as err:
@@ -449,13 +491,15 @@ def stream_events(
     budget: ReadBudget | None = None,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     block_bytes: int = BLOCK_BYTES,
+    cuts: StringCuts | None = None,
 ) -> dict[str, Any]:
     """Parse one Kineto file block by block, handing each block's whole events (a list of dicts) to
     ``on_events`` as they are parsed, so no more than a block of parsed events is alive at once;
     returns the trace's metadata (everything outside traceEvents). Time is linear in the file's bytes,
     and memory bounded by a block, the longest event (at most ``max_event_bytes``) and the metadata
-    (at most META_MAX_BYTES, blanks not counted). Raises TraceError on anything that is not a Kineto
-    trace (damaged gzip, invalid JSON, no traceEvents array, a truncated file) or over a limit."""
+    (at most META_MAX_BYTES, blanks not counted). String values over MAX_STRING_BYTES are cut before
+    parsing and counted in ``cuts``. Raises TraceError on anything that is not a Kineto trace (damaged
+    gzip, invalid JSON, no traceEvents array, a truncated file) or over a limit."""
     src = TraceSource.of_file(src) if isinstance(src, Path) else src
     budget = budget or ReadBudget()
     head = bytearray()  # the JSON before traceEvents' elements, kept to read the metadata
@@ -480,7 +524,7 @@ def stream_events(
             block = bytes(head[start + 1 :])
             del head[start + 1 :]
             head += b"]"
-            reader = _EventReader(src, on_events, max_event_bytes)
+            reader = _EventReader(src, on_events, max_event_bytes, cuts if cuts is not None else StringCuts())
         if reader.after is None:
             reader.feed(block)
             if reader.after is None:
@@ -517,7 +561,10 @@ def _load_file(
         if part := _events_to_columns(events, names, src, keeper):
             parts.append(part)
 
-    meta = stream_events(src, columns, budget=budget, max_event_bytes=max_event_bytes, block_bytes=block_bytes)
+    cuts = StringCuts()
+    meta = stream_events(
+        src, columns, budget=budget, max_event_bytes=max_event_bytes, block_bytes=block_bytes, cuts=cuts
+    )
     rank = _rank(meta, src, default_rank)
     if not parts:
         raise TraceError(f"{src.name} holds no trace events")
@@ -540,10 +587,92 @@ def _load_file(
         "rank": rank,
         **{k: meta[k] for k in ("distributedInfo", "deviceProperties") if k in meta},
         "args": keeper.kept if keeper is not None else [],
+        "cuts": cuts,
     }
 
 
 _LEADING = re.compile(rb"[\s,]*")
+
+
+def _cut_long_strings(buf: bytearray, end: int, cuts: StringCuts) -> int:
+    """Cut, in place, each string value of ``buf[:end]`` (whole events, from outside any string) longer
+    than MAX_STRING_BYTES to its first STRING_KEEP_BYTES and a marker; the bytes after ``end`` move
+    down. Counts them in ``cuts``; returns how many bytes ``buf`` shrank. Linear in ``end`` however many
+    cuts (the kept pieces move down in one pass, each move a memmove), and the only arrays made are
+    of the quotes, backslashes and brackets (found a chunk at a time), never one per byte."""
+    a = np.frombuffer(buf, dtype=np.uint8, count=end)
+    quotes, slashes = _where(a, 34), _where(a, 92)
+    if slashes.size:  # a quote after an odd run of backslashes is escaped
+        first = np.ones(slashes.size, dtype=bool)
+        first[1:] = slashes[1:] != slashes[:-1] + 1
+        run_start = slashes[first][np.cumsum(first) - 1]
+        j = np.maximum(np.searchsorted(slashes, quotes) - 1, 0)
+        run = np.where(slashes[j] == quotes - 1, quotes - run_start[j], 0)
+        quotes = quotes[run % 2 == 0]
+    opens, closes = quotes[0::2], quotes[1::2]
+    long = np.flatnonzero(closes - opens - 1 > MAX_STRING_BYTES)
+    if not long.size:
+        return 0
+    # The event of each long string: events start at a '{' at depth 0, brackets inside strings aside.
+    idx = _where(a, 123, 91, 125, 93)
+    idx = idx[np.searchsorted(quotes, idx) % 2 == 0]
+    step = np.where((a[idx] == 123) | (a[idx] == 91), 1, -1)
+    starts = idx[(step == 1) & (np.cumsum(step) == 1)]
+    del a
+    cuts.events += len(np.unique(np.searchsorted(starts, opens[long], side="right")))
+    cuts.strings += len(long)
+    view = memoryview(buf)
+    w = r = 0  # write and read positions: w <= r, as every cut drops more than its marker adds
+    for o, c in zip(opens[long].tolist(), closes[long].tolist(), strict=True):
+        k = _kept_end(buf, o + 1)
+        marker = f"...[{c - k:,} bytes cut]".encode()
+        view[w : w + k - r] = view[r:k]
+        w += k - r
+        view[w : w + len(marker)] = marker
+        w += len(marker)
+        cuts.dropped_bytes += c - k
+        r = c  # the closing quote on
+    n = len(buf) - r
+    view[w : w + n] = view[r:]
+    view.release()
+    del buf[w + n :]
+    return r - w
+
+
+_WHERE_CHUNK = 2**20
+
+
+def _where(a: np.ndarray, *values: int) -> np.ndarray:
+    """Positions in ``a`` of the bytes ``values``, increasing, found a MiB at a time (one mask of the
+    whole of a 64 MiB event would be another 64 MiB)."""
+    out = [np.zeros(0, dtype=np.int64)]
+    for lo in range(0, len(a), _WHERE_CHUNK):
+        chunk = a[lo : lo + _WHERE_CHUNK]
+        hit = chunk == values[0]
+        for v in values[1:]:
+            hit |= chunk == v
+        out.append(np.flatnonzero(hit) + lo)
+    return np.concatenate(out)
+
+
+def _kept_end(buf: bytearray, start: int) -> int:
+    """Where to cut a long string whose text begins at ``start``: at most STRING_KEEP_BYTES in, at the
+    end of a whole character, so that no escape (``\\n``, ``\\u00e9``, a surrogate pair) and no UTF-8
+    sequence is split. Walks the kept bytes once (1 KiB)."""
+    limit = start + STRING_KEEP_BYTES
+    p = safe = start
+    while p < limit:
+        safe = p
+        b = buf[p]
+        if b == 92:  # an escape: \uXXXX (twice for a surrogate pair) or a backslash and one byte
+            if buf[p + 1] == 117:  # 'u'
+                high = buf[p + 2] in b"dD" and buf[p + 3] in b"89abAB"
+                p += 12 if high else 6
+            else:
+                p += 2
+        else:  # a UTF-8 sequence: its length from its first byte
+            p += 4 if b >= 0xF0 else 3 if b >= 0xE0 else 2 if b >= 0xC0 else 1
+    return limit if p == limit else safe
 
 
 def _parse_prefix(buf: bytearray, end: int) -> list:
