@@ -497,10 +497,11 @@ def test_extreme_requests_finish_with_counts_that_partition_the_grid():
 
 def test_a_tiny_time_budget_stops_an_extreme_search_and_says_so():
     # 405B on 65,536 GPUs with a global batch of 2^26: 590 layouts with a valid micro-batch, a search of
-    # about 4 CPU s (37,629 estimates). At 0.05 s it stops after a few layouts and lists the best of them.
-    req = request("llama-3.1-405b", "h100", 65536, 8192, 2**26, time_budget_s=0.05)
+    # about 4 CPU s (37,629 estimates). At 0.2 s it stops after a few layouts and lists the best of them
+    # (listing the grid takes about 0.01 s).
+    req = request("llama-3.1-405b", "h100", 65536, 8192, 2**26, time_budget_s=0.2)
     res = plan(req)
-    assert not res.complete and res.layouts == 590 and 0 < res.layouts_unsearched < 590
+    assert res.grid_complete and not res.complete and res.layouts == 590 and 0 < res.layouts_unsearched < 590
     assert res.considered == res.invalid + res.no_fit + res.bounded + res.fitting + res.unsearched
     assert res.unsearched > 0 and res.estimated < 37629
     # What it lists passes the usual checks: valid setups that fit within 90 %, ranked by tokens/s.
@@ -514,7 +515,7 @@ def test_a_tiny_time_budget_stops_an_extreme_search_and_says_so():
     # Said plainly wherever the plan is shown: how much was searched, in what time, and what to do.
     searched = res.layouts - res.layouts_unsearched
     note = (
-        f"Stopped at the time budget of 0.05 s: {searched:,} of the 590 layouts searched in {res.elapsed_s:.2f} s; "
+        f"Stopped at the time budget of 0.2 s: {searched:,} of the 590 layouts searched in {res.elapsed_s:.2f} s; "
         f"{res.layouts_unsearched:,} layouts ({res.unsearched:,} combinations) were not estimated, so a faster "
         "layout (or one that fits) may exist. For the complete answer, raise the budget (advisor plan --time-budget, or the app's "
         "ADVISOR_PLAN_TIMEOUT_S) or narrow the search: fewer precisions, no offload, fewer GPUs or a global batch "
@@ -522,12 +523,29 @@ def test_a_tiny_time_budget_stops_an_extreme_search_and_says_so():
     )
     assert res.budget_note() == note
     assert f"**Incomplete.** {note}" in res.explain()
-    assert "INCOMPLETE: Stopped at the time budget of 0.05 s" in format_plan(res)
+    assert "INCOMPLETE: Stopped at the time budget of 0.2 s" in format_plan(res)
     assert f"{res.unsearched:,} not searched (time budget)" in format_plan(res)
     data = res.as_dict()
-    assert data["complete"] is False and data["budget_note"] == note and data["request"]["time_budget_s"] == 0.05
+    assert data["complete"] is False and data["budget_note"] == note and data["request"]["time_budget_s"] == 0.2
     assert data["unsearched"] == res.unsearched and data["layouts_unsearched"] == res.layouts_unsearched
     assert "(incomplete search)" in plan_summary(res) and note in plan_summary(res)
+
+
+def test_a_grid_too_long_to_list_in_the_budget_is_cut_and_said(monkeypatch):
+    # A hostile model's grid (tens of thousands of layers or experts) took 20 s to list under a 1 s
+    # budget. Listing now stops at half the budget once a layout is listed: on a clock that moves 1 ms
+    # a reading, 0.05 s lets about 25 of the 405B grid's 804 layouts be listed.
+    from advisor.estimate import planner
+
+    clock = iter(i / 1000 for i in range(10**7))
+    monkeypatch.setattr(planner.time, "perf_counter", lambda: next(clock))
+    res = plan(request("llama-3.1-405b", "h100", 65536, 8192, 2**26, time_budget_s=0.05))
+    assert not res.grid_complete and not res.complete and 0 < res.layouts < 590
+    assert res.considered == res.invalid + res.no_fit + res.bounded + res.fitting + res.unsearched
+    assert res.top and res.as_dict()["grid_complete"] is False
+    assert f"of the {res.layouts:,} layouts listed before the time ran out (the rest of the grid was not listed)" in (
+        res.budget_note()
+    )
 
 
 def test_the_default_budget_leaves_plans_complete_and_unchanged():
@@ -535,7 +553,7 @@ def test_the_default_budget_leaves_plans_complete_and_unchanged():
     assert DEFAULT_TIME_BUDGET_S == PlanRequest.time_budget_s == 60.0
     a = plan(request("gpt2-124m", "h100", 8, 1024, 64))
     b = plan(request("gpt2-124m", "h100", 8, 1024, 64, time_budget_s=MAX_TIME_BUDGET_S))
-    assert a.complete and a.unsearched == a.layouts_unsearched == 0 and a.budget_note() == ""
+    assert a.complete and a.grid_complete and a.unsearched == a.layouts_unsearched == 0 and a.budget_note() == ""
     assert a.considered == a.invalid + a.no_fit + a.bounded + a.fitting
     assert [layout_label(e.setup) for e in a.top] == [layout_label(e.setup) for e in b.top]
     counts = ("considered", "invalid", "no_fit", "bounded", "fitting", "dominated", "estimated", "layouts")

@@ -282,23 +282,27 @@ class PlanResult:
     """Of ``layouts``, those the time budget left unsearched: neither estimated nor bounded out."""
     unsearched: int = 0
     """Their combinations (0 when the search is complete)."""
+    grid_complete: bool = True
+    """Every layout of the grid was listed. False where listing it took half the time budget (a model
+    with tens of thousands of layers or experts): the counts above then cover the part listed."""
 
     @property
     def complete(self) -> bool:
         """The whole grid was searched: the top is the best of every combination, not only of those
         reached within ``request.time_budget_s``."""
-        return self.layouts_unsearched == 0
+        return self.layouts_unsearched == 0 and self.grid_complete
 
     def budget_note(self) -> str:
         """'' for a complete search; else what the time budget cut and how to get the complete answer."""
         if self.complete:
             return ""
         r = self.request
+        listed = "" if self.grid_complete else " listed before the time ran out (the rest of the grid was not listed)"
         return (
             f"Stopped at the time budget of {r.time_budget_s:g} s: {self.layouts - self.layouts_unsearched:,} of "
-            f"the {self.layouts:,} layouts searched in {self.elapsed_s:.2f} s; {self.layouts_unsearched:,} layouts "
-            f"({self.unsearched:,} combinations) were not estimated, so a faster layout (or one that fits) may "
-            "exist. For the "
+            f"the {self.layouts:,} layouts{listed} searched in {self.elapsed_s:.2f} s; {self.layouts_unsearched:,} "
+            f"layouts ({self.unsearched:,} combinations) were not estimated, so a faster layout (or one that fits) "
+            "may exist. For the "
             f"complete answer, raise the budget ({TIME_BUDGET_HINT}) or narrow the search: fewer precisions, "
             "no offload, fewer GPUs or a global batch with fewer divisors."
         )
@@ -409,6 +413,7 @@ class PlanResult:
             "complete": self.complete,
             "layouts": self.layouts,
             "layouts_unsearched": self.layouts_unsearched,
+            "grid_complete": self.grid_complete,
             "unsearched": self.unsearched,
             "budget_note": self.budget_note(),
             "considered": self.considered,
@@ -875,7 +880,12 @@ def plan(request: PlanRequest) -> PlanResult:
     layouts: list[_Layout] = []
     base = len(RECOMPUTE_MODES)  # an invalid layout counts the plain recompute modes
     techniques: dict[tuple[int, int], tuple[str, ...]] = {}  # they follow the stages: (pp, vpp)
+    grid_complete = True
     for lay in _layouts(req):
+        spent = time.perf_counter() - t0
+        if (layouts and spent > budget / 2) or spent > budget:
+            grid_complete = False  # a grid that takes half the budget to list (a hostile model's)
+            break
         lay.micro_batches = _micro_batches(req, lay)
         if lay.micro_batches:
             if (lay.pp, lay.vpp) not in techniques:
@@ -934,6 +944,7 @@ def plan(request: PlanRequest) -> PlanResult:
         layouts=len(layouts),
         layouts_unsearched=len(unsearched),
         unsearched=sum(_combos(req, len(lay.techniques)) * len(lay.micro_batches) for lay in unsearched),
+        grid_complete=grid_complete,
     )
 
 
