@@ -237,3 +237,55 @@ def _connect(gradio_client, url: str, timeout_s: float = 120):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def test_runs_of_two_processes_take_turns_on_the_device(tmp_path, monkeypatch):
+    # The app and a CLI run (or two apps) on one machine: the second waits for the first's lock on the
+    # device, a Cancel while waiting runs nothing, and the kernel frees the lock when its holder dies.
+    monkeypatch.setattr(launcher.tempfile, "gettempdir", lambda: str(tmp_path))
+    path = launcher.device_lock_path("cpu")
+    assert path == tmp_path / "advisor-device-cpu.lock"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('held', flush=True); time.sleep(600)",
+            str(path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        cancel, said = threading.Event(), []
+
+        def progress(done, total, message):
+            said.append(message)
+            cancel.set()
+
+        with pytest.raises(AdvisorError) as err, launcher._device_turn(cancel, progress, "cpu"):
+            raise AssertionError("ran while another process held the device")
+        assert str(err.value) == (
+            "cancelled while waiting for another process's run on this machine's cpu to stop; nothing ran"
+        )
+        assert said == ["waiting for another process's run on this machine's cpu to stop"]
+        assert launcher._DEVICE.acquire(blocking=False)  # this process's lock was given back
+        launcher._DEVICE.release()
+        entered = threading.Event()
+        waiter = threading.Thread(target=lambda: _take_turn(entered))
+        waiter.start()
+        time.sleep(0.3)
+        assert not entered.is_set()  # still waiting on the other process
+        holder.kill()
+        holder.wait()
+        waiter.join(timeout=30)
+        assert entered.is_set()  # the holder's death freed the device
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _take_turn(entered: threading.Event) -> None:
+    with launcher._device_turn(None, None, "cpu"):
+        entered.set()

@@ -8,6 +8,7 @@ timeout or a cancel all end as a run with a status and a message; the caller nev
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shlex
@@ -15,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -335,7 +337,7 @@ def profile_run(
         )
     check_step_options(setup, options.compile)
     preflight(setup, options, store)
-    with _device_turn(cancel, on_progress):
+    with _device_turn(cancel, on_progress, local_device_type(options.device)):
         return _profile(setup, options, store, on_progress, cancel)
 
 
@@ -346,18 +348,41 @@ still be stopping its child when the queue starts the next one; the next one wai
 child has exited and its run is filed before the next run is even created."""
 
 
+def device_lock_path(device_type: str) -> Path:
+    """The file whose lock (flock) one process holds while it profiles on this machine's
+    ``device_type`` (``cpu``, ``cuda``): the app and a CLI run, or two apps, take turns too."""
+    return Path(tempfile.gettempdir()) / f"advisor-device-{device_type}.lock"
+
+
 @contextlib.contextmanager
-def _device_turn(cancel: threading.Event | None, on_progress: ProgressFn | None):
-    """Wait for the device (see _DEVICE); AdvisorError where the caller cancels while waiting."""
-    told = False
-    while not _DEVICE.acquire(timeout=0.05):
+def _device_turn(cancel: threading.Event | None, on_progress: ProgressFn | None, device_type: str = "cpu"):
+    """Wait for the device: this process's turn (_DEVICE), then the machine's (an exclusive flock on
+    device_lock_path, released by the kernel when the holder exits, even killed); AdvisorError where the
+    caller cancels while waiting."""
+    told = set()
+
+    def wait(what: str) -> None:
         if cancel is not None and cancel.is_set():
-            raise AdvisorError("cancelled while waiting for the previous run to stop; nothing ran")
-        if on_progress is not None and not told:
-            on_progress(0, 1, "waiting for the previous run to stop")
-            told = True
+            raise AdvisorError(f"cancelled while waiting for {what} to stop; nothing ran")
+        if on_progress is not None and what not in told:
+            on_progress(0, 1, f"waiting for {what} to stop")
+            told.add(what)
+
+    while not _DEVICE.acquire(timeout=0.05):
+        wait("the previous run")
     try:
-        yield
+        with open(device_lock_path(device_type), "a+") as lock:
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    wait(f"another process's run on this machine's {device_type}")
+                    time.sleep(0.05)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
     finally:
         _DEVICE.release()
 
