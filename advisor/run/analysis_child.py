@@ -159,7 +159,11 @@ class _Spare:
     def take(self) -> _Child:
         """The idle child (or a new one where it has died), and a new idle one started behind it."""
         with self._lock:
-            child = self._child if self._child is not None and self._child.alive() else _Child()
+            child = self._child
+            if child is None or not child.alive():
+                if child is not None:
+                    child.end()  # died idle (killed from outside): reaped, its pipes closed
+                child = _Child()
             self._child = _Child()
             if not self._registered:
                 atexit.register(self.stop)
