@@ -26,6 +26,12 @@ from advisor.spec.stages import blocks_per_rank, moe_blocks_per_rank, stage_laye
 # Caching-allocator fragmentation: reserved minus allocated memory, as a share of allocated
 # (PyTorch "CUDA semantics: memory management"; 3-8 % on steady training steps).
 FRAGMENTATION_FRAC = 0.05
+# The same for the eager PyTorch step (framework 'pytorch'), which allocates and frees every tensor on its
+# own rather than in Megatron-LM's flat buffers. Fitted once on the nine published runs that give their
+# peak (torchtitan's and Trainy's max reserved, bench/published_runs.py: the fraction that minimises the
+# mean absolute error, 0.100; fitted on either source alone, 0.100 and 0.098, and the other source reads
+# within 2.4 % but for torchtitan's 70B 2D run, 9.7 % low).
+EAGER_FRAGMENTATION_FRAC = 0.10
 # PyTorch DDP's gradient buckets (torch/nn/parallel/distributed.py): bucket_cap_mb defaults to 25 MiB,
 # and the bucket rebuilt after the first iteration for the gradients that arrive first is capped at
 # dist._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB. A bucket closes once it reaches its cap, so a tensor larger
@@ -278,6 +284,13 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
             order = [("s", q), ("s", kv), ("s", kv), ("r", h)]
             order += [("s", f), ("s", f), ("r", h)] if m.mlp == "swiglu" else [("s", f), ("r", h)]
             kept = order[::2]
+            if eager and tr.compile and len(order) % 2:
+                # Compiled, the policy tags the graph and AOTAutograd's partitioner saves only what the
+                # backward reads (torch/_functorch/partitioners.py): the block's last matmul output (the
+                # SwiGLU down projection's, the 7th) feeds only the residual add, whose backward reads no
+                # input, so it is not kept; eager SAC caches every saved op's output. Measured by
+                # torchtitan: 82.4 -> 77.0 GiB and 67.0 -> 62.0 GiB with torch.compile on Llama 3.1 8B.
+                kept = kept[:-1]
             split_mm = e * sum(w for kind, w in kept if kind == "s")
             repl_mm = e * sum(w for kind, w in kept if kind == "r")  # o and down outputs: h wide, whole
         split = e * q + 4.0 * m.n_heads + split_mm  # attention output, fp32 log-sum-exp, kept matmuls
@@ -315,6 +328,36 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
         scores = m.n_heads * (setup.train.seq_len / p.cp) * (e + drop * (1 + e))
     base = (replicated + split) / t if p.sequence_parallel else replicated + split / t
     return base + scores / t, base
+
+
+def loss_bytes_per_logit(setup: Setup) -> tuple[float, float]:
+    """(saved from the forward, added during the loss backward) bytes per logit of one GPU's cross-entropy.
+
+    - Megatron-LM's vocab-parallel cross-entropy keeps its fp32 softmax and writes the gradient in place
+      over it: (4, 0).
+    - A fused loss on the eager step (flash-attn's, Liger's, ``fused_loss``) keeps the 16-bit logits and
+      writes their gradient in place: (e, 0).
+    - A compiled loss (``TrainSpec.loss_compiled``: F.cross_entropy over ``logits.float()`` under
+      torch.compile) keeps the 16-bit logits, its graph input, and a log-sum-exp per row; its backward is
+      one fused kernel that writes the 16-bit gradient (inductor turns the one-hot scatter into a select,
+      post_grad.py ``scatter_upon_const_tensor``): (e, e).
+    - PyTorch's eager cross-entropy keeps the fp32 log-softmax; its backward holds the fp32 gradient of the
+      log-softmax and of the logits: (4, 8) in every precision (measured, bench/results/dryrun_accuracy_cpu.md).
+    - Under tensor parallelism the eager step's loss is DTensor's loss_parallel, whose backward
+      (torch/distributed/tensor/parallel/loss.py, ``_nll_loss_and_log_softmax_backward``) builds
+      ``(zeros_like(x) + exp(x)) * grad``: three fp32 temporaries beside the saved log-softmax, (4, 12).
+
+    e is the logits' element size (4 under fp32, else 2).
+    """
+    tr = setup.train
+    if tr.framework != "pytorch":
+        return 4.0, 0.0
+    e = 4.0 if tr.precision == "fp32" else 2.0
+    if tr.fused_loss:
+        return e, 0.0
+    if tr.loss_compiled:
+        return e, e
+    return 4.0, 12.0 if setup.parallel.tp > 1 else 8.0
 
 
 def kept_bytes_per_token(setup: Setup, moe: bool) -> float:
@@ -405,16 +448,15 @@ def _activation_memory(
     if first and tr.dropout:
         acts += m.hidden * tokens_mb * in_flight / (p.tp if p.sequence_parallel else 1)  # embedding dropout mask
     if last:
-        # Final norm input and head input, plus what the loss saves per logit: the fp32 log-softmax
-        # (PyTorch's cross-entropy; Megatron-LM's vocab-parallel one keeps its fp32 softmax), or the
-        # 16-bit logits a fused loss writes its gradient into (``fused_loss``).
+        # Final norm input and head input, plus what the loss saves per logit (``loss_bytes_per_logit``).
         head_mb = in_flight if _gpipe(setup) else 1.0
-        per_logit = e if tr.fused_loss and tr.framework == "pytorch" else 4.0
-        acts += (
-            ((resid + e) * m.hidden / (p.tp if p.sequence_parallel else 1) + per_logit * m.vocab / p.tp)
-            * tokens_mb
-            * head_mb
-        )
+        per_logit = loss_bytes_per_logit(setup)[0]
+        sp = p.tp if p.sequence_parallel else 1
+        # Under DTensor TP (the eager step, as torchtitan's plan and advisor.run.parallel.apply_tp) the
+        # head's ColwiseParallel all-gathers the sequence-sharded norm output before F.linear, which saves
+        # the gathered input; Megatron-LM saves its shard and gathers it again in backward.
+        head_in = e * m.hidden / (1 if tr.framework == "pytorch" else sp)
+        acts += (resid * m.hidden / sp + head_in + per_logit * m.vocab / p.tp) * tokens_mb * head_mb
     return acts, working, max(0.0, offloaded)
 
 
@@ -493,6 +535,14 @@ def _buffer_bytes(
         reduce_scatter = block * 4.0
         begin = (root + block) * gather_e if p.zero >= 3 else (dense + expert) * gather_e
         late = begin + (block * gather_e if p.zero >= 3 else 0.0) + reduce_scatter
+        if setup.hardware.kind == "gpu":
+            # The flat all-gather outputs live in the all-gather copy-in stream's pool, beside the gathered
+            # parameters the copy-out writes on the compute stream; FSDP2 holds the previous group's output
+            # until the next all-gather has waited on it (AllGatherState, _fsdp_param_group.py), so that
+            # pool peaks at the root's and a block's, or two blocks'.
+            pool = (max(root, block) + block) * gather_e
+            begin += pool
+            late += pool
         late_extra = gather_e * m.vocab * m.hidden / p.tp if last else 0.0
         at_step = 0.0
     elif tr.framework == "pytorch" and p.zero == 0 and dense_shard > 1:
@@ -531,21 +581,20 @@ def stage_memory(
     if tr.autocast and not fsdp2:
         saved, working, head_cast = _with_autocast_copies(setup, saved, working, matmul, first, last, rank)
     begin, late, at_step = _buffer_bytes(setup, dense, expert, block, root, last, fsdp2)
-    # PyTorch's loss backward holds the fp32 gradient of the log-softmax and of the logits: 8 bytes
-    # per logit in every precision (measured, bench/results/dryrun_accuracy_cpu.md). Megatron-LM's
-    # vocab-parallel cross-entropy and the fused losses (flash-attn's, Liger's) write the gradient
-    # in place over what they saved: nothing more.
     eager = tr.framework == "pytorch"
-    in_place = tr.fused_loss or not eager
-    loss = 8.0 * m.vocab / t * tokens_mb if last and not in_place else 0.0
+    loss = loss_bytes_per_logit(setup)[1] * m.vocab / t * tokens_mb if last else 0.0
     # foreach kernels build one fp32 temporary the size of the parameters they update (the
     # sqrt of exp_avg_sq for AdamW); fused kernels none; a for-loop one tensor at a time.
     scratch = {"foreach": 4.0 * shard_params, "fused": 0.0, "for-loop": 4.0 * m.vocab * m.hidden / t}
     opt_scratch = 0.0 if p.offload != "none" else scratch[tr.optimizer_impl]
     # Gradients outlive the step where a framework keeps gradient buffers (Megatron's main_grad) or
     # micro-batches accumulate into them; the eager step frees them (zero_grad(set_to_none=True)), under
-    # DDP and FSDP2 too (DDP's own copy in its buckets is counted with the buffers).
-    persistent_grads = not eager or setup.grad_accum > 1
+    # DDP and FSDP2 too (DDP's own copy in its buckets is counted with the buffers). On a GPU, FSDP2's
+    # gradient shards are views of the reduce-scatter output, allocated on its reduce-scatter stream
+    # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce); the caching allocator
+    # reuses a block only on the stream it was allocated on, so once freed the shards' bytes stay
+    # reserved in that stream's pool through the next forward and backward.
+    persistent_grads = not eager or setup.grad_accum > 1 or (fsdp2 and hw.kind == "gpu")
     # Backward begins with the loss buffers; a recomputed block comes after they are freed.
     g = grads if persistent_grads else 0.0
     backward_begins = (weights, g, opt, saved + head_cast, begin + loss)
@@ -554,7 +603,8 @@ def stage_memory(
     backward = backward_begins if sum(backward_begins) >= sum(backward_later) else backward_later
     w, g, o, a, buf = backward if sum(backward) >= sum(step) else step
     moment = "backward" if (w, g, o, a, buf) == backward else "optimizer step"
-    overhead = hw.runtime_overhead_bytes + (FRAGMENTATION_FRAC * (w + g + o + a + buf) if hw.kind == "gpu" else 0.0)
+    frag = EAGER_FRAGMENTATION_FRAC if eager else FRAGMENTATION_FRAC
+    overhead = hw.runtime_overhead_bytes + (frag * (w + g + o + a + buf) if hw.kind == "gpu" else 0.0)
     return MemoryBreakdown(w, g, o, a, buf, overhead, host, moment), dense, expert
 
 
