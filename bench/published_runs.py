@@ -231,10 +231,24 @@ def memory_section(rows: list[PublishedComparison]) -> list[str]:
     ]
     for source, (frac, es) in held.items():
         lines.append(f"| {source} | {frac:.3f} | {', '.join(f'{e:+.1f}' for e in es)} |")
-    lines += ["", "| run | published GiB | estimated GiB | error |", "|---|---:|---:|---:|"]
+    lines += [
+        "",
+        "Term by term, GiB: weights (fp32 shards), gradients (fp32 shards, kept in the reduce-scatter stream's",
+        "pool), optimizer (AdamW), activations (saved, with the head's and what the loss saves), buffers (gathered",
+        "weights and their all-gather pool, the loss's backward), fragmentation; at the peak moment.",
+        "",
+        "| run | weights | grads | optimizer | activations | buffers | fragmentation | estimated | published | error |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    gib = 2**30
     for c in mem_rows:
+        m = c.estimate.memory
+        frag = m.overhead_bytes - c.run.setup.hardware.runtime_overhead_bytes
+        terms = (m.weights_bytes, m.grads_bytes, m.optimizer_bytes, m.activations_bytes, m.buffers_bytes, frag)
         lines.append(
-            f"| {c.run.name} | {c.run.measured_memory_gib:.1f} | {c.estimated_memory_gib:.1f} | {c.memory_error_pct:+.1f} % |"
+            f"| {c.run.name} | "
+            + " | ".join(f"{x / gib:.2f}" for x in terms)
+            + f" | {c.estimated_memory_gib:.1f} | {c.run.measured_memory_gib:.1f} | {c.memory_error_pct:+.1f} % |"
         )
     return lines
 
