@@ -1042,9 +1042,9 @@ def test_fused_loss_keeps_16_bit_logits_and_no_fp32_buffers():
 
 
 def test_fast_init_builds_the_dataclass_s_own_object():
-    from dataclasses import FrozenInstanceError, dataclass, field
+    from dataclasses import FrozenInstanceError, InitVar, dataclass, field
 
-    from advisor.estimate.frozen import fast_init
+    from advisor.spec.frozen import fast_init
 
     @dataclass(frozen=True, slots=True)
     class Plain:
@@ -1068,11 +1068,29 @@ def test_fast_init_builds_the_dataclass_s_own_object():
     with pytest.raises(TypeError, match="unexpected keyword argument 'c'"):
         Fast(1.0, c=2)  # type: ignore[call-arg]
 
+    # A __post_init__ runs last, as the dataclass's own __init__ runs it (the specs validate there).
+    @fast_init
     @dataclass(frozen=True, slots=True)
     class Checked:
         a: float
+        b: float | None = None
 
-        def __post_init__(self) -> None: ...
+        def __post_init__(self) -> None:
+            if self.a < 0:
+                raise ValueError(f"a={self.a}")
+            if self.b is None:
+                object.__setattr__(self, "b", 2 * self.a)
+
+    assert (Checked(1.5).b, Checked(1.5, 1.0).b) == (3.0, 1.0)
+    with pytest.raises(ValueError, match="a=-1"):
+        Checked(-1)
+
+    @dataclass(frozen=True, slots=True)
+    class WithInitVar:
+        a: float
+        scale: InitVar[float] = 1.0
+
+        def __post_init__(self, scale: float) -> None: ...
 
     @dataclass(frozen=True, slots=True)
     class Factory:
@@ -1082,6 +1100,24 @@ def test_fast_init_builds_the_dataclass_s_own_object():
     class NoSlots:
         a: float
 
-    for cls in (Checked, Factory, NoSlots):
+    for cls in (WithInitVar, Factory, NoSlots):
         with pytest.raises(TypeError, match="fast_init"):
             fast_init(cls)
+
+
+def test_the_per_setup_memo_answers_only_for_its_own_setup():
+    # memory._memo keeps the last setup's stage split and per-token bytes: alternating two setups that
+    # differ in exactly those (pipeline split, recompute) gives each its own estimate, as when alone.
+    a = make_setup(model="llama-3.1-8b", gpu="h100", gpus=16, pp=4, seq=4096, recompute="full", global_batch=64)
+    b = replace(a, parallel=replace(a.parallel, pp=2, dp=8), train=replace(a.train, recompute="none"))
+    alone = {id(s): estimate(s) for s in (a, b)}
+    for s in (a, b, a, b):
+        e = estimate(s)
+        assert (e.memory, e.time, e.memory_first_stage) == (
+            alone[id(s)].memory,
+            alone[id(s)].time,
+            alone[id(s)].memory_first_stage,
+        )
+    assert estimate(a).memory != estimate(b).memory
+    # An equal but distinct setup object is answered afresh, the same.
+    assert estimate(replace(a, train=replace(a.train))).memory == alone[id(a)].memory

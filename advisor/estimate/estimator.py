@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from advisor.estimate.efficiency import ERROR_BAND, FITTED, EfficiencyParams
-from advisor.estimate.frozen import fast_init
 from advisor.estimate.memory import (
     BUCKETS_IN_FLIGHT,
     DDP_BUCKET_BYTES,
@@ -46,6 +45,7 @@ from advisor.estimate.steptime import (
     stage_imbalance,
     step_time,
 )
+from advisor.spec.frozen import fast_init
 from advisor.spec.specs import Setup
 from advisor.spec.stages import megatron_stage_layers, pipeline_stage_layers, stage_layers
 

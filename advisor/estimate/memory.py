@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from advisor.estimate.frozen import fast_init
+from advisor.spec.frozen import fast_init
 from advisor.spec.specs import Setup
 from advisor.spec.stages import blocks_per_rank, moe_blocks_per_rank, stage_layers
 
@@ -103,7 +103,14 @@ def bytes_per_param(
     weights and adds a 1-byte fp8 copy of each weight (TransformerEngine's cached cast). ``autocast``
     (torch.autocast over fp32 parameters, PyTorch AMP): 4-byte weights and gradients, no master copy.
     """
-    states = {"adamw": 8.0, "sgd": 4.0, "adafactor": 8.0 / hidden}[optimizer]
+    if optimizer == "adamw":
+        states = 8.0
+    elif optimizer == "sgd":
+        states = 4.0
+    elif optimizer == "adafactor":
+        states = 8.0 / hidden
+    else:
+        raise KeyError(optimizer)
     if precision == "fp32" or autocast:
         return 4.0, 4.0, states
     weight = 3.0 if precision == "fp8" else 2.0
@@ -130,6 +137,41 @@ def zero_model_state_bytes(
     )
 
 
+# One estimate asks the same questions of its setup for each pipeline rank it weighs and again for the
+# step time: the split into stages and the saved bytes per token. The answers of the last setup asked
+# about are kept here, keyed by the object itself (frozen: its answers never change): on the
+# estimator_speed grid they were 2.7 activation counts and 8.5 stage splits per estimate. A thread that
+# finds another setup's answers starts its own; the answers are the same either way.
+_MEMO: tuple[object, dict] = (None, {})
+
+
+def _memo(setup: Setup) -> dict:
+    """The answers kept for ``setup`` (empty for a setup not asked about last)."""
+    global _MEMO
+    held = _MEMO
+    if held[0] is not setup:
+        held = _MEMO = (setup, {})
+    return held[1]
+
+
+def _stages(setup: Setup) -> tuple[int, ...]:
+    """``stage_layers(setup)``, kept."""
+    memo = _memo(setup)
+    stages = memo.get("stages")
+    if stages is None:
+        stages = memo["stages"] = stage_layers(setup)
+    return stages
+
+
+def rank_blocks(setup: Setup) -> tuple[float, ...]:
+    """``blocks_per_rank`` of the setup's stages, kept."""
+    memo = _memo(setup)
+    blocks = memo.get("blocks")
+    if blocks is None:
+        blocks = memo["blocks"] = blocks_per_rank(_stages(setup), setup.parallel.pp)
+    return blocks
+
+
 def _rank_layers(setup: Setup, first: bool, last: bool, rank: int | None = None) -> float:
     """Blocks held by pipeline rank ``rank`` (default: the first, or the last with ``last`` and not
     ``first``); a rank holds every pp-th stage under interleaving (``stage_layers``)."""
@@ -138,7 +180,7 @@ def _rank_layers(setup: Setup, first: bool, last: bool, rank: int | None = None)
         return float(setup.model.n_layers)
     if rank is None:
         rank = 0 if first else p.pp - 1
-    return blocks_per_rank(stage_layers(setup), p.pp)[rank]
+    return rank_blocks(setup)[rank]
 
 
 def _rank_moe_layers(setup: Setup, first: bool, last: bool, rank: int | None = None) -> float:
@@ -153,27 +195,19 @@ def _rank_moe_layers(setup: Setup, first: bool, last: bool, rank: int | None = N
         return float(m.n_moe_layers)
     if rank is None:
         rank = 0 if first else p.pp - 1
-    return moe_blocks_per_rank(stage_layers(setup), p.pp, m.moe_layer_step)[rank]
+    return moe_blocks_per_rank(_stages(setup), p.pp, m.moe_layer_step)[rank]
 
 
 def _last_chunk_layers(setup: Setup) -> float:
     """Blocks of the last pipeline stage (the last rank's last chunk under interleaving)."""
-    return float(stage_layers(setup)[-1])
+    return float(_stages(setup)[-1])
 
 
-def _stage_params(
-    setup: Setup, first: bool, last: bool, rank: int | None = None
-) -> tuple[float, float, float, float, float]:
-    """(dense, expert, block, matmul, root) parameters one GPU of a stage holds after TP/PP/EP.
-
-    Megatron split: attention heads and MLP columns by tp (KV heads replicated when tp > n_kv_heads),
-    vocabulary-parallel embedding and head, norms, routers and row-parallel biases replicated, routed
-    experts split by ep and each by tp. The first stage holds the embedding, the last the final norm
-    and the head (a copy of the embedding when tied and pp > 1). ``block`` is one block's weights
-    gathered in full over DP (ZeRO-3 buffers); ``matmul`` the weights that enter a matrix multiply
-    (what autocast keeps 16-bit copies of); ``root`` the stage's weights outside the blocks (embedding,
-    final norm, head: the root FSDP unit of ``advisor.run.parallel.apply_fsdp``), included in ``dense``.
-    """
+def _block_params(setup: Setup) -> tuple[float, float, float, float, float, float, float]:
+    """Parameters of one block on one GPU after TP and EP, the same on every pipeline rank: (a dense
+    block's, a dense block's that enter a matmul, an MoE block's outside its routed experts, its local
+    routed experts (a count), one routed expert's, an MoE block's that enter a matmul, an MoE block's in
+    all); the MoE ones 0 for a dense model."""
     m, p = setup.model, setup.parallel
     t = p.tp
     kv_heads_rank = max(m.n_kv_heads // t, 1)
@@ -193,23 +227,51 @@ def _stage_params(
         return (m.mlp_params(ffn) - (h if m.mlp_bias else 0)) / t + (h if m.mlp_bias else 0)
 
     norms = 2 * m.norm_params
+    dense_layer = attn + mlp(m.ffn_hidden) + norms
+    dense_mm = attn_mm + mats * h * m.ffn_hidden / t
+    if not m.is_moe:
+        return dense_layer, dense_mm, 0.0, 0.0, 0.0, 0.0, 0.0
+    local_experts = m.n_experts / p.ep
+    moe_shared = attn + m.router_params + m.n_shared_experts * mlp(m.expert_ffn_hidden) + norms
+    expert_mlp = mlp(m.expert_ffn_hidden)
+    expert_mm = (local_experts + m.n_shared_experts) * mats * h * m.expert_ffn_hidden / t
+    moe_mm = attn_mm + m.router_params + expert_mm
+    moe_block = moe_shared + local_experts * expert_mlp
+    return dense_layer, dense_mm, moe_shared, local_experts, expert_mlp, moe_mm, moe_block
+
+
+def _stage_params(
+    setup: Setup, first: bool, last: bool, rank: int | None = None
+) -> tuple[float, float, float, float, float]:
+    """(dense, expert, block, matmul, root) parameters one GPU of a stage holds after TP/PP/EP.
+
+    Megatron split: attention heads and MLP columns by tp (KV heads replicated when tp > n_kv_heads),
+    vocabulary-parallel embedding and head, norms, routers and row-parallel biases replicated, routed
+    experts split by ep and each by tp. The first stage holds the embedding, the last the final norm
+    and the head (a copy of the embedding when tied and pp > 1). ``block`` is one block's weights
+    gathered in full over DP (ZeRO-3 buffers); ``matmul`` the weights that enter a matrix multiply
+    (what autocast keeps 16-bit copies of); ``root`` the stage's weights outside the blocks (embedding,
+    final norm, head: the root FSDP unit of ``advisor.run.parallel.apply_fsdp``), included in ``dense``.
+    """
+    m, p = setup.model, setup.parallel
+    t, h = p.tp, m.hidden
+    memo = _memo(setup)
+    per_block = memo.get("block_params")
+    if per_block is None:
+        per_block = memo["block_params"] = _block_params(setup)
+    dense_layer, dense_mm, moe_shared, local_experts, expert_mlp, moe_mm, moe_block = per_block
     moe_layers = _rank_moe_layers(setup, first, last, rank)
     dense_layers = _rank_layers(setup, first, last, rank) - moe_layers
-    dense_layer = attn + mlp(m.ffn_hidden) + norms
     dense = dense_layers * dense_layer
-    matmul = dense_layers * (attn_mm + mats * h * m.ffn_hidden / t)
+    matmul = dense_layers * dense_mm
     expert = 0.0
     block = dense_layer
     if m.is_moe:
-        local_experts = m.n_experts / p.ep
-        moe_shared = attn + m.router_params + m.n_shared_experts * mlp(m.expert_ffn_hidden) + norms
         dense += moe_layers * moe_shared
-        expert = moe_layers * local_experts * mlp(m.expert_ffn_hidden)
-        expert_mm = (local_experts + m.n_shared_experts) * mats * h * m.expert_ffn_hidden / t
-        matmul += moe_layers * (attn_mm + m.router_params + expert_mm)
+        expert = moe_layers * local_experts * expert_mlp
+        matmul += moe_layers * moe_mm
         # The largest block this rank holds (ZeRO-3 gathers one at a time): a rank of dense blocks only
         # (Maverick's stages of one block) never gathers an MoE block.
-        moe_block = moe_shared + local_experts * mlp(m.expert_ffn_hidden)
         block = max(dense_layer if dense_layers else 0.0, moe_block if moe_layers else 0.0)
     root = 0.0
     if first:
@@ -233,6 +295,17 @@ def _eager_fsdp2(setup: Setup) -> bool:
 
 
 def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = None) -> tuple[float, float]:
+    """Saved-activation bytes per token for one block on one GPU: (total, s^2-free part), as
+    ``_activation_bytes_per_token`` counts them, kept for the setup's other ranks and its step time."""
+    memo = _memo(setup)
+    key = (moe, recompute)
+    out = memo.get(key)
+    if out is None:
+        out = memo[key] = _activation_bytes_per_token(setup, moe, recompute)
+    return out
+
+
+def _activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None) -> tuple[float, float]:
     """Saved-activation bytes per token for one block on one GPU: (total, s^2-free part).
 
     Counted tensor by tensor [Korthikanti sec. 4]: with e the activation element size, each norm saves
@@ -473,10 +546,12 @@ def _model_state_bytes(
     dense_shard = p.dp * p.cp
     expert_shard = dense_shard // p.ep
     # FSDP2 shards weights, gradients and optimizer states at every stage (ZeRO-1 runs as ZeRO-2).
-    state = (tr.precision, tr.optimizer, 3 if fsdp2 else p.zero)
-    dw, dg, do = zero_model_state_bytes(dense, *state, dense_shard, m.hidden, tr.fp32_grads, tr.autocast)
-    ew, eg, eo = zero_model_state_bytes(expert, *state, expert_shard, m.hidden, tr.fp32_grads, tr.autocast)
-    weights, grads, opt = dw + ew, dg + eg, do + eo
+    # zero_model_state_bytes of the dense and the expert parameters, its arithmetic inlined.
+    zero = 3 if fsdp2 else p.zero
+    w, g, o = bytes_per_param(tr.precision, tr.optimizer, m.hidden, tr.fp32_grads, tr.autocast)
+    weights = dense * w / (dense_shard if zero >= 3 else 1) + expert * w / (expert_shard if zero >= 3 else 1)
+    grads = dense * g / (dense_shard if zero >= 2 else 1) + expert * g / (expert_shard if zero >= 2 else 1)
+    opt = dense * o / (dense_shard if zero >= 1 else 1) + expert * o / (expert_shard if zero >= 1 else 1)
     shard_params = dense / (dense_shard if p.zero else 1) + expert / (expert_shard if p.zero else 1)
     host = 0.0
     if p.offload != "none":
@@ -664,7 +739,7 @@ def pipeline_memory(setup: Setup) -> PipelineMemory:
         # and torch's warm-up), ((v + 1) pp - 2r - 1) / v of its blocks' worth. Of the ranks holding
         # as many blocks (and MoE blocks), the earliest keeps the most, so one rank per distinct pair
         # is weighed.
-        stages = stage_layers(setup)
+        stages = _stages(setup)
         moe_ranks = moe_blocks_per_rank(stages, pp, m.moe_layer_step) if m.is_moe else (0.0,) * pp
         kinds = list(zip(blocks_per_rank(stages, pp), moe_ranks, strict=True))
         for kind in sorted(set(kinds[1:-1]) - {kinds[0]}):

@@ -33,16 +33,17 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from advisor.estimate.efficiency import EfficiencyParams, attention_frac, attention_impl, device_fit, gemms_time_s
-from advisor.estimate.frozen import fast_init
 from advisor.estimate.memory import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
     PipelineMemory,
     activation_bytes_per_token,
     kept_bytes_per_token,
+    rank_blocks,
 )
+from advisor.spec.frozen import fast_init
 from advisor.spec.specs import ModelSpec, Setup
-from advisor.spec.stages import blocks_per_rank, head_in_blocks, stage_layers
+from advisor.spec.stages import head_in_blocks
 
 # Share of link bandwidth collectives reach (nccl-tests bus bandwidth on NVLink and InfiniBand is
 # typically ~80 % of the per-direction link rate).
@@ -150,7 +151,7 @@ def _slowest_rank(setup: Setup) -> tuple[float, float, bool]:
         return 1.0, 1.0, True
     n = setup.model.n_layers
     head = head_in_blocks(setup)
-    layers = blocks_per_rank(stage_layers(setup), p.pp)
+    layers = rank_blocks(setup)
     # The slowest rank: the last with the head, or the one with the most blocks (the first such).
     most = max(layers[:-1])
     last = layers[-1] + head >= most
@@ -478,19 +479,22 @@ def _dp_comm_needs_s(
     if dense_shard > 1 or expert_shard > 1:
         grad_e = 4.0 if tr.precision == "fp32" or tr.fp32_grads or tr.autocast else 2.0
         bw_dense = _group_bw(setup, t, dense_shard)
-        bw_exp = _expert_dp_bw(setup)
         gbytes_d, gbytes_e = dense_gpu * grad_e, expert_gpu * grad_e
         wbytes_d, wbytes_e = dense_gpu * 2.0, expert_gpu * 2.0
         buckets = _ddp_bucket_count(gbytes_d + gbytes_e)
+        # Without routed experts their terms are 0.0, and x + 0.0 is x: skipped.
+        bw_exp = _expert_dp_bw(setup) if expert_gpu > 0 else 0.0
         if p.zero == 0:
-            in_bwd_window = (
-                _ring_all_reduce_s(gbytes_d, dense_shard, bw_dense)
-                + _ring_all_reduce_s(gbytes_e, expert_shard, bw_exp)
-                + buckets * lat
-            )
+            in_bwd_window = _ring_all_reduce_s(gbytes_d, dense_shard, bw_dense)
+            if expert_gpu > 0:
+                in_bwd_window += _ring_all_reduce_s(gbytes_e, expert_shard, bw_exp)
+            in_bwd_window += buckets * lat
         else:
-            reduce_s = _ring_gather_s(gbytes_d, dense_shard, bw_dense) + _ring_gather_s(gbytes_e, expert_shard, bw_exp)
-            gather_s = _ring_gather_s(wbytes_d, dense_shard, bw_dense) + _ring_gather_s(wbytes_e, expert_shard, bw_exp)
+            reduce_s = _ring_gather_s(gbytes_d, dense_shard, bw_dense)
+            gather_s = _ring_gather_s(wbytes_d, dense_shard, bw_dense)
+            if expert_gpu > 0:
+                reduce_s += _ring_gather_s(gbytes_e, expert_shard, bw_exp)
+                gather_s += _ring_gather_s(wbytes_e, expert_shard, bw_exp)
             if p.zero == 1 and p.offload == "none":
                 # Gradients accumulate unsharded; one reduce-scatter per step, then the updated shards
                 # are all-gathered after the optimizer step: exposed in the eager step, overlapped with

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, fields
 
 from advisor.errors import SpecError
+from advisor.spec.frozen import fast_init
 from advisor.spec.stages import stage_layers
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
@@ -50,6 +51,8 @@ def _divisors(n: int) -> str:
 
 
 def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> None:
+    if value.__class__ is int and lo <= value and (hi is None or value <= hi):  # type: ignore[operator]
+        return  # the common case, in the fewest instructions: every planner candidate comes through here
     if not isinstance(value, int) or isinstance(value, bool) or value < lo or (hi is not None and value > hi):
         rng = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
         raise SpecError(name, value, f"must be {rng}")
@@ -297,6 +300,7 @@ class ModelSpec:
         return self.n_dense_layers * dense + self.n_moe_layers * moe + self.vocab * h
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TrainSpec:
     """One optimizer step: batch shape, precision, optimizer, recompute."""
@@ -393,6 +397,7 @@ class TrainSpec:
         return self.framework == "pytorch" and self.precision in ("bf16", "fp16", "fp8")
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ParallelSpec:
     """How the step is spread over GPUs. Rank order, innermost first: TP, CP, DP, PP (Megatron-LM);
@@ -421,7 +426,9 @@ class ParallelSpec:
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "vpp", "cp", "ep"):
-            _check_int(f"parallel.{name}", getattr(self, name), 1, MAX_GPUS)
+            value = getattr(self, name)
+            if value.__class__ is not int or not 1 <= value <= MAX_GPUS:  # the field's name built on failure only
+                _check_int(f"parallel.{name}", value, 1, MAX_GPUS)
         if self.gpus > MAX_GPUS:
             name = max(("dp", "tp", "pp", "cp"), key=lambda n: getattr(self, n))  # the degree that overshoots most
             raise SpecError(
@@ -529,6 +536,7 @@ class HardwareSpec:
         }[precision]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Setup:
     """A model trained with a step spec under a parallel layout on hardware; cross-field checks run here.
