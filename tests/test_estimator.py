@@ -1106,7 +1106,7 @@ def test_fast_init_builds_the_dataclass_s_own_object():
 
 
 def test_the_per_setup_memo_answers_only_for_its_own_setup():
-    # memory._memo keeps the last setup's stage split and per-token bytes: alternating two setups that
+    # memory.setup_memo keeps the last setup's stage split and per-token bytes: alternating two setups that
     # differ in exactly those (pipeline split, recompute) gives each its own estimate, as when alone.
     a = make_setup(model="llama-3.1-8b", gpu="h100", gpus=16, pp=4, seq=4096, recompute="full", global_batch=64)
     b = replace(a, parallel=replace(a.parallel, pp=2, dp=8), train=replace(a.train, recompute="none"))

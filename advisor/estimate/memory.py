@@ -145,7 +145,7 @@ def zero_model_state_bytes(
 _MEMO: tuple[object, dict] = (None, {})
 
 
-def _memo(setup: Setup) -> dict:
+def setup_memo(setup: Setup) -> dict:
     """The answers kept for ``setup`` (empty for a setup not asked about last)."""
     global _MEMO
     held = _MEMO
@@ -156,7 +156,7 @@ def _memo(setup: Setup) -> dict:
 
 def _stages(setup: Setup) -> tuple[int, ...]:
     """``stage_layers(setup)``, kept."""
-    memo = _memo(setup)
+    memo = setup_memo(setup)
     stages = memo.get("stages")
     if stages is None:
         stages = memo["stages"] = stage_layers(setup)
@@ -165,7 +165,7 @@ def _stages(setup: Setup) -> tuple[int, ...]:
 
 def rank_blocks(setup: Setup) -> tuple[float, ...]:
     """``blocks_per_rank`` of the setup's stages, kept."""
-    memo = _memo(setup)
+    memo = setup_memo(setup)
     blocks = memo.get("blocks")
     if blocks is None:
         blocks = memo["blocks"] = blocks_per_rank(_stages(setup), setup.parallel.pp)
@@ -255,7 +255,7 @@ def _stage_params(
     """
     m, p = setup.model, setup.parallel
     t, h = p.tp, m.hidden
-    memo = _memo(setup)
+    memo = setup_memo(setup)
     per_block = memo.get("block_params")
     if per_block is None:
         per_block = memo["block_params"] = _block_params(setup)
@@ -297,7 +297,7 @@ def _eager_fsdp2(setup: Setup) -> bool:
 def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = None) -> tuple[float, float]:
     """Saved-activation bytes per token for one block on one GPU: (total, s^2-free part), as
     ``_activation_bytes_per_token`` counts them, kept for the setup's other ranks and its step time."""
-    memo = _memo(setup)
+    memo = setup_memo(setup)
     key = (moe, recompute)
     out = memo.get(key)
     if out is None:

@@ -40,6 +40,7 @@ from advisor.estimate.memory import (
     activation_bytes_per_token,
     kept_bytes_per_token,
     rank_blocks,
+    setup_memo,
 )
 from advisor.spec.frozen import fast_init
 from advisor.spec.specs import ModelSpec, Setup
@@ -150,7 +151,10 @@ def _slowest_rank(setup: Setup) -> tuple[float, float, bool]:
     if p.pp == 1:
         return 1.0, 1.0, True
     n = setup.model.n_layers
-    head = head_in_blocks(setup)
+    memo = setup_memo(setup)
+    head = memo.get("head_in_blocks")
+    if head is None:
+        head = memo["head_in_blocks"] = head_in_blocks(setup)
     layers = rank_blocks(setup)
     # The slowest rank: the last with the head, or the one with the most blocks (the first such).
     most = max(layers[:-1])
@@ -235,6 +239,15 @@ def _ddp_bucket_count(grad_bytes: float) -> int:
 # --- rates ---------------------------------------------------------------------------------------
 
 
+def _matmul_params(setup: Setup) -> int:
+    """``setup.model.matmul_params_per_token()``, kept for the setup (``memory.setup_memo``)."""
+    memo = setup_memo(setup)
+    n = memo.get("matmul_params")
+    if n is None:
+        n = memo["matmul_params"] = setup.model.matmul_params_per_token()
+    return n
+
+
 def _fp8_cast_elements(m: ModelSpec, t: int) -> float:
     """Elements per token one block casts to fp8 on one TP rank: each GEMM's input forward (QKV and
     MLP-in read the hidden state, the projection its q/t input, MLP-out its f/t input) and each GEMM's
@@ -246,8 +259,47 @@ def _fp8_cast_elements(m: ModelSpec, t: int) -> float:
     return forward + backward
 
 
-@functools.lru_cache(maxsize=8192)
+# _rates by the objects' identity first: its lru_cache hashes the ModelSpec (30 fields), the HardwareSpec
+# and the EfficiencyParams on every call, 15k of an estimate's 440k machine instructions on the
+# estimator_speed grid. An entry keeps its objects, so their ids stay theirs while it is held.
+_RATES_BY_ID: dict[tuple, tuple] = {}
+
+
 def _rates(
+    m: ModelSpec,
+    t: int,
+    ep: int,
+    tokens_mb: int,
+    seq_attn: int,
+    precision: str,
+    framework: str,
+    flash: bool,
+    hw,
+    params: EfficiencyParams,
+) -> tuple[float, float]:
+    """``_rates_by_value``, looked up by the specs' identity before their value."""
+    key = (id(m), id(hw), id(params), t, ep, tokens_mb, seq_attn, precision, framework, flash)
+    hit = _RATES_BY_ID.get(key)
+    if hit is not None and hit[0] is m and hit[1] is hw and hit[2] is params:
+        return hit[3]
+    out = _rates_by_value(m, t, ep, tokens_mb, seq_attn, precision, framework, flash, hw, params)
+    if len(_RATES_BY_ID) >= 8192:
+        _RATES_BY_ID.clear()
+    _RATES_BY_ID[key] = (m, hw, params, out)
+    return out
+
+
+def _clear_rates() -> None:
+    """Forget every rate (a device's kernel table changed): both caches."""
+    _RATES_BY_ID.clear()
+    _rates_by_value.cache_clear()
+
+
+_rates.cache_clear = _clear_rates  # type: ignore[attr-defined]
+
+
+@functools.lru_cache(maxsize=8192)
+def _rates_by_value(
     m: ModelSpec,
     t: int,
     ep: int,
@@ -321,7 +373,7 @@ def _flops_per_token(setup: Setup) -> tuple[float, float, float, float, float]:
     """(model FLOPs, hardware FLOPs before recompute, recomputed FLOPs, attention forward FLOPs as
     executed, share of a rank's blocks that recompute) per token of the whole model."""
     m, tr = setup.model, setup.train
-    nmm = m.matmul_params_per_token()
+    nmm = _matmul_params(setup)
     attn_fwd_full = 4.0 * tr.seq_len * m.q_dim * m.n_layers  # QK^T and AV over the full s x s, per token [Narayanan]
     model_flops_tok = 6.0 * nmm + 3.0 * attn_fwd_full  # = 6N + 12*L*s*q [PaLM]
     attn_fwd_exec = attn_fwd_full * (0.5 if tr.flash_attention else 1.0)  # causal flash skips the masked half
