@@ -5,7 +5,7 @@ class's own ``__setattr__`` refuses), which looks the field up again on every st
 an Estimate (16 fields), a TimeBreakdown (12) and a MemoryBreakdown (8) per pipeline rank it weighs;
 stored through their slot descriptors instead, the estimator_speed grid runs 7.1 % fewer machine
 instructions per estimate (386k against 415k, valgrind cachegrind, Python 3.11). Every planner candidate
-also builds a TrainSpec (23 fields), a ParallelSpec (9) and a Setup (4), each validated by its
+also builds a TrainSpec (17 fields), a ParallelSpec (9) and a Setup (4), each validated by its
 ``__post_init__``, which this ``__init__`` calls as the generated one does.
 """
 
