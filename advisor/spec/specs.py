@@ -348,7 +348,7 @@ class TrainSpec:
     an extra 16-bit input copy per linear under autocast; fp8 there is torchao's float8 training."""
     fused_loss: bool = False
     """A fused cross-entropy on the eager step (flash-attn's, Liger's): it keeps the 16-bit logits and
-    writes their gradient in place, instead of PyTorch's fp32 log-softmax and gradient copies (16 bytes
+    writes their gradient in place, instead of PyTorch's fp32 log-softmax and gradient copies (10 bytes
     a logit less). Megatron-LM's vocab-parallel loss is in place already."""
     compile: bool = False
     """torch.compile (or CUDA graphs) on the eager step: elementwise ops fused, no per-op launch
