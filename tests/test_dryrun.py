@@ -126,7 +126,8 @@ def test_cuda_target_adds_the_runtime_allowance_and_keeps_offloaded_state_off_th
     setup = make_setup(model="tiny", gpu="h100", seq=128, micro_batch=2, precision="bf16")
     cpu, cuda = dry_run(setup), dry_run(setup, target="cuda")
     assert cuda.peak_bytes == cpu.peak_bytes
-    assert cuda.total_bytes == cpu.peak_bytes + get_hardware("h100").runtime_overhead_bytes + int(0.05 * cpu.peak_bytes)
+    # The eager step's fragmentation allowance, 10 % (fitted on torchtitan's and Trainy's published peaks).
+    assert cuda.total_bytes == cpu.peak_bytes + get_hardware("h100").runtime_overhead_bytes + int(0.10 * cpu.peak_bytes)
     assert any("fake CPU tensors" in n for n in cuda.notes)
     off_cpu = dry_run(setup, offload_optimizer=True)
     off_cuda = dry_run(setup, offload_optimizer=True, target="cuda")

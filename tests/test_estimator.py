@@ -20,7 +20,13 @@ from advisor.estimate.estimator import (
     stage_layers,
     zero_model_state_bytes,
 )
-from advisor.estimate.memory import _activation_memory, _stage_params
+from advisor.estimate.memory import (
+    EAGER_FRAGMENTATION_FRAC,
+    FRAGMENTATION_FRAC,
+    _activation_memory,
+    _stage_params,
+    loss_bytes_per_logit,
+)
 from advisor.estimate.steptime import _group_bw
 from advisor.spec.presets import get_hardware, get_model
 from advisor.spec.setup import make_setup
@@ -623,15 +629,109 @@ def test_eager_fsdp2_zero3_holds_the_gathered_root_whatever_the_rank_count(gpus)
     mem = _dp("llama-3.1-8b", "h100", seq=4096, micro_batch=1, precision="bf16", gpus=gpus, zero=3)
     # When backward begins: the root (1.96 GiB at 2 bytes, whatever the rank count) and the last block
     # prefetched for backward, gathered as bf16 (MixedPrecisionPolicy), plus the loss's fp32 buffers.
+    # On a GPU the flat all-gather outputs keep their own stream's pool: the root's and a block's, as
+    # much again (2.54 GB).
     loss = 8 * 128256 * 4096
-    assert mem.buffers_bytes == 2 * (LLAMA_8B_ROOT + LLAMA_8B_BLOCK) + loss == 6_740_271_104
-    assert (mem.weights_bytes, mem.grads_bytes, mem.optimizer_bytes) == (4 * n / gpus, 0, 8 * n / gpus)
+    gathered = 2 * (LLAMA_8B_ROOT + LLAMA_8B_BLOCK)
+    assert mem.buffers_bytes == 2 * gathered + loss == 9_277_849_600
+    # The fp32 gradient shards (4 bytes a parameter over the ranks) stay reserved in the reduce-scatter
+    # stream's pool after zero_grad frees them; on the CPU (no streams) they are gone when backward begins.
+    assert (mem.weights_bytes, mem.grads_bytes, mem.optimizer_bytes) == (4 * n / gpus, 4 * n / gpus, 8 * n / gpus)
+    cpu = _dp("llama-3.1-8b", "cpu", seq=4096, micro_batch=1, precision="bf16", gpus=gpus, zero=3)
+    assert cpu.buffers_bytes == gathered + loss == 6_740_271_104 and cpu.grads_bytes == 0
     # Megatron-LM/DeepSpeed-style ZeRO-3 keeps its own buffers: two gathered bf16 blocks and an fp32
     # gradient block; its loss needs no buffers.
     megatron = _dp(
         "llama-3.1-8b", "h100", seq=4096, micro_batch=1, precision="bf16", gpus=gpus, zero=3, framework="megatron"
     )
     assert megatron.buffers_bytes == 8 * LLAMA_8B_BLOCK
+
+
+def _llama_8b_eager(**kw):
+    base = {"model": "llama-3.1-8b", "gpu": "h100", "seq": 4096, "micro_batch": 1, "precision": "bf16"}
+    return make_setup(**(base | {"gpus": 8, "zero": 3, "framework": "pytorch"} | kw))
+
+
+def _train(setup, **kw):
+    return replace(setup, train=replace(setup.train, **kw))
+
+
+def test_the_loss_keeps_and_adds_the_bytes_of_its_implementation():
+    eager = _llama_8b_eager()
+    # PyTorch's cross-entropy over logits.float(): the fp32 log-softmax saved, then the fp32 gradients of
+    # the log-softmax and of the logits in the backward.
+    assert loss_bytes_per_logit(eager) == (4.0, 8.0)
+    # Compiled with the loss (this project's torch.compile(model), torchtitan since 2025): the graph keeps
+    # its bf16 input and writes the bf16 gradient in one kernel.
+    compiled = _train(eager, compile=True)
+    assert compiled.train.loss_compiled and loss_bytes_per_logit(compiled) == (2.0, 2.0)
+    # torchtitan's December 2024 step compiled the blocks only: the loss is the eager one.
+    blocks_only = _train(eager, compile=True, compile_loss=False)
+    assert not blocks_only.train.loss_compiled and loss_bytes_per_logit(blocks_only) == (4.0, 8.0)
+    assert loss_bytes_per_logit(_train(eager, fused_loss=True)) == (2.0, 0.0)
+    assert loss_bytes_per_logit(_train(eager, precision="fp32", compile=True)) == (4.0, 4.0)
+    # DTensor's loss_parallel under TP: (zeros_like(x) + exp(x)) * grad, three fp32 temporaries.
+    assert loss_bytes_per_logit(_llama_8b_eager(tp=2, sequence_parallel=True)) == (4.0, 12.0)
+    assert loss_bytes_per_logit(_llama_8b_eager(framework="megatron")) == (4.0, 0.0)
+    # In the estimate, the 4,096 x 128,256 logits: compiled, the saved logits take 2 bytes where the
+    # log-softmax took 4.
+    logits = 4096 * 128256
+    e, c = estimate(eager).memory, estimate(compiled).memory
+    assert e.activations_bytes - c.activations_bytes == (4 - 2) * logits
+    # Eager, the peak is when backward begins: the root and the last block gathered (bf16), as much again
+    # in the all-gather pool, and the loss's 8 bytes a logit. Compiled, the loss adds 2 bytes a logit
+    # (6,125,830,144 bytes in all), less than later in backward: the root and two blocks gathered, a
+    # block's fp32 reduce-scatter buffer, the head's unsharded bf16 gradient and the pool.
+    gathered = 2 * (LLAMA_8B_ROOT + LLAMA_8B_BLOCK)
+    assert e.buffers_bytes == 2 * gathered + 8 * logits
+    assert gathered * 2 + 2 * logits == 6_125_830_144
+    later = gathered + 2 * LLAMA_8B_BLOCK + 4 * LLAMA_8B_BLOCK + 2 * 128256 * 4096 + gathered
+    assert c.buffers_bytes == later == 7_434_502_144
+
+
+def test_compiled_op_level_checkpointing_does_not_keep_the_last_matmul_output():
+    # torchtitan's policy saves the 1st, 3rd, 5th and 7th matmul outputs of a Llama block (q, v, gate and
+    # the down projection) and the SDPA output and log-sum-exp, beside the block input: per token of
+    # Llama-3.1-8B, 2 x (4096 + 4096 + 1024 + 14336 + 4096 + 4096) + 4 x 32 = 63,616 bytes.
+    sac = _llama_8b_eager(recompute="selective-op")
+    assert activation_bytes_per_token(sac, moe=False)[0] == 63_616
+    # Compiled, the partitioner saves what the backward reads: the down projection's output feeds only the
+    # residual add, 2 x 4096 bytes less.
+    compiled = _train(sac, compile=True)
+    assert activation_bytes_per_token(compiled, moe=False)[0] == 63_616 - 8192 == 55_424
+    # A GELU block's 6 matmuls keep q, v and up, none of them the last: no change.
+    gpt = make_setup(
+        model="gpt2-124m", gpu="h100", seq=1024, gpus=8, zero=3, framework="pytorch", recompute="selective-op"
+    )
+    assert activation_bytes_per_token(gpt, moe=False) == activation_bytes_per_token(
+        _train(gpt, compile=True), moe=False
+    )
+
+
+def test_dtensor_tp_saves_the_heads_gathered_input():
+    # Full recompute keeps each block's input, sequence-sharded over TP 2: 2 x 4096 / 2 bytes per token.
+    # The last stage adds the final norm's input (sharded, 2 x 4096 / 2), the head's input all-gathered by
+    # ColwiseParallel before F.linear (2 x 4096, whole) and the fp32 log-softmax of 128,256 / 2 logits.
+    eager = _llama_8b_eager(tp=2, sequence_parallel=True, recompute="full")
+    head = 2 * 4096 / 2 + 2 * 4096 + 4 * 128256 / 2
+    assert estimate(eager).memory.activations_bytes == (32 * 4096 + head) * 4096 == 1_637_875_712
+    # Megatron-LM saves the head's input shard and gathers it again in backward.
+    megatron = _train(eager, framework="megatron")
+    head = 2 * 4096 / 2 + 2 * 4096 / 2 + 4 * 128256 / 2
+    saved, _, _ = _activation_memory(megatron, 4096, 1.0, True, True)
+    assert saved == (32 * 4096 + head) * 4096 == 1_621_098_496
+
+
+def test_fragmentation_is_fitted_for_the_eager_step_and_megatrons_stays_five_percent():
+    for setup, frac in ((_llama_8b_eager(), 0.10), (_llama_8b_eager(framework="megatron"), 0.05)):
+        mem = estimate(setup).memory
+        allocated = mem.total_bytes - mem.overhead_bytes
+        runtime = setup.hardware.runtime_overhead_bytes
+        assert mem.overhead_bytes == pytest.approx(runtime + frac * allocated, rel=1e-12)
+    assert (EAGER_FRAGMENTATION_FRAC, FRAGMENTATION_FRAC) == (0.10, 0.05)
+    # No allowance on a CPU, where there is no caching allocator.
+    cpu = estimate(_llama_8b_eager(gpu="cpu")).memory
+    assert cpu.overhead_bytes == get_hardware("cpu").runtime_overhead_bytes
 
 
 def test_eager_fsdp2_bf16_saves_16_bit_activations_and_no_weight_copies():
@@ -942,9 +1042,9 @@ def test_fused_loss_keeps_16_bit_logits_and_no_fp32_buffers():
 
 
 def test_fast_init_builds_the_dataclass_s_own_object():
-    from dataclasses import FrozenInstanceError, dataclass, field
+    from dataclasses import FrozenInstanceError, InitVar, dataclass, field
 
-    from advisor.estimate.frozen import fast_init
+    from advisor.spec.frozen import fast_init
 
     @dataclass(frozen=True, slots=True)
     class Plain:
@@ -968,11 +1068,29 @@ def test_fast_init_builds_the_dataclass_s_own_object():
     with pytest.raises(TypeError, match="unexpected keyword argument 'c'"):
         Fast(1.0, c=2)  # type: ignore[call-arg]
 
+    # A __post_init__ runs last, as the dataclass's own __init__ runs it (the specs validate there).
+    @fast_init
     @dataclass(frozen=True, slots=True)
     class Checked:
         a: float
+        b: float | None = None
 
-        def __post_init__(self) -> None: ...
+        def __post_init__(self) -> None:
+            if self.a < 0:
+                raise ValueError(f"a={self.a}")
+            if self.b is None:
+                object.__setattr__(self, "b", 2 * self.a)
+
+    assert (Checked(1.5).b, Checked(1.5, 1.0).b) == (3.0, 1.0)
+    with pytest.raises(ValueError, match="a=-1"):
+        Checked(-1)
+
+    @dataclass(frozen=True, slots=True)
+    class WithInitVar:
+        a: float
+        scale: InitVar[float] = 1.0
+
+        def __post_init__(self, scale: float) -> None: ...
 
     @dataclass(frozen=True, slots=True)
     class Factory:
@@ -982,6 +1100,24 @@ def test_fast_init_builds_the_dataclass_s_own_object():
     class NoSlots:
         a: float
 
-    for cls in (Checked, Factory, NoSlots):
+    for cls in (WithInitVar, Factory, NoSlots):
         with pytest.raises(TypeError, match="fast_init"):
             fast_init(cls)
+
+
+def test_the_per_setup_memo_answers_only_for_its_own_setup():
+    # memory.setup_memo keeps the last setup's stage split and per-token bytes: alternating two setups that
+    # differ in exactly those (pipeline split, recompute) gives each its own estimate, as when alone.
+    a = make_setup(model="llama-3.1-8b", gpu="h100", gpus=16, pp=4, seq=4096, recompute="full", global_batch=64)
+    b = replace(a, parallel=replace(a.parallel, pp=2, dp=8), train=replace(a.train, recompute="none"))
+    alone = {id(s): estimate(s) for s in (a, b)}
+    for s in (a, b, a, b):
+        e = estimate(s)
+        assert (e.memory, e.time, e.memory_first_stage) == (
+            alone[id(s)].memory,
+            alone[id(s)].time,
+            alone[id(s)].memory_first_stage,
+        )
+    assert estimate(a).memory != estimate(b).memory
+    # An equal but distinct setup object is answered afresh, the same.
+    assert estimate(replace(a, train=replace(a.train))).memory == alone[id(a)].memory

@@ -7,6 +7,7 @@ where CUDA is.
 
 import gzip
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -183,6 +184,18 @@ def test_offload_where_the_hooks_cannot_work_is_refused_before_a_run(tmp_path, k
     with pytest.raises(SpecError, match=words):
         profile_run(setup, RunOptions(device="cpu", steps=1, warmup=0, compile=setup.train.compile), store)
     assert store.list_runs() == ([], [])
+
+
+def test_a_loss_compiled_apart_from_the_model_is_estimated_only():
+    # torchtitan's December 2024 step compiled its blocks, not its loss; this project's step compiles both.
+    setup = _setup(compile=True)
+    blocks_only = replace(setup, train=replace(setup.train, compile_loss=False))
+    with pytest.raises(
+        SpecError, match=r"train.compile_loss=False: the profiled step compiles the model with its loss"
+    ):
+        build_trainer(blocks_only, CPU)
+    with pytest.raises(SpecError, match="estimated only"):
+        dry_run(replace(setup, train=replace(setup.train, compile=False, compile_loss=True)))
 
 
 @pytest.mark.slow  # starts a child process or runs seconds of real steps

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from advisor.estimate.efficiency import ERROR_BAND, FITTED, EfficiencyParams
-from advisor.estimate.frozen import fast_init
 from advisor.estimate.memory import (
     BUCKETS_IN_FLIGHT,
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
+    EAGER_FRAGMENTATION_FRAC,
     FRAGMENTATION_FRAC,
     MemoryBreakdown,
     PipelineMemory,
@@ -45,6 +45,7 @@ from advisor.estimate.steptime import (
     stage_imbalance,
     step_time,
 )
+from advisor.spec.frozen import fast_init
 from advisor.spec.specs import Setup
 from advisor.spec.stages import megatron_stage_layers, pipeline_stage_layers, stage_layers
 
@@ -55,6 +56,7 @@ __all__ = [
     "CPU_ATTENTION_EFFICIENCY_FRAC",
     "DDP_BUCKET_BYTES",
     "DDP_FIRST_BUCKET_BYTES",
+    "EAGER_FRAGMENTATION_FRAC",
     "ELEMENTWISE_TRAFFIC_PER_SAVED_BYTE",
     "FRAGMENTATION_FRAC",
     "KERNELS_PER_BLOCK",

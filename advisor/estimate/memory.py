@@ -19,13 +19,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from advisor.estimate.frozen import fast_init
+from advisor.spec.frozen import fast_init
 from advisor.spec.specs import Setup
 from advisor.spec.stages import blocks_per_rank, moe_blocks_per_rank, stage_layers
 
 # Caching-allocator fragmentation: reserved minus allocated memory, as a share of allocated
 # (PyTorch "CUDA semantics: memory management"; 3-8 % on steady training steps).
 FRAGMENTATION_FRAC = 0.05
+# The same for the eager PyTorch step (framework 'pytorch'), which allocates and frees every tensor on its
+# own rather than in Megatron-LM's flat buffers. Fitted once on the nine published runs that give their
+# peak (torchtitan's and Trainy's max reserved, bench/published_runs.py: the fraction that minimises the
+# mean absolute error, 0.100; fitted on either source alone, 0.100 and 0.098, and the other source reads
+# within 2.4 % but for torchtitan's 70B 2D run, 9.7 % low).
+EAGER_FRAGMENTATION_FRAC = 0.10
 # PyTorch DDP's gradient buckets (torch/nn/parallel/distributed.py): bucket_cap_mb defaults to 25 MiB,
 # and the bucket rebuilt after the first iteration for the gradients that arrive first is capped at
 # dist._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB. A bucket closes once it reaches its cap, so a tensor larger
@@ -97,7 +103,14 @@ def bytes_per_param(
     weights and adds a 1-byte fp8 copy of each weight (TransformerEngine's cached cast). ``autocast``
     (torch.autocast over fp32 parameters, PyTorch AMP): 4-byte weights and gradients, no master copy.
     """
-    states = {"adamw": 8.0, "sgd": 4.0, "adafactor": 8.0 / hidden}[optimizer]
+    if optimizer == "adamw":
+        states = 8.0
+    elif optimizer == "sgd":
+        states = 4.0
+    elif optimizer == "adafactor":
+        states = 8.0 / hidden
+    else:
+        raise KeyError(optimizer)
     if precision == "fp32" or autocast:
         return 4.0, 4.0, states
     weight = 3.0 if precision == "fp8" else 2.0
@@ -124,6 +137,41 @@ def zero_model_state_bytes(
     )
 
 
+# One estimate asks the same questions of its setup for each pipeline rank it weighs and again for the
+# step time: the split into stages and the saved bytes per token. The answers of the last setup asked
+# about are kept here, keyed by the object itself (frozen: its answers never change): on the
+# estimator_speed grid they were 2.7 activation counts and 8.5 stage splits per estimate. A thread that
+# finds another setup's answers starts its own; the answers are the same either way.
+_MEMO: tuple[object, dict] = (None, {})
+
+
+def setup_memo(setup: Setup) -> dict:
+    """The answers kept for ``setup`` (empty for a setup not asked about last)."""
+    global _MEMO
+    held = _MEMO
+    if held[0] is not setup:
+        held = _MEMO = (setup, {})
+    return held[1]
+
+
+def _stages(setup: Setup) -> tuple[int, ...]:
+    """``stage_layers(setup)``, kept."""
+    memo = setup_memo(setup)
+    stages = memo.get("stages")
+    if stages is None:
+        stages = memo["stages"] = stage_layers(setup)
+    return stages
+
+
+def rank_blocks(setup: Setup) -> tuple[float, ...]:
+    """``blocks_per_rank`` of the setup's stages, kept."""
+    memo = setup_memo(setup)
+    blocks = memo.get("blocks")
+    if blocks is None:
+        blocks = memo["blocks"] = blocks_per_rank(_stages(setup), setup.parallel.pp)
+    return blocks
+
+
 def _rank_layers(setup: Setup, first: bool, last: bool, rank: int | None = None) -> float:
     """Blocks held by pipeline rank ``rank`` (default: the first, or the last with ``last`` and not
     ``first``); a rank holds every pp-th stage under interleaving (``stage_layers``)."""
@@ -132,7 +180,7 @@ def _rank_layers(setup: Setup, first: bool, last: bool, rank: int | None = None)
         return float(setup.model.n_layers)
     if rank is None:
         rank = 0 if first else p.pp - 1
-    return blocks_per_rank(stage_layers(setup), p.pp)[rank]
+    return rank_blocks(setup)[rank]
 
 
 def _rank_moe_layers(setup: Setup, first: bool, last: bool, rank: int | None = None) -> float:
@@ -147,27 +195,19 @@ def _rank_moe_layers(setup: Setup, first: bool, last: bool, rank: int | None = N
         return float(m.n_moe_layers)
     if rank is None:
         rank = 0 if first else p.pp - 1
-    return moe_blocks_per_rank(stage_layers(setup), p.pp, m.moe_layer_step)[rank]
+    return moe_blocks_per_rank(_stages(setup), p.pp, m.moe_layer_step)[rank]
 
 
 def _last_chunk_layers(setup: Setup) -> float:
     """Blocks of the last pipeline stage (the last rank's last chunk under interleaving)."""
-    return float(stage_layers(setup)[-1])
+    return float(_stages(setup)[-1])
 
 
-def _stage_params(
-    setup: Setup, first: bool, last: bool, rank: int | None = None
-) -> tuple[float, float, float, float, float]:
-    """(dense, expert, block, matmul, root) parameters one GPU of a stage holds after TP/PP/EP.
-
-    Megatron split: attention heads and MLP columns by tp (KV heads replicated when tp > n_kv_heads),
-    vocabulary-parallel embedding and head, norms, routers and row-parallel biases replicated, routed
-    experts split by ep and each by tp. The first stage holds the embedding, the last the final norm
-    and the head (a copy of the embedding when tied and pp > 1). ``block`` is one block's weights
-    gathered in full over DP (ZeRO-3 buffers); ``matmul`` the weights that enter a matrix multiply
-    (what autocast keeps 16-bit copies of); ``root`` the stage's weights outside the blocks (embedding,
-    final norm, head: the root FSDP unit of ``advisor.run.parallel.apply_fsdp``), included in ``dense``.
-    """
+def _block_params(setup: Setup) -> tuple[float, float, float, float, float, float, float]:
+    """Parameters of one block on one GPU after TP and EP, the same on every pipeline rank: (a dense
+    block's, a dense block's that enter a matmul, an MoE block's outside its routed experts, its local
+    routed experts (a count), one routed expert's, an MoE block's that enter a matmul, an MoE block's in
+    all); the MoE ones 0 for a dense model."""
     m, p = setup.model, setup.parallel
     t = p.tp
     kv_heads_rank = max(m.n_kv_heads // t, 1)
@@ -187,23 +227,51 @@ def _stage_params(
         return (m.mlp_params(ffn) - (h if m.mlp_bias else 0)) / t + (h if m.mlp_bias else 0)
 
     norms = 2 * m.norm_params
+    dense_layer = attn + mlp(m.ffn_hidden) + norms
+    dense_mm = attn_mm + mats * h * m.ffn_hidden / t
+    if not m.is_moe:
+        return dense_layer, dense_mm, 0.0, 0.0, 0.0, 0.0, 0.0
+    local_experts = m.n_experts / p.ep
+    moe_shared = attn + m.router_params + m.n_shared_experts * mlp(m.expert_ffn_hidden) + norms
+    expert_mlp = mlp(m.expert_ffn_hidden)
+    expert_mm = (local_experts + m.n_shared_experts) * mats * h * m.expert_ffn_hidden / t
+    moe_mm = attn_mm + m.router_params + expert_mm
+    moe_block = moe_shared + local_experts * expert_mlp
+    return dense_layer, dense_mm, moe_shared, local_experts, expert_mlp, moe_mm, moe_block
+
+
+def _stage_params(
+    setup: Setup, first: bool, last: bool, rank: int | None = None
+) -> tuple[float, float, float, float, float]:
+    """(dense, expert, block, matmul, root) parameters one GPU of a stage holds after TP/PP/EP.
+
+    Megatron split: attention heads and MLP columns by tp (KV heads replicated when tp > n_kv_heads),
+    vocabulary-parallel embedding and head, norms, routers and row-parallel biases replicated, routed
+    experts split by ep and each by tp. The first stage holds the embedding, the last the final norm
+    and the head (a copy of the embedding when tied and pp > 1). ``block`` is one block's weights
+    gathered in full over DP (ZeRO-3 buffers); ``matmul`` the weights that enter a matrix multiply
+    (what autocast keeps 16-bit copies of); ``root`` the stage's weights outside the blocks (embedding,
+    final norm, head: the root FSDP unit of ``advisor.run.parallel.apply_fsdp``), included in ``dense``.
+    """
+    m, p = setup.model, setup.parallel
+    t, h = p.tp, m.hidden
+    memo = setup_memo(setup)
+    per_block = memo.get("block_params")
+    if per_block is None:
+        per_block = memo["block_params"] = _block_params(setup)
+    dense_layer, dense_mm, moe_shared, local_experts, expert_mlp, moe_mm, moe_block = per_block
     moe_layers = _rank_moe_layers(setup, first, last, rank)
     dense_layers = _rank_layers(setup, first, last, rank) - moe_layers
-    dense_layer = attn + mlp(m.ffn_hidden) + norms
     dense = dense_layers * dense_layer
-    matmul = dense_layers * (attn_mm + mats * h * m.ffn_hidden / t)
+    matmul = dense_layers * dense_mm
     expert = 0.0
     block = dense_layer
     if m.is_moe:
-        local_experts = m.n_experts / p.ep
-        moe_shared = attn + m.router_params + m.n_shared_experts * mlp(m.expert_ffn_hidden) + norms
         dense += moe_layers * moe_shared
-        expert = moe_layers * local_experts * mlp(m.expert_ffn_hidden)
-        expert_mm = (local_experts + m.n_shared_experts) * mats * h * m.expert_ffn_hidden / t
-        matmul += moe_layers * (attn_mm + m.router_params + expert_mm)
+        expert = moe_layers * local_experts * expert_mlp
+        matmul += moe_layers * moe_mm
         # The largest block this rank holds (ZeRO-3 gathers one at a time): a rank of dense blocks only
         # (Maverick's stages of one block) never gathers an MoE block.
-        moe_block = moe_shared + local_experts * mlp(m.expert_ffn_hidden)
         block = max(dense_layer if dense_layers else 0.0, moe_block if moe_layers else 0.0)
     root = 0.0
     if first:
@@ -227,6 +295,17 @@ def _eager_fsdp2(setup: Setup) -> bool:
 
 
 def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = None) -> tuple[float, float]:
+    """Saved-activation bytes per token for one block on one GPU: (total, s^2-free part), as
+    ``_activation_bytes_per_token`` counts them, kept for the setup's other ranks and its step time."""
+    memo = setup_memo(setup)
+    key = (moe, recompute)
+    out = memo.get(key)
+    if out is None:
+        out = memo[key] = _activation_bytes_per_token(setup, moe, recompute)
+    return out
+
+
+def _activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None) -> tuple[float, float]:
     """Saved-activation bytes per token for one block on one GPU: (total, s^2-free part).
 
     Counted tensor by tensor [Korthikanti sec. 4]: with e the activation element size, each norm saves
@@ -278,6 +357,13 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
             order = [("s", q), ("s", kv), ("s", kv), ("r", h)]
             order += [("s", f), ("s", f), ("r", h)] if m.mlp == "swiglu" else [("s", f), ("r", h)]
             kept = order[::2]
+            if eager and tr.compile and len(order) % 2:
+                # Compiled, the policy tags the graph and AOTAutograd's partitioner saves only what the
+                # backward reads (torch/_functorch/partitioners.py): the block's last matmul output (the
+                # SwiGLU down projection's, the 7th) feeds only the residual add, whose backward reads no
+                # input, so it is not kept; eager SAC caches every saved op's output. Measured by
+                # torchtitan: 82.4 -> 77.0 GiB and 67.0 -> 62.0 GiB with torch.compile on Llama 3.1 8B.
+                kept = kept[:-1]
             split_mm = e * sum(w for kind, w in kept if kind == "s")
             repl_mm = e * sum(w for kind, w in kept if kind == "r")  # o and down outputs: h wide, whole
         split = e * q + 4.0 * m.n_heads + split_mm  # attention output, fp32 log-sum-exp, kept matmuls
@@ -315,6 +401,36 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
         scores = m.n_heads * (setup.train.seq_len / p.cp) * (e + drop * (1 + e))
     base = (replicated + split) / t if p.sequence_parallel else replicated + split / t
     return base + scores / t, base
+
+
+def loss_bytes_per_logit(setup: Setup) -> tuple[float, float]:
+    """(saved from the forward, added during the loss backward) bytes per logit of one GPU's cross-entropy.
+
+    - Megatron-LM's vocab-parallel cross-entropy keeps its fp32 softmax and writes the gradient in place
+      over it: (4, 0).
+    - A fused loss on the eager step (flash-attn's, Liger's, ``fused_loss``) keeps the 16-bit logits and
+      writes their gradient in place: (e, 0).
+    - A compiled loss (``TrainSpec.loss_compiled``: F.cross_entropy over ``logits.float()`` under
+      torch.compile) keeps the 16-bit logits, its graph input, and a log-sum-exp per row; its backward is
+      one fused kernel that writes the 16-bit gradient (inductor turns the one-hot scatter into a select,
+      post_grad.py ``scatter_upon_const_tensor``): (e, e).
+    - PyTorch's eager cross-entropy keeps the fp32 log-softmax; its backward holds the fp32 gradient of the
+      log-softmax and of the logits: (4, 8) in every precision (measured, bench/results/dryrun_accuracy_cpu.md).
+    - Under tensor parallelism the eager step's loss is DTensor's loss_parallel, whose backward
+      (torch/distributed/tensor/parallel/loss.py, ``_nll_loss_and_log_softmax_backward``) builds
+      ``(zeros_like(x) + exp(x)) * grad``: three fp32 temporaries beside the saved log-softmax, (4, 12).
+
+    e is the logits' element size (4 under fp32, else 2).
+    """
+    tr = setup.train
+    if tr.framework != "pytorch":
+        return 4.0, 0.0
+    e = 4.0 if tr.precision == "fp32" else 2.0
+    if tr.fused_loss:
+        return e, 0.0
+    if tr.loss_compiled:
+        return e, e
+    return 4.0, 12.0 if setup.parallel.tp > 1 else 8.0
 
 
 def kept_bytes_per_token(setup: Setup, moe: bool) -> float:
@@ -405,16 +521,15 @@ def _activation_memory(
     if first and tr.dropout:
         acts += m.hidden * tokens_mb * in_flight / (p.tp if p.sequence_parallel else 1)  # embedding dropout mask
     if last:
-        # Final norm input and head input, plus what the loss saves per logit: the fp32 log-softmax
-        # (PyTorch's cross-entropy; Megatron-LM's vocab-parallel one keeps its fp32 softmax), or the
-        # 16-bit logits a fused loss writes its gradient into (``fused_loss``).
+        # Final norm input and head input, plus what the loss saves per logit (``loss_bytes_per_logit``).
         head_mb = in_flight if _gpipe(setup) else 1.0
-        per_logit = e if tr.fused_loss and tr.framework == "pytorch" else 4.0
-        acts += (
-            ((resid + e) * m.hidden / (p.tp if p.sequence_parallel else 1) + per_logit * m.vocab / p.tp)
-            * tokens_mb
-            * head_mb
-        )
+        per_logit = loss_bytes_per_logit(setup)[0]
+        sp = p.tp if p.sequence_parallel else 1
+        # Under DTensor TP (the eager step, as torchtitan's plan and advisor.run.parallel.apply_tp) the
+        # head's ColwiseParallel all-gathers the sequence-sharded norm output before F.linear, which saves
+        # the gathered input; Megatron-LM saves its shard and gathers it again in backward.
+        head_in = e * m.hidden / (1 if tr.framework == "pytorch" else sp)
+        acts += (resid * m.hidden / sp + head_in + per_logit * m.vocab / p.tp) * tokens_mb * head_mb
     return acts, working, max(0.0, offloaded)
 
 
@@ -431,10 +546,12 @@ def _model_state_bytes(
     dense_shard = p.dp * p.cp
     expert_shard = dense_shard // p.ep
     # FSDP2 shards weights, gradients and optimizer states at every stage (ZeRO-1 runs as ZeRO-2).
-    state = (tr.precision, tr.optimizer, 3 if fsdp2 else p.zero)
-    dw, dg, do = zero_model_state_bytes(dense, *state, dense_shard, m.hidden, tr.fp32_grads, tr.autocast)
-    ew, eg, eo = zero_model_state_bytes(expert, *state, expert_shard, m.hidden, tr.fp32_grads, tr.autocast)
-    weights, grads, opt = dw + ew, dg + eg, do + eo
+    # zero_model_state_bytes of the dense and the expert parameters, its arithmetic inlined.
+    zero = 3 if fsdp2 else p.zero
+    w, g, o = bytes_per_param(tr.precision, tr.optimizer, m.hidden, tr.fp32_grads, tr.autocast)
+    weights = dense * w / (dense_shard if zero >= 3 else 1) + expert * w / (expert_shard if zero >= 3 else 1)
+    grads = dense * g / (dense_shard if zero >= 2 else 1) + expert * g / (expert_shard if zero >= 2 else 1)
+    opt = dense * o / (dense_shard if zero >= 1 else 1) + expert * o / (expert_shard if zero >= 1 else 1)
     shard_params = dense / (dense_shard if p.zero else 1) + expert / (expert_shard if p.zero else 1)
     host = 0.0
     if p.offload != "none":
@@ -493,6 +610,14 @@ def _buffer_bytes(
         reduce_scatter = block * 4.0
         begin = (root + block) * gather_e if p.zero >= 3 else (dense + expert) * gather_e
         late = begin + (block * gather_e if p.zero >= 3 else 0.0) + reduce_scatter
+        if setup.hardware.kind == "gpu":
+            # The flat all-gather outputs live in the all-gather copy-in stream's pool, beside the gathered
+            # parameters the copy-out writes on the compute stream; FSDP2 holds the previous group's output
+            # until the next all-gather has waited on it (AllGatherState, _fsdp_param_group.py), so that
+            # pool peaks at the root's and a block's, or two blocks'.
+            pool = (max(root, block) + block) * gather_e
+            begin += pool
+            late += pool
         late_extra = gather_e * m.vocab * m.hidden / p.tp if last else 0.0
         at_step = 0.0
     elif tr.framework == "pytorch" and p.zero == 0 and dense_shard > 1:
@@ -531,21 +656,20 @@ def stage_memory(
     if tr.autocast and not fsdp2:
         saved, working, head_cast = _with_autocast_copies(setup, saved, working, matmul, first, last, rank)
     begin, late, at_step = _buffer_bytes(setup, dense, expert, block, root, last, fsdp2)
-    # PyTorch's loss backward holds the fp32 gradient of the log-softmax and of the logits: 8 bytes
-    # per logit in every precision (measured, bench/results/dryrun_accuracy_cpu.md). Megatron-LM's
-    # vocab-parallel cross-entropy and the fused losses (flash-attn's, Liger's) write the gradient
-    # in place over what they saved: nothing more.
     eager = tr.framework == "pytorch"
-    in_place = tr.fused_loss or not eager
-    loss = 8.0 * m.vocab / t * tokens_mb if last and not in_place else 0.0
+    loss = loss_bytes_per_logit(setup)[1] * m.vocab / t * tokens_mb if last else 0.0
     # foreach kernels build one fp32 temporary the size of the parameters they update (the
     # sqrt of exp_avg_sq for AdamW); fused kernels none; a for-loop one tensor at a time.
     scratch = {"foreach": 4.0 * shard_params, "fused": 0.0, "for-loop": 4.0 * m.vocab * m.hidden / t}
     opt_scratch = 0.0 if p.offload != "none" else scratch[tr.optimizer_impl]
     # Gradients outlive the step where a framework keeps gradient buffers (Megatron's main_grad) or
     # micro-batches accumulate into them; the eager step frees them (zero_grad(set_to_none=True)), under
-    # DDP and FSDP2 too (DDP's own copy in its buckets is counted with the buffers).
-    persistent_grads = not eager or setup.grad_accum > 1
+    # DDP and FSDP2 too (DDP's own copy in its buckets is counted with the buffers). On a GPU, FSDP2's
+    # gradient shards are views of the reduce-scatter output, allocated on its reduce-scatter stream
+    # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce); the caching allocator
+    # reuses a block only on the stream it was allocated on, so once freed the shards' bytes stay
+    # reserved in that stream's pool through the next forward and backward.
+    persistent_grads = not eager or setup.grad_accum > 1 or (fsdp2 and hw.kind == "gpu")
     # Backward begins with the loss buffers; a recomputed block comes after they are freed.
     g = grads if persistent_grads else 0.0
     backward_begins = (weights, g, opt, saved + head_cast, begin + loss)
@@ -554,7 +678,8 @@ def stage_memory(
     backward = backward_begins if sum(backward_begins) >= sum(backward_later) else backward_later
     w, g, o, a, buf = backward if sum(backward) >= sum(step) else step
     moment = "backward" if (w, g, o, a, buf) == backward else "optimizer step"
-    overhead = hw.runtime_overhead_bytes + (FRAGMENTATION_FRAC * (w + g + o + a + buf) if hw.kind == "gpu" else 0.0)
+    frag = EAGER_FRAGMENTATION_FRAC if eager else FRAGMENTATION_FRAC
+    overhead = hw.runtime_overhead_bytes + (frag * (w + g + o + a + buf) if hw.kind == "gpu" else 0.0)
     return MemoryBreakdown(w, g, o, a, buf, overhead, host, moment), dense, expert
 
 
@@ -614,7 +739,7 @@ def pipeline_memory(setup: Setup) -> PipelineMemory:
         # and torch's warm-up), ((v + 1) pp - 2r - 1) / v of its blocks' worth. Of the ranks holding
         # as many blocks (and MoE blocks), the earliest keeps the most, so one rank per distinct pair
         # is weighed.
-        stages = stage_layers(setup)
+        stages = _stages(setup)
         moe_ranks = moe_blocks_per_rank(stages, pp, m.moe_layer_step) if m.is_moe else (0.0,) * pp
         kinds = list(zip(blocks_per_rank(stages, pp), moe_ranks, strict=True))
         for kind in sorted(set(kinds[1:-1]) - {kinds[0]}):

@@ -278,6 +278,50 @@ def leave_one_source_out(runs=None, start: EfficiencyParams | None = None) -> li
     return out
 
 
+# --- fitting the eager step's allocator fragmentation ----------------------------------------------
+
+
+def _allocated_and_measured(comparisons) -> list[tuple[float, float]]:
+    """(estimated bytes the allocator hands out, published peak in bytes) of each comparison that has a
+    published peak: the estimate less its overhead (the CUDA context and the fragmentation allowance)."""
+    out = []
+    for c in comparisons:
+        if c.run.measured_memory_gib is not None:
+            m = c.estimate.memory
+            out.append((m.total_bytes - m.overhead_bytes, c.run.measured_memory_gib * 2**30))
+    return out
+
+
+def fit_fragmentation(comparisons) -> float:
+    """The reserved-over-allocated fraction f, to 0.001 in [0, 0.5), that minimises the mean absolute error
+    of ``allocated x (1 + f)`` against the published peaks of ``comparisons`` (the runs giving none are
+    skipped): the fit behind ``advisor.estimate.memory.EAGER_FRAGMENTATION_FRAC``."""
+    pairs = _allocated_and_measured(comparisons)
+    if not pairs:
+        raise ValueError("no comparison has a published peak memory to fit on")
+
+    def mean_abs(f: float) -> float:
+        return statistics.mean(abs(a * (1 + f) / m - 1) for a, m in pairs)
+
+    return min((i / 1000 for i in range(500)), key=mean_abs)
+
+
+def memory_errors_pct(comparisons, frag: float) -> list[float]:
+    """Peak memory error, in percent, of each comparison with a published peak, with fragmentation ``frag``."""
+    return [100.0 * (a * (1 + frag) / m - 1) for a, m in _allocated_and_measured(comparisons)]
+
+
+def fragmentation_leave_one_source_out(comparisons) -> dict[str, tuple[float, list[float]]]:
+    """For each source that publishes peaks: (the fraction fitted on the other sources, this source's
+    peak memory errors in percent with it)."""
+    comparisons = [c for c in comparisons if c.run.measured_memory_gib is not None]
+    out = {}
+    for source in sorted({c.run.source for c in comparisons}):
+        frag = fit_fragmentation([c for c in comparisons if c.run.source != source])
+        out[source] = (frag, memory_errors_pct([c for c in comparisons if c.run.source == source], frag))
+    return out
+
+
 def kendall_tau(xs: list[float], ys: list[float]) -> float:
     """Kendall's tau-a of two equally long sequences: (concordant - discordant) pairs over all pairs."""
     n = len(xs)

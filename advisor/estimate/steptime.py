@@ -33,16 +33,18 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from advisor.estimate.efficiency import EfficiencyParams, attention_frac, attention_impl, device_fit, gemms_time_s
-from advisor.estimate.frozen import fast_init
 from advisor.estimate.memory import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
     PipelineMemory,
     activation_bytes_per_token,
     kept_bytes_per_token,
+    rank_blocks,
+    setup_memo,
 )
+from advisor.spec.frozen import fast_init
 from advisor.spec.specs import ModelSpec, Setup
-from advisor.spec.stages import blocks_per_rank, head_in_blocks, stage_layers
+from advisor.spec.stages import head_in_blocks
 
 # Share of link bandwidth collectives reach (nccl-tests bus bandwidth on NVLink and InfiniBand is
 # typically ~80 % of the per-direction link rate).
@@ -149,8 +151,11 @@ def _slowest_rank(setup: Setup) -> tuple[float, float, bool]:
     if p.pp == 1:
         return 1.0, 1.0, True
     n = setup.model.n_layers
-    head = head_in_blocks(setup)
-    layers = blocks_per_rank(stage_layers(setup), p.pp)
+    memo = setup_memo(setup)
+    head = memo.get("head_in_blocks")
+    if head is None:
+        head = memo["head_in_blocks"] = head_in_blocks(setup)
+    layers = rank_blocks(setup)
     # The slowest rank: the last with the head, or the one with the most blocks (the first such).
     most = max(layers[:-1])
     last = layers[-1] + head >= most
@@ -234,6 +239,15 @@ def _ddp_bucket_count(grad_bytes: float) -> int:
 # --- rates ---------------------------------------------------------------------------------------
 
 
+def _matmul_params(setup: Setup) -> int:
+    """``setup.model.matmul_params_per_token()``, kept for the setup (``memory.setup_memo``)."""
+    memo = setup_memo(setup)
+    n = memo.get("matmul_params")
+    if n is None:
+        n = memo["matmul_params"] = setup.model.matmul_params_per_token()
+    return n
+
+
 def _fp8_cast_elements(m: ModelSpec, t: int) -> float:
     """Elements per token one block casts to fp8 on one TP rank: each GEMM's input forward (QKV and
     MLP-in read the hidden state, the projection its q/t input, MLP-out its f/t input) and each GEMM's
@@ -245,8 +259,47 @@ def _fp8_cast_elements(m: ModelSpec, t: int) -> float:
     return forward + backward
 
 
-@functools.lru_cache(maxsize=8192)
+# _rates by the objects' identity first: its lru_cache hashes the ModelSpec (30 fields), the HardwareSpec
+# and the EfficiencyParams on every call, 15k of an estimate's 440k machine instructions on the
+# estimator_speed grid. An entry keeps its objects, so their ids stay theirs while it is held.
+_RATES_BY_ID: dict[tuple, tuple] = {}
+
+
 def _rates(
+    m: ModelSpec,
+    t: int,
+    ep: int,
+    tokens_mb: int,
+    seq_attn: int,
+    precision: str,
+    framework: str,
+    flash: bool,
+    hw,
+    params: EfficiencyParams,
+) -> tuple[float, float]:
+    """``_rates_by_value``, looked up by the specs' identity before their value."""
+    key = (id(m), id(hw), id(params), t, ep, tokens_mb, seq_attn, precision, framework, flash)
+    hit = _RATES_BY_ID.get(key)
+    if hit is not None and hit[0] is m and hit[1] is hw and hit[2] is params:
+        return hit[3]
+    out = _rates_by_value(m, t, ep, tokens_mb, seq_attn, precision, framework, flash, hw, params)
+    if len(_RATES_BY_ID) >= 8192:
+        _RATES_BY_ID.clear()
+    _RATES_BY_ID[key] = (m, hw, params, out)
+    return out
+
+
+def _clear_rates() -> None:
+    """Forget every rate (a device's kernel table changed): both caches."""
+    _RATES_BY_ID.clear()
+    _rates_by_value.cache_clear()
+
+
+_rates.cache_clear = _clear_rates  # type: ignore[attr-defined]
+
+
+@functools.lru_cache(maxsize=8192)
+def _rates_by_value(
     m: ModelSpec,
     t: int,
     ep: int,
@@ -320,7 +373,7 @@ def _flops_per_token(setup: Setup) -> tuple[float, float, float, float, float]:
     """(model FLOPs, hardware FLOPs before recompute, recomputed FLOPs, attention forward FLOPs as
     executed, share of a rank's blocks that recompute) per token of the whole model."""
     m, tr = setup.model, setup.train
-    nmm = m.matmul_params_per_token()
+    nmm = _matmul_params(setup)
     attn_fwd_full = 4.0 * tr.seq_len * m.q_dim * m.n_layers  # QK^T and AV over the full s x s, per token [Narayanan]
     model_flops_tok = 6.0 * nmm + 3.0 * attn_fwd_full  # = 6N + 12*L*s*q [PaLM]
     attn_fwd_exec = attn_fwd_full * (0.5 if tr.flash_attention else 1.0)  # causal flash skips the masked half
@@ -478,19 +531,22 @@ def _dp_comm_needs_s(
     if dense_shard > 1 or expert_shard > 1:
         grad_e = 4.0 if tr.precision == "fp32" or tr.fp32_grads or tr.autocast else 2.0
         bw_dense = _group_bw(setup, t, dense_shard)
-        bw_exp = _expert_dp_bw(setup)
         gbytes_d, gbytes_e = dense_gpu * grad_e, expert_gpu * grad_e
         wbytes_d, wbytes_e = dense_gpu * 2.0, expert_gpu * 2.0
         buckets = _ddp_bucket_count(gbytes_d + gbytes_e)
+        # Without routed experts their terms are 0.0, and x + 0.0 is x: skipped.
+        bw_exp = _expert_dp_bw(setup) if expert_gpu > 0 else 0.0
         if p.zero == 0:
-            in_bwd_window = (
-                _ring_all_reduce_s(gbytes_d, dense_shard, bw_dense)
-                + _ring_all_reduce_s(gbytes_e, expert_shard, bw_exp)
-                + buckets * lat
-            )
+            in_bwd_window = _ring_all_reduce_s(gbytes_d, dense_shard, bw_dense)
+            if expert_gpu > 0:
+                in_bwd_window += _ring_all_reduce_s(gbytes_e, expert_shard, bw_exp)
+            in_bwd_window += buckets * lat
         else:
-            reduce_s = _ring_gather_s(gbytes_d, dense_shard, bw_dense) + _ring_gather_s(gbytes_e, expert_shard, bw_exp)
-            gather_s = _ring_gather_s(wbytes_d, dense_shard, bw_dense) + _ring_gather_s(wbytes_e, expert_shard, bw_exp)
+            reduce_s = _ring_gather_s(gbytes_d, dense_shard, bw_dense)
+            gather_s = _ring_gather_s(wbytes_d, dense_shard, bw_dense)
+            if expert_gpu > 0:
+                reduce_s += _ring_gather_s(gbytes_e, expert_shard, bw_exp)
+                gather_s += _ring_gather_s(wbytes_e, expert_shard, bw_exp)
             if p.zero == 1 and p.offload == "none":
                 # Gradients accumulate unsharded; one reduce-scatter per step, then the updated shards
                 # are all-gathered after the optimizer step: exposed in the eager step, overlapped with

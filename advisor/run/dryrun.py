@@ -71,7 +71,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from advisor.errors import AdvisorError, SpecError
-from advisor.estimate.estimator import FRAGMENTATION_FRAC
+from advisor.estimate.estimator import EAGER_FRAGMENTATION_FRAC
 from advisor.run.model import Transformer, build_model
 from advisor.run.parallel import apply_fsdp
 from advisor.run.step import (
@@ -390,8 +390,8 @@ def _notes(setup: Setup, target: str, offload: bool, runtime_bytes: int, frag_by
         notes.append(
             f"target cuda: computed on fake CPU tensors (a fake CUDA backward aborts CPU-only builds), plus "
             f"{runtime_bytes / GiB:.2f} GiB runtime allowance of the {setup.hardware.name} spec and "
-            f"{frag_bytes / GiB:.2f} GiB fragmentation ({100 * FRAGMENTATION_FRAC:.0f} % of the peak, as the "
-            f"estimator); CUDA's 512-byte block rounding is not modelled"
+            f"{frag_bytes / GiB:.2f} GiB fragmentation ({100 * EAGER_FRAGMENTATION_FRAC:.0f} % of the peak, as the "
+            f"estimator's eager step); CUDA's 512-byte block rounding is not modelled"
         )
         if offload:
             notes.append(
@@ -494,7 +494,7 @@ def _result(
     peak_phase = max(PHASES, key=lambda p: by_phase[p])
     peak = by_phase[peak_phase]
     runtime = setup.hardware.runtime_overhead_bytes if target == "cuda" else 0
-    frag = int(FRAGMENTATION_FRAC * peak) if target == "cuda" else 0
+    frag = int(EAGER_FRAGMENTATION_FRAC * peak) if target == "cuda" else 0
     return DryRunResult(
         model=spec.name,
         target=target,

@@ -279,6 +279,13 @@ def check_step_options(setup: Setup, compile_model: bool = False) -> None:
             "the profiled step and the dry run do not run it yet (estimated only); the step's loss is PyTorch's "
             "cross-entropy",
         )
+    if t.compile_loss is not None and t.compile_loss != (t.compile or compile_model):
+        raise SpecError(
+            "train.compile_loss",
+            t.compile_loss,
+            f"the profiled step compiles the model with its loss or neither (compile={t.compile or compile_model}); "
+            "a loss compiled apart from the blocks is estimated only",
+        )
     if t.offload_activations:
         if t.recompute in ("selective", "selective-op"):
             # Checkpointed regions keep what they save out of the saved-tensor hooks' reach.
