@@ -485,10 +485,18 @@ def _around(cols: _Columns, rows: np.ndarray, tid: np.ndarray, t: np.ndarray) ->
     out = np.full(t.size, -1, dtype=np.int64)
     for thread in np.unique(tid).tolist():
         mine = rows[cols.tid[rows] == thread]
+        if not mine.size:
+            continue
         mine = mine[np.argsort(cols.start[mine], kind="stable")]
-        for i in np.flatnonzero(tid == thread).tolist():
-            j = int(np.searchsorted(cols.start[mine], t[i], side="right")) - 1
-            while j >= 0 and cols.end[mine[j]] <= t[i]:
+        ends = cols.end[mine]
+        asked = np.flatnonzero(tid == thread)
+        last = np.searchsorted(cols.start[mine], t[asked], side="right") - 1  # the latest to start by t
+        holds = (last >= 0) & (ends[np.maximum(last, 0)] > t[asked])
+        out[asked[holds]] = mine[last[holds]]
+        # Where that one ended by t, walk back to an earlier one still open (an outer range).
+        walk = ~holds & (last > 0)
+        for i, j in zip(asked[walk].tolist(), (last[walk] - 1).tolist(), strict=True):
+            while j >= 0 and ends[j] <= t[i]:
                 j -= 1
             if j >= 0:
                 out[i] = mine[j]

@@ -127,6 +127,29 @@ def kind_mask(df: pd.DataFrame, *kinds: str) -> np.ndarray:
     return mask
 
 
+def grouped_lexsort(keys: tuple[np.ndarray, ...], n_minor: int = 1) -> np.ndarray:
+    """``np.lexsort(keys)`` (the last key sorts first), cheaper where the keys after the first
+    ``n_minor`` are group ids of small range (rank, device, stream): the rows are sorted by the minor
+    keys (not at all where there is one and it is already in order, as a table's start times are),
+    then by one 16-bit code of the groups with numpy's stable radix sort. Ties keep their positions'
+    order, as lexsort's do."""
+    minor, groups = keys[:n_minor], keys[n_minor:]
+    n = keys[0].size
+    code, span = np.zeros(n, dtype=np.int64), 1
+    for k in groups[::-1]:  # the major key first
+        if n == 0:
+            break
+        lo, width = int(k.min()), int(k.max()) - int(k.min()) + 1
+        span *= width
+        if span > 2**16:
+            return np.lexsort(keys)
+        code = code * width + (k - lo)
+    if n_minor == 1 and (n < 2 or bool((minor[0][1:] >= minor[0][:-1]).all())):
+        return np.argsort(code.astype(np.uint16), kind="stable")
+    within = np.argsort(minor[0], kind="stable") if n_minor == 1 else np.lexsort(minor)
+    return within[np.argsort(code[within].astype(np.uint16), kind="stable")]
+
+
 def gpu_events(df: pd.DataFrame) -> pd.DataFrame:
     """Kernels, copies and sets: what runs on a GPU stream."""
     return df[kind_mask(df, *GPU_KINDS)]
