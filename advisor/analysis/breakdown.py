@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from advisor.trace.table import GPU_KINDS, grouped_lexsort, kind_mask
+from advisor.trace.table import GPU_KINDS, grouped_lexsort, kind_mask, unique_first, unique_inverse
 
 
 def _case_insensitive(pattern: str) -> re.Pattern[str]:
@@ -108,7 +108,7 @@ def _per_name(names: pd.Series, rows: np.ndarray, fn: Callable[[str], object], d
 
 def _totals(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(distinct keys ascending, sum of ``values`` per key in their integer dtype, count per key)."""
-    uniq, inv = np.unique(keys, return_inverse=True)
+    uniq, inv = unique_inverse(keys)
     sums = np.zeros(uniq.size, dtype=values.dtype)
     np.add.at(sums, inv, values)
     return uniq, sums, np.bincount(inv, minlength=uniq.size)
@@ -381,7 +381,7 @@ def launch_calls(df: pd.DataFrame) -> dict[int, LaunchCalls]:
     out = {}
     for rank in np.unique(ranks).tolist():
         in_rank = np.flatnonzero(ranks == rank)
-        ids, first = np.unique(corr[in_rank], return_index=True)  # first: each id's first occurrence
+        ids, first = unique_first(corr[in_rank])  # first: each id's first occurrence
         call = in_rank[first]
         out[int(rank)] = LaunchCalls(ids, start[call], dur[call], graph[call])
     return out

@@ -30,7 +30,7 @@ import pandas as pd
 
 from advisor.errors import AdvisorError
 from advisor.spec.specs import Setup
-from advisor.trace.table import EventArgs, kind_mask
+from advisor.trace.table import EventArgs, kind_mask, unique_first
 
 KINDS = (
     "all_reduce",
@@ -468,7 +468,7 @@ def _launching_ops(
     runtime = np.flatnonzero(cols.runtime & (cols.rank == rank) & (cols.corr >= 0))
     if not runtime.size:
         return ops_out, ranges_out, launch_t
-    corr, first = np.unique(cols.corr[runtime], return_index=True)
+    corr, first = unique_first(cols.corr[runtime])
     launch = runtime[first]
     pos = np.minimum(np.searchsorted(corr, cols.corr[kernels]), corr.size - 1)
     found = np.flatnonzero(corr[pos] == cols.corr[kernels])

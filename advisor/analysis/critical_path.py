@@ -65,7 +65,7 @@ import pandas as pd
 from advisor.analysis.breakdown import COMM_RE, PROFILER_STEP_RE, STREAM_WAIT_RE, SYNC_RE, _per_name, _search
 from advisor.analysis.steps import step_windows
 from advisor.errors import AdvisorError
-from advisor.trace.table import GPU_KINDS, kind_mask
+from advisor.trace.table import GPU_KINDS, kind_mask, unique_first
 
 SEGMENT_KINDS = ("compute", "communication", "memcpy", "memset", "idle", "launch", "sync", "host")
 """What a stretch of the path is: GPU work (the first four), the GPU waiting on its stream or on another
@@ -527,7 +527,7 @@ class _Graph:
         wanted = np.unique(corr[recs])
         calls = np.flatnonzero(self.in_rank & kind_mask(df, "runtime") & (corr >= 0))
         calls = calls[_member(corr[calls], wanted)]  # in table order: the first of a correlation id wins
-        ids, first = np.unique(corr[calls], return_index=True)
+        ids, first = unique_first(corr[calls])
         pos = np.minimum(np.searchsorted(ids, corr[recs]), max(ids.size - 1, 0))
         found = (ids[pos] == corr[recs]) if ids.size else np.zeros(recs.size, dtype=bool)
         return recs, np.where(found, at[calls[first[pos]]] if ids.size else 0, at[recs])

@@ -127,6 +127,30 @@ def kind_mask(df: pd.DataFrame, *kinds: str) -> np.ndarray:
     return mask
 
 
+def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` of a 1-D integer array, by a hash table (pandas'
+    factorize) and a sort of the distinct values only: 10x faster on millions of rows with few distinct
+    values, where np.unique sorts every row."""
+    if values.dtype.kind not in "iu":
+        return np.unique(values, return_inverse=True)
+    codes, distinct = pd.factorize(values)
+    order = np.argsort(distinct, kind="stable")
+    rank = np.empty(order.size, dtype=np.intp)
+    rank[order] = np.arange(order.size)
+    return distinct[order], rank[codes]
+
+
+def unique_first(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_index=True)`` of a 1-D integer array (each distinct value's first
+    position), by a hash table as unique_inverse."""
+    if values.dtype.kind not in "iu":
+        return np.unique(values, return_index=True)
+    codes, distinct = pd.factorize(values)  # codes count up in order of first appearance
+    first = np.flatnonzero(codes > np.maximum.accumulate(np.r_[-1, codes[:-1]]))
+    order = np.argsort(distinct, kind="stable")
+    return distinct[order], first[order]
+
+
 def grouped_lexsort(keys: tuple[np.ndarray, ...], n_minor: int = 1) -> np.ndarray:
     """``np.lexsort(keys)`` (the last key sorts first), cheaper where the keys after the first
     ``n_minor`` are group ids of small range (rank, device, stream): the rows are sorted by the minor
