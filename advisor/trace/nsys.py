@@ -436,13 +436,26 @@ def _prefetch(conn: sqlite3.Connection, file: str, tables: set[str], pool: Threa
     if _cx is None or path is None:
         return
     prefetched = {}
-    for table, (ints, texts, where) in _plans(conn, tables).items():
+    # The largest table first: one thread reads it while the other reads the rest, and the calling thread
+    # codes those (a 0.5 GB dense export: NVTX_EVENTS is 60 % of the rows).
+    plans = sorted(_plans(conn, tables).items(), key=lambda item: -_rowids(conn, item[0]))
+    for table, (ints, texts, where) in plans:
         try:
             sql, keep = _query(conn, file, table, ints, texts, where)
         except TraceError:
             continue  # _read raises it again, in order
         prefetched[sql] = pool.submit(_columnar, path, sql, keep, ints, dict.fromkeys(texts))
     conn.prefetched = prefetched
+
+
+def _rowids(conn: sqlite3.Connection, table: str) -> int:
+    """The table's largest rowid (its row count where no row was deleted), read from its B-tree's end;
+    0 where it has none."""
+    try:
+        high = conn.execute(f'SELECT MAX(rowid) FROM "{table}"').fetchone()[0]
+    except sqlite3.DatabaseError:  # a WITHOUT ROWID table
+        return 0
+    return high if isinstance(high, int) else 0
 
 
 def _columnar(
