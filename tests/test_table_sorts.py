@@ -45,6 +45,9 @@ def test_unique_inverse_and_first():
     assert distinct.tolist() == [-1, 3, 7] and inverse.tolist() == [2, 0, 2, 1]
     distinct, first = unique_first(values)
     assert distinct.tolist() == [-1, 3, 7] and first.tolist() == [1, 3, 0]
+    few = np.array([7, -1, 7, 3, 7, 7, -1, 7])  # 3 distinct of 8: the hash table's road
+    assert [a.tolist() for a in unique_inverse(few)] == [[-1, 3, 7], [2, 0, 2, 1, 2, 2, 0, 2]]
+    assert [a.tolist() for a in unique_first(few)] == [[-1, 3, 7], [1, 3, 0]]
     rng = np.random.default_rng(1)
     for _ in range(100):
         x = rng.integers(-3, 30, int(rng.integers(0, 60)))
