@@ -30,7 +30,7 @@ import pandas as pd
 
 from advisor.errors import AdvisorError
 from advisor.spec.specs import Setup
-from advisor.trace.table import EventArgs, kind_mask
+from advisor.trace.table import EventArgs, kind_mask, unique_first
 
 KINDS = (
     "all_reduce",
@@ -468,7 +468,7 @@ def _launching_ops(
     runtime = np.flatnonzero(cols.runtime & (cols.rank == rank) & (cols.corr >= 0))
     if not runtime.size:
         return ops_out, ranges_out, launch_t
-    corr, first = np.unique(cols.corr[runtime], return_index=True)
+    corr, first = unique_first(cols.corr[runtime])
     launch = runtime[first]
     pos = np.minimum(np.searchsorted(corr, cols.corr[kernels]), corr.size - 1)
     found = np.flatnonzero(corr[pos] == cols.corr[kernels])
@@ -485,10 +485,18 @@ def _around(cols: _Columns, rows: np.ndarray, tid: np.ndarray, t: np.ndarray) ->
     out = np.full(t.size, -1, dtype=np.int64)
     for thread in np.unique(tid).tolist():
         mine = rows[cols.tid[rows] == thread]
+        if not mine.size:
+            continue
         mine = mine[np.argsort(cols.start[mine], kind="stable")]
-        for i in np.flatnonzero(tid == thread).tolist():
-            j = int(np.searchsorted(cols.start[mine], t[i], side="right")) - 1
-            while j >= 0 and cols.end[mine[j]] <= t[i]:
+        ends = cols.end[mine]
+        asked = np.flatnonzero(tid == thread)
+        last = np.searchsorted(cols.start[mine], t[asked], side="right") - 1  # the latest to start by t
+        holds = (last >= 0) & (ends[np.maximum(last, 0)] > t[asked])
+        out[asked[holds]] = mine[last[holds]]
+        # Where that one ended by t, walk back to an earlier one still open (an outer range).
+        walk = ~holds & (last > 0)
+        for i, j in zip(asked[walk].tolist(), (last[walk] - 1).tolist(), strict=True):
+            while j >= 0 and ends[j] <= t[i]:
                 j -= 1
             if j >= 0:
                 out[i] = mine[j]

@@ -65,7 +65,7 @@ import pandas as pd
 from advisor.analysis.breakdown import COMM_RE, PROFILER_STEP_RE, STREAM_WAIT_RE, SYNC_RE, _per_name, _search
 from advisor.analysis.steps import step_windows
 from advisor.errors import AdvisorError
-from advisor.trace.table import GPU_KINDS, kind_mask
+from advisor.trace.table import GPU_KINDS, kind_mask, unique_first
 
 SEGMENT_KINDS = ("compute", "communication", "memcpy", "memset", "idle", "launch", "sync", "host")
 """What a stretch of the path is: GPU work (the first four), the GPU waiting on its stream or on another
@@ -294,7 +294,8 @@ class _Graph:
         by_corr = runtime[np.argsort(corr[runtime], kind="stable")]
         corr_sorted = corr[by_corr]
         # GPU: what those runtime calls launched.
-        gpu = np.flatnonzero(in_rank & kind_mask(df, *GPU_KINDS) & np.isin(corr, corr_sorted))
+        gpu = np.flatnonzero(in_rank & kind_mask(df, *GPU_KINDS))
+        gpu = gpu[_member(corr[gpu], corr_sorted)]
         launch = by_corr[np.searchsorted(corr_sorted, corr[gpu])]  # the runtime row of each GPU event
         self.df, self.in_rank, self.host, self.gpu, self.launch = df, in_rank, host, gpu, launch
         n_host = host.size
@@ -447,6 +448,10 @@ class _Graph:
             launched = corr[calls][pos] == corr[others]
             others, pos = others[launched], pos[launched]
         o_launch, o_start = at[calls[pos]] if calls.size else at[others], at[others]
+        # Work launched and started after the window's last launch and start counts at no time asked.
+        last = max(int(start.max()), int(rt_start.max()))
+        early = (o_launch <= last) | (o_start <= last)
+        others, o_launch, o_start = others[early], o_launch[early], o_start[early]
         o_dev, o_stream = df["device"].to_numpy()[others].astype(np.int64), df["stream"].to_numpy()[others]
         q_launch = np.zeros(start.size, dtype=np.int64)
         q_start = np.zeros(start.size, dtype=np.int64)
@@ -463,29 +468,69 @@ class _Graph:
     ) -> np.ndarray:
         """Per window GPU event, the event on another stream it waits for through a stream-wait record
         (-1: none): the record's stream's first event launched after the wait call waits for the event
-        of another stream of its device, launched before the call, that ended last before it started."""
-        df, recs = self.df, self.stream_waits
+        of another stream of its device, launched before the call, that ended last before it started.
+        Ties go to the first event in table order, and to the first record in table order."""
+        df = self.df
         out = np.full(start.size, -1, dtype=np.int64)
-        if recs.size == 0:
+        if self.stream_waits.size == 0 or start.size == 0:
             return out
-        corr = df["correlation"].to_numpy()
-        runtime = np.flatnonzero(self.in_rank & kind_mask(df, "runtime") & (corr >= 0))[::-1]  # first call wins
-        calls = dict(zip(corr[runtime].tolist(), df["start_ns"].to_numpy()[runtime].tolist(), strict=True))
         rt_start = df["start_ns"].to_numpy()[self.launch]
-        r_at, r_dev, r_stream = (df[c].to_numpy()[recs].tolist() for c in ("start_ns", "device", "stream"))
-        for c, t, d, s in zip(corr[recs].tolist(), r_at, r_dev, r_stream, strict=True):
-            at = calls.get(c, t)
-            on = np.flatnonzero((device == d) & (stream == s) & (rt_start > at))
-            if on.size == 0:
+        recs, at = self._wait_calls()
+        # Only a wait call between the window's first and last launch has a GPU event launched before
+        # it and one after it: the rest of the trace's records are skipped (they scale with the file,
+        # the window does not).
+        inside = (at > rt_start.min()) & (at < rt_start.max())
+        recs, at = recs[inside], at[inside]
+        # Per stream, its events by launch (the first launched after the call is the one that waits);
+        # per device, its events by end, the latest end last and, among equal ends, the first event
+        # last, so a backward walk meets the latest-ending, first candidate first.
+        dests, sources = {}, {}
+        for d, s in set(zip(device.tolist(), stream.tolist(), strict=True)):
+            on = np.flatnonzero((device == d) & (stream == s))
+            on = on[np.argsort(rt_start[on], kind="stable")]
+            dests[(d, s)] = (on, rt_start[on])
+        for d in set(device.tolist()):
+            on = np.flatnonzero(device == d)
+            on = on[np.lexsort((-on, end[on]))]
+            sources[d] = (on.tolist(), on, end[on])
+        stream_l, rt_l, end_l = stream.tolist(), rt_start.tolist(), end.tolist()
+        walk = 64  # events walked back in Python before the rest is searched in one numpy pass
+        r_dev, r_stream = (df[c].to_numpy()[recs].tolist() for c in ("device", "stream"))
+        for t, d, s in zip(at.tolist(), r_dev, r_stream, strict=True):
+            if (d, s) not in dests:
                 continue
-            dest = on[np.argmin(rt_start[on])]
-            src = np.flatnonzero((device == d) & (stream != s) & (rt_start < at) & (end <= start[dest]))
-            if src.size == 0:
+            on, launched = dests[(d, s)]
+            k = int(np.searchsorted(launched, t, "right"))
+            if k == on.size:
                 continue
-            best = src[np.argmax(end[src])]
-            if out[dest] < 0 or end[best] > end[out[dest]]:
+            dest = int(on[k])
+            by_end, by_end_a, ends = sources[d]
+            best, last = -1, int(np.searchsorted(ends, start[dest], "right")) - 1
+            for i in range(last, max(last - walk, -1), -1):
+                g = by_end[i]
+                if stream_l[g] != s and rt_l[g] < t:
+                    best = g
+                    break
+            else:
+                rest = by_end_a[: max(last - walk + 1, 0)]
+                hits = np.flatnonzero((stream[rest] != s) & (rt_start[rest] < t))
+                best = int(rest[hits[-1]]) if hits.size else -1
+            if best >= 0 and (out[dest] < 0 or end_l[best] > end_l[out[dest]]):
                 out[dest] = best
         return out
+
+    def _wait_calls(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rank's stream-wait records and when each wait was issued: the start of the first runtime
+        call of the rank with the record's correlation id, else the record's own start."""
+        df, recs = self.df, self.stream_waits
+        corr, at = df["correlation"].to_numpy(), df["start_ns"].to_numpy()
+        wanted = np.unique(corr[recs])
+        calls = np.flatnonzero(self.in_rank & kind_mask(df, "runtime") & (corr >= 0))
+        calls = calls[_member(corr[calls], wanted)]  # in table order: the first of a correlation id wins
+        ids, first = unique_first(corr[calls])
+        pos = np.minimum(np.searchsorted(ids, corr[recs]), max(ids.size - 1, 0))
+        found = (ids[pos] == corr[recs]) if ids.size else np.zeros(recs.size, dtype=bool)
+        return recs, np.where(found, at[calls[first[pos]]] if ids.size else 0, at[recs])
 
     # --- GPU -> host ---------------------------------------------------------------------------------
     def _sync_edges(self) -> tuple[np.ndarray, ...]:
@@ -575,6 +620,14 @@ class _Graph:
             v = int(src[pred[v]])
         edges = np.array(path[::-1], dtype=np.int64)
         return edges[(weight[edges] > 0) & (self.kind[edges] >= 0)]
+
+
+def _member(values: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:
+    """``np.isin(values, sorted_ids)`` for a sorted ``sorted_ids``, without sorting ``values``."""
+    if sorted_ids.size == 0:
+        return np.zeros(values.size, dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_ids, values), sorted_ids.size - 1)
+    return sorted_ids[pos] == values
 
 
 def _no_edges() -> tuple[np.ndarray, ...]:

@@ -45,7 +45,7 @@ from advisor.analysis.breakdown import (
     launch_calls,
 )
 from advisor.errors import TraceError
-from advisor.trace.table import GPU_KINDS, kind_mask
+from advisor.trace.table import GPU_KINDS, grouped_lexsort, kind_mask
 
 MAX_QUEUE_LENGTH = 1024  # CUDA's launch queue depth that HTA assumes (trace_analysis.py default)
 DEQUEUES = ("end", "start")
@@ -103,7 +103,7 @@ def _describe(group: np.ndarray, values: np.ndarray, n_groups: int) -> dict[str,
         dev = np.bincount(group, weights=(v - mean[group]) ** 2, minlength=n_groups)
         out["mean"] = mean
         out["std"] = np.where(count > 1, np.sqrt(dev / (count - 1)), np.nan)
-    v = v[np.lexsort((v, group))]
+    v = v[grouped_lexsort((v, group))]
     first = np.cumsum(count) - count
     has = count > 0
     for name, q in (("min", 0.0), ("p25", 0.25), ("p50", 0.5), ("p75", 0.75), ("max", 1.0)):
@@ -157,9 +157,10 @@ def queue_length_series(
     leaves = start[found] + (dur[found] if dequeue == "end" else 0)
     n = rank.size
     rank, stream = np.concatenate([rank, rank]), np.concatenate([stream, stream])
-    time = np.concatenate([launched, leaves])
-    step = np.concatenate([np.ones(n, dtype=np.int64), -np.ones(n, dtype=np.int64)])
-    order = np.lexsort((step, time, stream, rank))
+    # Departures first, so that a stable sort by time puts them before arrivals at the same time.
+    time = np.concatenate([leaves, launched])
+    step = np.concatenate([-np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64)])
+    order = grouped_lexsort((time, stream, rank))
     # Every stream's steps sum to 0, so one running sum over all of them restarts at 0 on each stream.
     return pd.DataFrame(
         {

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.analysis.breakdown import _per_name, kernel_category
-from advisor.trace.table import kind_mask
+from advisor.trace.table import grouped_lexsort, kind_mask
 
 FUSABLE = frozenset({"elementwise", "reduction", "normalization"})
 NAME_CHARS = 60  # per kernel in the sequence column: template names run to hundreds of characters
@@ -65,7 +65,7 @@ def kernel_chains(df: pd.DataFrame, min_len: int = 2, top: int = 20) -> pd.DataF
     category = _per_name(df["name"], rows, kernel_category)
     fusable = kernels[rows] & np.isin(category, list(FUSABLE))
     codes = df["name"].cat.codes.to_numpy()[rows]
-    order = np.lexsort((start, stream, device, rank))
+    order = grouped_lexsort((start, stream, device, rank))
     rank, device, stream, dur, fusable, codes, category = (
         a[order] for a in (rank, device, stream, dur, fusable, codes, category)
     )
@@ -78,18 +78,23 @@ def kernel_chains(df: pd.DataFrame, min_len: int = 2, top: int = 20) -> pd.DataF
     members = np.flatnonzero(fusable)
     if members.size == 0:
         return pd.DataFrame(columns=COLUMNS)
-    bounds = np.flatnonzero(np.diff(run_id[members])) + 1
+    # Each run's bounds in ``members``, its total and its longest kernel, for all runs at once; the loop
+    # only keys the runs long enough by their kernel names.
+    first = np.r_[0, np.flatnonzero(np.diff(run_id[members])) + 1]
+    last = np.r_[first[1:], members.size]
+    d = dur[members]
+    total, longest = np.add.reduceat(d, first), np.maximum.reduceat(d, first)
+    long_enough = last - first >= min_len
+    member_codes = codes[members].tolist()
     spans = _spans(df)
     sequences: dict[tuple, list] = {}
-    for part in np.split(members, bounds):
-        if part.size < min_len:
-            continue
-        key = (int(rank[part[0]]), tuple(codes[part].tolist()))
-        d = dur[part]
-        entry = sequences.setdefault(key, [0, 0, 0, part])
+    for a, b, r, t, m in zip(
+        *(x[long_enough].tolist() for x in (first, last, rank[members[first]], total, longest)), strict=True
+    ):
+        entry = sequences.setdefault((r, tuple(member_codes[a:b])), [0, 0, 0, members[a:b]])
         entry[0] += 1
-        entry[1] += int(d.sum())
-        entry[2] += int(d.sum() - d.max())
+        entry[1] += t
+        entry[2] += t - m
     labels = df["name"].cat.categories
     out = []
     for (r, key), (count, time_ns, saving_ns, part) in sequences.items():

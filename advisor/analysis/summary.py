@@ -257,8 +257,9 @@ def _comm_pcts(df: pd.DataFrame, t: dict[str, pd.DataFrame]) -> tuple[float | No
         if rank in steps.index:
             base_ms = float(steps[rank]) / 1e6
         else:
-            mine = df[df["rank"] == rank]
-            base_ms = float((mine["start_ns"] + mine["dur_ns"]).max() - mine["start_ns"].min()) / 1e6
+            mine = df["rank"].to_numpy() == rank  # a mask, not a copy of the rank's rows
+            start = df["start_ns"].to_numpy()[mine]
+            base_ms = float((start + df["dur_ns"].to_numpy()[mine]).max() - start.min()) / 1e6
         if base_ms > 0:
             time_pct.append(min(100.0, 100 * group["time_ms"].sum() / base_ms))
             exposed_pct.append(min(100.0, 100 * group["exposed_ms"].sum() / base_ms))

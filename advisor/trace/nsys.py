@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.errors import AdvisorError, TraceError
-from advisor.trace.table import COPY_KINDS, HOST_MEM, make_table
+from advisor.trace.table import COPY_KINDS, HOST_MEM, make_table, unique_first, unique_inverse
 
 try:  # an optional speed-up: reads a table's columns in Rust, 4-6x faster than sqlite3's row tuples
     import connectorx as _cx
@@ -220,22 +220,34 @@ def _parts(conn: sqlite3.Connection, file: str, tables: set[str]) -> tuple[list[
 
 def _table(conn: sqlite3.Connection, file: str, tables: set[str], present: list[str], read) -> pd.DataFrame:
     parts, values = read
-    cols = {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0])}  # frees parts as it goes
-    if not (cols["kind"] != _KINDS.index("sync")).any():  # sync records alone show no work
-        raise TraceError(
+    sizes = [p["start_ns"].size for p in parts]
+    if not any(n and (p["kind"] != _KINDS.index("sync")).any() for p, n in zip(parts, sizes, strict=True)):
+        raise TraceError(  # sync records alone show no work
             f"{file} holds no CUDA or NVTX events: its tables {', '.join(present)} are empty; "
             "profile with nsys profile -t cuda,nvtx over a range where the GPU works"
         )
-    order = np.argsort(cols["start_ns"], kind="stable")
-    for k in cols:
-        cols[k] = cols[k][order]
-    process = cols.pop("process")
-    distinct = np.unique(process)
+    start = np.concatenate([p.pop("start_ns") for p in parts])
+    order = np.argsort(start, kind="stable")
+    distinct = np.unique(np.concatenate([np.broadcast_to(p["process"], n) for p, n in zip(parts, sizes, strict=True)]))
     by_pid = np.lexsort((distinct, distinct & _PID_MASK))  # order of pid; host/VM bits break ties
     keys = distinct[by_pid]
-    rank = np.empty(distinct.size, dtype=np.int32)
-    rank[by_pid] = np.arange(distinct.size)
-    rank = rank[np.searchsorted(distinct, process)]
+    rank_of = np.empty(distinct.size, dtype=np.int32)
+    rank_of[by_pid] = np.arange(distinct.size)
+    for p in parts:
+        p["rank"] = rank_of[np.searchsorted(distinct, p.pop("process"))]
+    # Each column written once, every part's rows straight to their place in start order (a constant
+    # fills its rows): no concatenated copy, no arrays of constants.
+    place = np.empty(start.size, dtype=np.intp)
+    place[order] = np.arange(start.size)
+    bounds = np.cumsum([0, *sizes])
+    cols = {"start_ns": start[order]}
+    del start, order
+    for k in list(parts[0]):
+        column = np.empty(place.size, dtype=np.result_type(*(p[k] for p in parts)))
+        for p, a, b in zip(parts, bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            column[place[a:b]] = p.pop(k)
+        cols[k] = column
+    rank = cols.pop("rank")
     table = make_table(
         {
             "rank": rank,
@@ -305,7 +317,7 @@ class _Names:
         distinct key."""
         if keys.shape[0] == 0:
             return np.empty(0, dtype=np.int64)
-        columns = [np.unique(col, return_inverse=True) for col in keys.T] if keys.ndim == 2 else []
+        columns = [unique_inverse(col) for col in keys.T] if keys.ndim == 2 else []
         if columns and np.prod([float(v.size) for v, _ in columns]) < 2.0**62:
             # Rows as one int64 each (mixed radix over each column's distinct values, which keeps
             # np.unique(axis=0)'s lexicographic order): a 1-D unique is several times faster than its sort
@@ -313,12 +325,13 @@ class _Names:
             flat = np.zeros(keys.shape[0], dtype=np.int64)
             for values, inv in columns:
                 flat = flat * values.size + inv.reshape(-1)
-            _, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+            _, first = unique_first(flat)
+            _, inverse = unique_inverse(flat)
             distinct = keys[first]
         elif columns:
             distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
         else:
-            distinct, inverse = np.unique(keys, return_inverse=True)
+            distinct, inverse = unique_inverse(keys)
         lookup = np.array(
             [self.code(name_of(*k) if keys.ndim == 2 else name_of(k)) for k in distinct.tolist()], dtype=np.int64
         )
@@ -423,13 +436,26 @@ def _prefetch(conn: sqlite3.Connection, file: str, tables: set[str], pool: Threa
     if _cx is None or path is None:
         return
     prefetched = {}
-    for table, (ints, texts, where) in _plans(conn, tables).items():
+    # The largest table first: one thread reads it while the other reads the rest, and the calling thread
+    # codes those (a 0.5 GB dense export: NVTX_EVENTS is 60 % of the rows).
+    plans = sorted(_plans(conn, tables).items(), key=lambda item: -_rowids(conn, item[0]))
+    for table, (ints, texts, where) in plans:
         try:
             sql, keep = _query(conn, file, table, ints, texts, where)
         except TraceError:
             continue  # _read raises it again, in order
         prefetched[sql] = pool.submit(_columnar, path, sql, keep, ints, dict.fromkeys(texts))
     conn.prefetched = prefetched
+
+
+def _rowids(conn: sqlite3.Connection, table: str) -> int:
+    """The table's largest rowid (its row count where no row was deleted), read from its B-tree's end;
+    0 where it has none."""
+    try:
+        high = conn.execute(f'SELECT MAX(rowid) FROM "{table}"').fetchone()[0]
+    except sqlite3.DatabaseError:  # a WITHOUT ROWID table
+        return 0
+    return high if isinstance(high, int) else 0
 
 
 def _columnar(
@@ -480,23 +506,24 @@ def _read_rows(
 def _event(
     kind: str, r: dict[str, np.ndarray], name: np.ndarray, process: np.ndarray, **cols: np.ndarray | int
 ) -> dict:
-    n = r["start"].size
+    """One table's columns: arrays of its rows, or a 0-d array where every row holds one value (_table
+    fills those rows with it)."""
     base = {
-        "kind": np.full(n, _KINDS.index(kind), dtype=np.int8),
+        "kind": np.array(_KINDS.index(kind), dtype=np.int8),
         "name": name,
         "start_ns": r["start"],
         "dur_ns": r["end"] - r["start"],
-        "device": np.full(n, -1, dtype=np.int64),
-        "stream": np.full(n, -1, dtype=np.int64),
-        "tid": np.full(n, -1, dtype=np.int64),
-        "correlation": r.get("correlationId", np.full(n, -1, dtype=np.int64)),
-        "bytes": np.zeros(n, dtype=np.int64),
-        "copy_kind": np.zeros(n, dtype=np.int8),  # codes into COPY_KINDS, 0 = ''
-        "host_mem": np.zeros(n, dtype=np.int8),  # codes into HOST_MEM
+        "device": np.array(-1, dtype=np.int64),
+        "stream": np.array(-1, dtype=np.int64),
+        "tid": np.array(-1, dtype=np.int64),
+        "correlation": r.get("correlationId", np.array(-1, dtype=np.int64)),
+        "bytes": np.array(0, dtype=np.int64),
+        "copy_kind": np.array(0, dtype=np.int8),  # codes into COPY_KINDS, 0 = ''
+        "host_mem": np.array(0, dtype=np.int8),  # codes into HOST_MEM
         "process": process,
     }
     for k, v in cols.items():
-        base[k] = np.broadcast_to(v, n) if np.isscalar(v) else v
+        base[k] = np.asarray(v)
     return base
 
 
@@ -573,10 +600,15 @@ def _memcpys(conn: sqlite3.Connection, file: str, tables: set[str], names: _Name
 
     triples = np.stack([r["copyKind"], r["srcKind"], r["dstKind"]], axis=1)
     name = names.codes(triples, name_of)
-    kinds_u, inv = np.unique(r["copyKind"], return_inverse=True)
+    kinds_u, inv = unique_inverse(r["copyKind"])
     directions = np.array([COPY_KINDS.index(copy_kind(k)) for k in kinds_u.tolist()], dtype=np.int8)[inv.reshape(-1)]
-    pairs_u, inv = np.unique(triples[:, 1:], axis=0, return_inverse=True)
-    hosts = np.array([HOST_MEM.index(host_mem(s, d)) for s, d in pairs_u.tolist()], dtype=np.int8)[inv.reshape(-1)]
+    (src_u, src_inv), (dst_u, dst_inv) = unique_inverse(r["srcKind"]), unique_inverse(r["dstKind"])
+    if src_u.size * dst_u.size <= 2**16:  # memory kinds are a handful: every pair, looked up by position
+        pairs = [HOST_MEM.index(host_mem(s, d)) for s in src_u.tolist() for d in dst_u.tolist()]
+        hosts = np.array(pairs, dtype=np.int8)[src_inv * dst_u.size + dst_inv]
+    else:
+        pairs_u, inv = np.unique(triples[:, 1:], axis=0, return_inverse=True)
+        hosts = np.array([HOST_MEM.index(host_mem(s, d)) for s, d in pairs_u.tolist()], dtype=np.int8)[inv.reshape(-1)]
     return _event(
         "memcpy",
         r,
