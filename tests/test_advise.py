@@ -513,3 +513,39 @@ def test_a_setup_alone_gets_the_levers_users_pull():
     no_sp = advise(setup=replace(setup, parallel=replace(setup.parallel, sequence_parallel=False)))
     sp = next(r for r in no_sp.recommendations if r.rule.id == "par-tp-sequence-parallel")
     assert sp.changes == {"parallel.sequence_parallel": True} and sp.gain.gain_pct > 5
+
+
+@pytest.mark.parametrize(
+    "flags, rule, to",
+    [
+        ({"avx2", "fma"}, "prec-16bit-on-cpu-without-fast-path", "fp32"),
+        ({"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16"}, "prec-fp16-on-cpu", "bf16"),
+    ],
+)
+def test_fp16_on_a_cpu_is_priced_at_fp32_pace_or_slower(monkeypatch, flags, rule, to):
+    from advisor.spec import presets
+
+    # fp16 matmuls have no fast path on x86 CPUs short of AMX-FP16: a scalar loop without AVX512-FP16
+    # (1/50 of fp32), fp32's pace with it (a Sapphire Rapids Xeon: 2048^3 at 109 against 106 GFLOP/s).
+    monkeypatch.setattr(presets, "cpu_flags", lambda: flags)
+    setup = make_setup(model="tiny", gpu="cpu", seq=64, micro_batch=2, precision="fp16")
+    m = StepMetrics(
+        run_id="r",
+        source="profile",
+        steps_measured=5,
+        step_time_ms=50.0,
+        roofline_gemm_frac=0.4,
+        roofline_gemm_roof_frac=0.85,
+        roofline_fusable_frac=0.22,
+        roofline_attention_frac=0.13,
+    )
+    advice = advise(m, setup, {"compile": False})
+    rec = advice.recommendations[0]
+    assert rec.rule.id == rule and rec.changes == {"train.precision": to}
+    hw = setup.hardware
+    speed = hw.peak_flops(to) / hw.peak_fp16_flops  # AVX2: 1 / (1/50); AMX: 16 / 1
+    assert speed == pytest.approx(16.0 if to == "bf16" else 50.0)
+    # GEMMs 85 % on their fp16 roof: that part at the peaks' ratio, the rest unchanged; elementwise
+    # and attention unchanged on a CPU: AMX 1 - (0.4 x (0.85 / 16 + 0.15) + 0.6) = 31.9 % less step
+    # time, AVX2 1 - (0.4 x (0.85 / 50 + 0.15) + 0.6) = 33.3 %.
+    assert rec.gain.gain_pct == pytest.approx(31.9 if to == "bf16" else 33.3, abs=0.05)
