@@ -515,6 +515,47 @@ def test_a_setup_alone_gets_the_levers_users_pull():
     assert sp.changes == {"parallel.sequence_parallel": True} and sp.gain.gain_pct > 5
 
 
+def _fusable_step(**kw) -> StepMetrics:
+    # A CPU step of 200 ms: 40 % in memory-bound elementwise/norm ops, 30 % of the step outside the
+    # optimizer step, whose bytes at the memory roof would take 10 % of the step.
+    base = dict(run_id="r", source="profile", steps_measured=5, step_time_ms=200.0, data_ms=1.0)
+    base |= dict(roofline_fusable_frac=0.4, roofline_compile_fusable_frac=0.3, roofline_compile_fusable_roof_frac=0.1)
+    return StepMetrics(**(base | kw))
+
+
+def test_fusion_is_priced_at_the_memory_roof_outside_the_optimizer():
+    setup = make_setup(model="tiny", gpu="cpu", seq=128, micro_batch=8)
+
+    def fuse(m: StepMetrics):
+        recs = advise(m, setup, {"compile": False, "num_workers": 0}).recommendations
+        return next(r for r in recs if r.rule.id == "roof-fuse-memory-bound")
+
+    # 30 % of the step fused down to its roof time over 2 (the chain moves its bytes once): 30 - 10 / 2.
+    rec = fuse(_fusable_step())
+    assert rec.gain.gain_pct == pytest.approx(25.0) and rec.gain.after == pytest.approx(150.0)
+    # A run from before the roof split: the whole fusable share 2x faster.
+    old = _fusable_step(roofline_compile_fusable_frac=None, roofline_compile_fusable_roof_frac=None)
+    assert fuse(old).gain.gain_pct == pytest.approx(20.0)
+
+
+def test_a_step_paced_by_its_loader_workers_gains_nothing_from_faster_compute():
+    # few-workers on the AMX Xeon: 130 of 315 ms waiting for one worker. Its pace is the worker's:
+    # compiling the model left the steady step where it was, and more workers are the lever.
+    setup = make_setup(model="tiny", gpu="cpu", seq=128, micro_batch=8)
+    m = _fusable_step(step_time_ms=315.0, data_ms=130.0)
+    advice = advise(m, setup, {"compile": False, "num_workers": 1})
+    reasons = {r.rule.id: r.action_note for r in advice.rejected}
+    assert reasons["roof-fuse-memory-bound"] == "predicted no change in step time: no gain"
+    # data_overlap: one worker loads a step's batches in the whole 315 ms; two take 157.5 ms, under
+    # the 185 ms of compute.
+    more = next(r for r in advice.recommendations if r.rule.id == "input-more-workers")
+    assert more.gain.after == pytest.approx(185.0)
+    # Without workers the load is inline: a faster compute shortens the step.
+    inline = advise(m, setup, {"compile": False, "num_workers": 0})
+    fuse = next(r for r in inline.recommendations if r.rule.id == "roof-fuse-memory-bound")
+    assert fuse.gain.gain_pct == pytest.approx(25.0)
+
+
 @pytest.mark.parametrize(
     "flags, rule, to",
     [

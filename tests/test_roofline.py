@@ -136,6 +136,32 @@ def test_step_summary_shares(roofline):
     assert s["per_step_ms"] == pytest.approx(s["modelled_ms"] / 2)
 
 
+def test_compile_reaches_the_fusable_ops_outside_the_optimizer(ops, roofline, hardware):
+    s = step_roofline_summary(roofline)
+    # The sample run's optimizer is fused AdamW (an "optimizer" op, not a fusable one): compiling the
+    # model reaches every fusable op, and their roof time is their time less the headroom above it.
+    assert ops["in_optimizer"].sum() > 0 and s["compile_fusable_frac"] == pytest.approx(s["fusable_frac"])
+    fus = roofline[roofline["category"].isin(["elementwise", "reduction", "normalization"])]
+    fus = fus[fus["bound"] == "memory"]
+    roof_ms = float((fus["time_ms"] * (1 - fus["headroom_frac"])).sum())
+    assert s["compile_fusable_roof_frac"] == pytest.approx(roof_ms / s["modelled_ms"])
+    assert 0 < s["compile_fusable_roof_frac"] < s["compile_fusable_frac"]
+    # Had every aten::mul run inside the optimizer step (a for-loop AdamW's updates are muls and adds),
+    # compiling the model would leave those eager: their time and roof time come off.
+    eager = ops.assign(in_optimizer=ops["name"] == "aten::mul")
+    n_params = json.loads((RUN / "metrics.json").read_text())["n_params"]
+    moved = op_roofline(eager, hardware, optimizer_params=n_params)
+    muls = fus[fus["name"] == "aten::mul"]
+    assert moved.attrs["optimizer_fusable_ms"] == pytest.approx(muls["time_ms"].sum())
+    assert moved.attrs["optimizer_fusable_roof_ms"] == pytest.approx(
+        (muls["time_ms"] * (1 - muls["headroom_frac"])).sum()
+    )
+    s2 = step_roofline_summary(moved)
+    assert s2["fusable_frac"] == pytest.approx(s["fusable_frac"])
+    assert s2["compile_fusable_frac"] == pytest.approx(s["fusable_frac"] - muls["time_ms"].sum() / s["modelled_ms"])
+    assert 0 < muls["time_ms"].sum() / s["modelled_ms"] < s["fusable_frac"]
+
+
 def test_measured_ceilings_override_the_spec(ops, hardware):
     c = Ceilings("test", {"fp32": 1e11}, 1e10, "", "")
     r = op_roofline(ops, hardware, c)

@@ -148,8 +148,10 @@ class TraceWork:
     ops: pd.DataFrame
     """One row per ``cpu_op``: name, tid, start_us, dur_us, input_dims (list per argument; [] for
     scalars), input_types, concrete_inputs (literal scalar arguments as strings), flops (the profiler's
-    own count where the trace carries one, else NaN). The three argument columns are kept for the ops
-    in MODELLED_OPS and those with a FLOP count; other ops (views, allocations) have them empty."""
+    own count where the trace carries one, else NaN), in_optimizer (the op starts inside an
+    ``optimizer`` range on its thread: the optimizer step, which compiling the model leaves eager).
+    The three argument columns are kept for the ops in MODELLED_OPS and those with a FLOP count; other
+    ops (views, allocations) have them empty."""
     kernels: pd.DataFrame
     """One row per GPU event: name, kind ('kernel', 'memcpy', 'memset'), start_us, dur_us, bytes
     (copies and sets), launch_op (index into ``ops`` of the innermost op around the runtime call that
@@ -177,6 +179,7 @@ def trace_work(events: pd.DataFrame) -> TraceWork:
     ev = events[rank == r0]
     base = int(ev["start_ns"].min()) if len(ev) else 0  # small times: exact in float microseconds
     ops = _ops_of(ev[kind_mask(ev, "cpu_op")], kept, base)
+    ops["in_optimizer"] = _inside(ops, ev[kind_mask(ev, "annotation") & (ev["name"] == "optimizer")], base)
     gpu = ev[kind_mask(ev, *GPU_KINDS)]
     kernels = pd.DataFrame(
         {
@@ -204,6 +207,16 @@ def trace_work(events: pd.DataFrame) -> TraceWork:
     steps = int(ev["name"][host].astype(str).str.startswith("ProfilerStep#").sum())
     device = (events.attrs.get("devices") or {}).get(r0)
     return TraceWork(ops, kernels, [device] if device else [], steps, _file_of(events, r0))
+
+
+def _inside(ops: pd.DataFrame, ranges: pd.DataFrame, base: int) -> np.ndarray:
+    """True for each op that starts inside one of ``ranges`` (annotation rows) on the same thread."""
+    inside = np.zeros(len(ops), dtype=bool)
+    tid, start = ops["tid"].to_numpy(), ops["start_us"].to_numpy()
+    for t, s0, d in zip(ranges["tid"].tolist(), ranges["start_ns"].tolist(), ranges["dur_ns"].tolist(), strict=True):
+        s0_us = (s0 - base) / 1e3
+        inside |= (tid == t) & (start >= s0_us) & (start < s0_us + d / 1e3)
+    return inside
 
 
 def _file_of(events: pd.DataFrame, rank: int) -> str:
@@ -533,10 +546,30 @@ def op_roofline(
     sel["klass"] = ""
     sel["category"] = [op_category(n) for n in sel["name"]]
     out = _judge(_group(sel), hardware, ceilings, latency_call_us)
+    opt_ms, opt_roof_ms = _optimizer_fusable_ms(sel, out)
+    out.attrs["optimizer_fusable_ms"] = opt_ms
+    out.attrs["optimizer_fusable_roof_ms"] = opt_roof_ms
     out.attrs["profiler_steps"] = df.attrs.get("profiler_steps", 0)
     out.attrs["op_time_ms"] = float(df.loc[_top_level(df), "dur_us"].sum() / 1e3) if len(df) else 0.0
     out.attrs["device"] = "cpu"
     return out
+
+
+def _optimizer_fusable_ms(sel: pd.DataFrame, table: pd.DataFrame) -> tuple[float, float]:
+    """(time, time at the roof) in ms of the fusable memory-bound ops (``FUSABLE``) that ran inside the
+    optimizer step: a for-loop or foreach optimizer's elementwise updates, which ``torch.compile`` of the
+    model does not reach. Each op takes its group's verdict and headroom from ``table``."""
+    if "in_optimizer" not in sel or not sel["in_optimizer"].any():
+        return 0.0, 0.0
+    opt = sel.loc[sel["in_optimizer"].to_numpy(bool), ["name", "shape", "precision", "dur_us"]]
+    verdicts = table[["name", "input_dims", "precision", "category", "bound", "headroom_frac"]].drop_duplicates(
+        ["name", "input_dims", "precision"]
+    )
+    m = opt.merge(verdicts, left_on=["name", "shape", "precision"], right_on=["name", "input_dims", "precision"])
+    fus = m["category"].isin(FUSABLE).to_numpy() & (m["bound"].astype(str) == "memory").to_numpy()
+    dur = m.loc[fus, "dur_us"]
+    roof = dur * (1.0 - m.loc[fus, "headroom_frac"].fillna(0.0))
+    return float(dur.sum()) / 1e3, float(roof.sum()) / 1e3
 
 
 ROOFLINE_COLUMNS = {
@@ -851,8 +884,10 @@ def step_roofline_summary(
     ProfilerStep ranges), ``idle_other_frac``, ``verdict`` (the bound with the largest share),
     ``gemm_frac`` (GEMMs that are not latency-bound), ``gemm_roof_frac`` (their time-weighted share of
     the roof reached: roof time / time; NaN without shapes) and ``fusable_frac`` (memory-bound
-    elementwise, reduction and normalisation ops: what fusion would cut) and ``attention_frac``
-    (attention that is not latency-bound).
+    elementwise, reduction and normalisation ops: what fusion would cut), ``compile_fusable_frac``
+    (those of them outside the optimizer step, which compiling the model reaches; a CPU table only
+    knows which ran inside it) with ``compile_fusable_roof_frac`` (their time at the memory roof), and
+    ``attention_frac`` (attention that is not latency-bound).
     """
     total = float(roofline["time_ms"].sum())
     out: dict = {"modelled_ms": total}
@@ -901,6 +936,14 @@ def step_roofline_summary(
         & ~roofline["name"].str.startswith(("triton_", "fused_"))  # compiled: fused already
     )
     out["fusable_frac"] = float(roofline.loc[fusable, "time_ms"].sum()) * scale
+    # What compiling the model reaches of them (not the optimizer step's), and their time at the memory
+    # roof (time x (1 - headroom); where the bytes are unknown, their measured time).
+    fus = roofline.loc[fusable]
+    fus_roof_ms = float((fus["time_ms"] * (1.0 - fus["headroom_frac"].fillna(0.0))).sum())
+    opt_ms = float(roofline.attrs.get("optimizer_fusable_ms", 0.0))
+    opt_roof_ms = float(roofline.attrs.get("optimizer_fusable_roof_ms", 0.0))
+    out["compile_fusable_frac"] = max(0.0, float(fus["time_ms"].sum()) - opt_ms) * scale
+    out["compile_fusable_roof_frac"] = max(0.0, fus_roof_ms - opt_roof_ms) * scale
     # Attention (fused SDPA kernels and ops, forward and backward) that is not latency-bound: with the
     # GEMMs and the fusable ops, the op classes a precision change speeds up each at its own rate.
     attention = (roofline["category"] == "attention") & (roofline["bound"] != "latency")

@@ -205,6 +205,12 @@ class StepMetrics:
     roofline_fusable_frac: float | None = None
     """Share of the step in memory-bound elementwise, reduction and normalisation ops: the time
     kernel fusion (torch.compile) cuts."""
+    roofline_compile_fusable_frac: float | None = None
+    """The part of roofline_fusable_frac outside the optimizer step: what torch.compile of the model
+    reaches (the optimizer step stays eager)."""
+    roofline_compile_fusable_roof_frac: float | None = None
+    """Those ops' time at the memory roof (their bytes at the roof bandwidth), same base: fused, they
+    run at the roof and the chain moves its bytes once."""
     roofline_attention_frac: float | None = None
     """Share of the step in attention ops or kernels that are not latency-bound (same base as
     roofline_gemm_frac): with it and roofline_fusable_frac, a precision change is priced per op class."""
