@@ -546,30 +546,46 @@ def op_roofline(
     sel["klass"] = ""
     sel["category"] = [op_category(n) for n in sel["name"]]
     out = _judge(_group(sel), hardware, ceilings, latency_call_us)
-    opt_ms, opt_roof_ms = _optimizer_fusable_ms(sel, out)
-    out.attrs["optimizer_fusable_ms"] = opt_ms
-    out.attrs["optimizer_fusable_roof_ms"] = opt_roof_ms
+    out.attrs["optimizer_fusable"] = _optimizer_fusable(sel, out)
     out.attrs["profiler_steps"] = df.attrs.get("profiler_steps", 0)
     out.attrs["op_time_ms"] = float(df.loc[_top_level(df), "dur_us"].sum() / 1e3) if len(df) else 0.0
     out.attrs["device"] = "cpu"
     return out
 
 
-def _optimizer_fusable_ms(sel: pd.DataFrame, table: pd.DataFrame) -> tuple[float, float]:
-    """(time, time at the roof) in ms of the fusable memory-bound ops (``FUSABLE``) that ran inside the
-    optimizer step: a for-loop or foreach optimizer's elementwise updates, which ``torch.compile`` of the
-    model does not reach. Each op takes its group's verdict and headroom from ``table``."""
+def _optimizer_fusable(sel: pd.DataFrame, table: pd.DataFrame) -> dict[str, float]:
+    """The fusable memory-bound ops (``FUSABLE``) that ran inside the optimizer step, a for-loop or
+    foreach optimizer's elementwise updates, which ``torch.compile`` of the model does not reach:
+    ``time_ms`` and ``bytes`` of those whose bytes are known, ``unknown_ms`` of the rest. Each op takes
+    its group's verdict from ``table``."""
+    out = {"time_ms": 0.0, "bytes": 0.0, "unknown_ms": 0.0}
     if "in_optimizer" not in sel or not sel["in_optimizer"].any():
-        return 0.0, 0.0
-    opt = sel.loc[sel["in_optimizer"].to_numpy(bool), ["name", "shape", "precision", "dur_us"]]
-    verdicts = table[["name", "input_dims", "precision", "category", "bound", "headroom_frac"]].drop_duplicates(
+        return out
+    opt = sel.loc[sel["in_optimizer"].to_numpy(bool), ["name", "shape", "precision", "dur_us", "w_bytes"]]
+    verdicts = table[["name", "input_dims", "precision", "category", "bound"]].drop_duplicates(
         ["name", "input_dims", "precision"]
     )
     m = opt.merge(verdicts, left_on=["name", "shape", "precision"], right_on=["name", "input_dims", "precision"])
-    fus = m["category"].isin(FUSABLE).to_numpy() & (m["bound"].astype(str) == "memory").to_numpy()
-    dur = m.loc[fus, "dur_us"]
-    roof = dur * (1.0 - m.loc[fus, "headroom_frac"].fillna(0.0))
-    return float(dur.sum()) / 1e3, float(roof.sum()) / 1e3
+    m = m[m["category"].isin(FUSABLE).to_numpy() & (m["bound"].astype(str) == "memory").to_numpy()]
+    nbytes = pd.to_numeric(m["w_bytes"], errors="coerce")
+    known = nbytes.notna().to_numpy()
+    out["time_ms"] = float(m.loc[known, "dur_us"].sum()) / 1e3
+    out["bytes"] = float(nbytes[known].sum())
+    out["unknown_ms"] = float(m.loc[~known, "dur_us"].sum()) / 1e3
+    return out
+
+
+def streaming_bytes_per_s(rows: pd.DataFrame, roof_bytes_per_s: float) -> float:
+    """The memory bandwidth a fused kernel can count on in this trace: the fastest rate reached by a
+    group of ``rows`` that carries at least 1 % of their bytes (a tiny group can run from cache), never
+    above the roof. On a quiet machine the big fp32 streams sit on the roof (20 GB/s on the AMX Xeon's
+    two cores); on a loaded one every op slows, and so does this rate: a gain priced from it stays a
+    ratio of the run's own speeds."""
+    known = rows[(rows["bytes"] > 0) & (rows["time_ms"] > 0)]
+    big = known[known["bytes"] >= 0.01 * known["bytes"].sum()]
+    if big.empty:
+        return roof_bytes_per_s
+    return min(roof_bytes_per_s, float((big["bytes"] / (big["time_ms"] / 1e3)).max()))
 
 
 ROOFLINE_COLUMNS = {
@@ -886,7 +902,8 @@ def step_roofline_summary(
     the roof reached: roof time / time; NaN without shapes) and ``fusable_frac`` (memory-bound
     elementwise, reduction and normalisation ops: what fusion would cut), ``compile_fusable_frac``
     (those of them outside the optimizer step, which compiling the model reaches; a CPU table only
-    knows which ran inside it) with ``compile_fusable_roof_frac`` (their time at the memory roof), and
+    knows which ran inside it) with ``compile_fusable_roof_frac`` (their bytes at the bandwidth this
+    trace's big streams reached, ``streaming_bytes_per_s``; their time where it is shorter), and
     ``attention_frac`` (attention that is not latency-bound).
     """
     total = float(roofline["time_ms"].sum())
@@ -939,11 +956,19 @@ def step_roofline_summary(
     # What compiling the model reaches of them (not the optimizer step's), and their time at the memory
     # roof (time x (1 - headroom); where the bytes are unknown, their measured time).
     fus = roofline.loc[fusable]
-    fus_roof_ms = float((fus["time_ms"] * (1.0 - fus["headroom_frac"].fillna(0.0))).sum())
-    opt_ms = float(roofline.attrs.get("optimizer_fusable_ms", 0.0))
-    opt_roof_ms = float(roofline.attrs.get("optimizer_fusable_roof_ms", 0.0))
+    roof_bw = float((roofline.attrs.get("roofs") or {}).get("bytes_per_s") or 0.0)
+    bw = streaming_bytes_per_s(fus, roof_bw) if roof_bw else 0.0
+    has_bytes = (fus["bytes"] > 0).to_numpy()
+    fused_ms = fus["time_ms"].to_numpy(float).copy()
+    if bw:
+        fused_ms[has_bytes] = np.minimum(fused_ms[has_bytes], fus["bytes"].to_numpy(float)[has_bytes] / bw * 1e3)
+    opt = roofline.attrs.get("optimizer_fusable") or {}
+    opt_ms = float(opt.get("time_ms", 0.0)) + float(opt.get("unknown_ms", 0.0))
+    opt_fused_ms = float(opt.get("unknown_ms", 0.0)) + (
+        min(float(opt.get("time_ms", 0.0)), float(opt.get("bytes", 0.0)) / bw * 1e3) if bw else opt.get("time_ms", 0.0)
+    )
     out["compile_fusable_frac"] = max(0.0, float(fus["time_ms"].sum()) - opt_ms) * scale
-    out["compile_fusable_roof_frac"] = max(0.0, fus_roof_ms - opt_roof_ms) * scale
+    out["compile_fusable_roof_frac"] = max(0.0, float(fused_ms.sum()) - opt_fused_ms) * scale
     # Attention (fused SDPA kernels and ops, forward and backward) that is not latency-bound: with the
     # GEMMs and the fusable ops, the op classes a precision change speeds up each at its own rate.
     attention = (roofline["category"] == "attention") & (roofline["bound"] != "latency")
