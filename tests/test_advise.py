@@ -513,3 +513,80 @@ def test_a_setup_alone_gets_the_levers_users_pull():
     no_sp = advise(setup=replace(setup, parallel=replace(setup.parallel, sequence_parallel=False)))
     sp = next(r for r in no_sp.recommendations if r.rule.id == "par-tp-sequence-parallel")
     assert sp.changes == {"parallel.sequence_parallel": True} and sp.gain.gain_pct > 5
+
+
+def _fusable_step(**kw) -> StepMetrics:
+    # A CPU step of 200 ms: 40 % in memory-bound elementwise/norm ops, 30 % of the step outside the
+    # optimizer step, whose bytes at the memory roof would take 10 % of the step.
+    base = dict(run_id="r", source="profile", steps_measured=5, step_time_ms=200.0, data_ms=1.0)
+    base |= dict(roofline_fusable_frac=0.4, roofline_compile_fusable_frac=0.3, roofline_compile_fusable_roof_frac=0.1)
+    return StepMetrics(**(base | kw))
+
+
+def test_fusion_is_priced_at_the_memory_roof_outside_the_optimizer():
+    setup = make_setup(model="tiny", gpu="cpu", seq=128, micro_batch=8)
+
+    def fuse(m: StepMetrics):
+        recs = advise(m, setup, {"compile": False, "num_workers": 0}).recommendations
+        return next(r for r in recs if r.rule.id == "roof-fuse-memory-bound")
+
+    # 30 % of the step fused down to its roof time over 2 (the chain moves its bytes once): 30 - 10 / 2.
+    rec = fuse(_fusable_step())
+    assert rec.gain.gain_pct == pytest.approx(25.0) and rec.gain.after == pytest.approx(150.0)
+    # A run from before the roof split: the whole fusable share 2x faster.
+    old = _fusable_step(roofline_compile_fusable_frac=None, roofline_compile_fusable_roof_frac=None)
+    assert fuse(old).gain.gain_pct == pytest.approx(20.0)
+
+
+def test_a_step_paced_by_its_loader_workers_gains_nothing_from_faster_compute():
+    # few-workers on the AMX Xeon: 130 of 315 ms waiting for one worker. Its pace is the worker's:
+    # compiling the model left the steady step where it was, and more workers are the lever.
+    setup = make_setup(model="tiny", gpu="cpu", seq=128, micro_batch=8)
+    m = _fusable_step(step_time_ms=315.0, data_ms=130.0)
+    advice = advise(m, setup, {"compile": False, "num_workers": 1})
+    reasons = {r.rule.id: r.action_note for r in advice.rejected}
+    assert reasons["roof-fuse-memory-bound"] == "predicted no change in step time: no gain"
+    # data_overlap: one worker loads a step's batches in the whole 315 ms; two take 157.5 ms, under
+    # the 185 ms of compute.
+    more = next(r for r in advice.recommendations if r.rule.id == "input-more-workers")
+    assert more.gain.after == pytest.approx(185.0)
+    # Without workers the load is inline: a faster compute shortens the step.
+    inline = advise(m, setup, {"compile": False, "num_workers": 0})
+    fuse = next(r for r in inline.recommendations if r.rule.id == "roof-fuse-memory-bound")
+    assert fuse.gain.gain_pct == pytest.approx(25.0)
+
+
+@pytest.mark.parametrize(
+    "flags, rule, to",
+    [
+        ({"avx2", "fma"}, "prec-16bit-on-cpu-without-fast-path", "fp32"),
+        ({"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16"}, "prec-fp16-on-cpu", "bf16"),
+    ],
+)
+def test_fp16_on_a_cpu_is_priced_at_fp32_pace_or_slower(monkeypatch, flags, rule, to):
+    from advisor.spec import presets
+
+    # fp16 matmuls have no fast path on x86 CPUs short of AMX-FP16: a scalar loop without AVX512-FP16
+    # (1/50 of fp32), fp32's pace with it (a Sapphire Rapids Xeon: 2048^3 at 109 against 106 GFLOP/s).
+    monkeypatch.setattr(presets, "cpu_flags", lambda: flags)
+    setup = make_setup(model="tiny", gpu="cpu", seq=64, micro_batch=2, precision="fp16")
+    m = StepMetrics(
+        run_id="r",
+        source="profile",
+        steps_measured=5,
+        step_time_ms=50.0,
+        roofline_gemm_frac=0.4,
+        roofline_gemm_roof_frac=0.85,
+        roofline_fusable_frac=0.22,
+        roofline_attention_frac=0.13,
+    )
+    advice = advise(m, setup, {"compile": False})
+    rec = advice.recommendations[0]
+    assert rec.rule.id == rule and rec.changes == {"train.precision": to}
+    hw = setup.hardware
+    speed = hw.peak_flops(to) / hw.peak_fp16_flops  # AVX2: 1 / (1/50); AMX: 16 / 1
+    assert speed == pytest.approx(16.0 if to == "bf16" else 50.0)
+    # GEMMs 85 % on their fp16 roof: that part at the peaks' ratio, the rest unchanged; elementwise
+    # and attention unchanged on a CPU: AMX 1 - (0.4 x (0.85 / 16 + 0.15) + 0.6) = 31.9 % less step
+    # time, AVX2 1 - (0.4 x (0.85 / 50 + 0.15) + 0.6) = 33.3 %.
+    assert rec.gain.gain_pct == pytest.approx(31.9 if to == "bf16" else 33.3, abs=0.05)

@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -16,6 +17,7 @@ from advisor.analysis.roofline import (
     op_shapes,
     op_work,
     step_roofline_summary,
+    streaming_bytes_per_s,
     total_flops,
     trace_roofline,
     trace_work,
@@ -134,6 +136,41 @@ def test_step_summary_shares(roofline):
     assert s["latency_frac"] < 0.01
     assert 0.9 < s["modelled_frac"] <= 1.0
     assert s["per_step_ms"] == pytest.approx(s["modelled_ms"] / 2)
+
+
+def test_compile_reaches_the_fusable_ops_outside_the_optimizer(ops, roofline, hardware):
+    s = step_roofline_summary(roofline)
+    fus = roofline[roofline["category"].isin(["elementwise", "reduction", "normalization"])]
+    fus = fus[fus["bound"] == "memory"]
+    # The sample run's optimizer is fused AdamW (an "optimizer" op, not a fusable one): compiling the
+    # model reaches every fusable op.
+    assert ops["in_optimizer"].sum() > 0 and s["compile_fusable_frac"] == pytest.approx(s["fusable_frac"])
+    # Fused, they stream at the rate this run's big streams reached (the fastest group with 1 % of
+    # their bytes or more), at most the roof: this small model's tensors stay in cache, and its
+    # fastest group (203 GB/s) beats the 20 GB/s datasheet roof, which is taken.
+    big = fus[fus["bytes"] >= 0.01 * fus["bytes"].sum()]
+    fastest = float((big["bytes"] / (big["time_ms"] / 1e3)).max())
+    assert fastest == pytest.approx(203e9, rel=0.01) and streaming_bytes_per_s(fus, 1e12) == pytest.approx(fastest)
+    bw = roofline.attrs["roofs"]["bytes_per_s"]
+    assert streaming_bytes_per_s(fus, bw) == bw == 20e9
+    fused_ms = np.minimum(fus["time_ms"], fus["bytes"] / bw * 1e3).sum()
+    assert s["compile_fusable_roof_frac"] == pytest.approx(fused_ms / s["modelled_ms"])
+    assert 0 < s["compile_fusable_roof_frac"] < s["compile_fusable_frac"]
+    # Had every aten::mul run inside the optimizer step (a for-loop AdamW's updates are muls and adds),
+    # compiling the model would leave those eager: their time and fused time come off.
+    eager = ops.assign(in_optimizer=ops["name"] == "aten::mul")
+    n_params = json.loads((RUN / "metrics.json").read_text())["n_params"]
+    moved = op_roofline(eager, hardware, optimizer_params=n_params)
+    muls = fus[fus["name"] == "aten::mul"]
+    opt = moved.attrs["optimizer_fusable"]
+    assert opt["time_ms"] == pytest.approx(muls["time_ms"].sum()) and opt["unknown_ms"] == 0
+    assert opt["bytes"] == pytest.approx(muls["bytes"].sum())
+    s2 = step_roofline_summary(moved)
+    assert s2["fusable_frac"] == pytest.approx(s["fusable_frac"])
+    assert s2["compile_fusable_frac"] == pytest.approx(s["fusable_frac"] - muls["time_ms"].sum() / s["modelled_ms"])
+    assert 0 < muls["time_ms"].sum() / s["modelled_ms"] < s["fusable_frac"]
+    mul_fused = min(muls["time_ms"].sum(), muls["bytes"].sum() / bw * 1e3)
+    assert s2["compile_fusable_roof_frac"] == pytest.approx((fused_ms - mul_fused) / s["modelled_ms"])
 
 
 def test_measured_ceilings_override_the_spec(ops, hardware):

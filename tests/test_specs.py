@@ -346,7 +346,7 @@ def test_setup_derives_batch_and_accumulation():
         (set(), 1 / 30, 1 / 50),
         ({"avx2", "avx512f", "avx512_bf16"}, 3.5, 1 / 50),  # measured on our EPYC: 3.5x fp32
         ({"avx2", "avx512f"}, 1 / 30, 1 / 50),
-        ({"avx512_fp16", "amx_bf16"}, 16.0, 2.0),
+        ({"avx512_fp16", "amx_bf16"}, 16.0, 1.0),  # fp16 matmuls at fp32 pace on a Sapphire Rapids Xeon
         ({"amx_bf16", "amx_fp16"}, 16.0, 16.0),
     ],
 )

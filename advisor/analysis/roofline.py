@@ -148,8 +148,10 @@ class TraceWork:
     ops: pd.DataFrame
     """One row per ``cpu_op``: name, tid, start_us, dur_us, input_dims (list per argument; [] for
     scalars), input_types, concrete_inputs (literal scalar arguments as strings), flops (the profiler's
-    own count where the trace carries one, else NaN). The three argument columns are kept for the ops
-    in MODELLED_OPS and those with a FLOP count; other ops (views, allocations) have them empty."""
+    own count where the trace carries one, else NaN), in_optimizer (the op starts inside an
+    ``optimizer`` range on its thread: the optimizer step, which compiling the model leaves eager).
+    The three argument columns are kept for the ops in MODELLED_OPS and those with a FLOP count; other
+    ops (views, allocations) have them empty."""
     kernels: pd.DataFrame
     """One row per GPU event: name, kind ('kernel', 'memcpy', 'memset'), start_us, dur_us, bytes
     (copies and sets), launch_op (index into ``ops`` of the innermost op around the runtime call that
@@ -177,6 +179,7 @@ def trace_work(events: pd.DataFrame) -> TraceWork:
     ev = events[rank == r0]
     base = int(ev["start_ns"].min()) if len(ev) else 0  # small times: exact in float microseconds
     ops = _ops_of(ev[kind_mask(ev, "cpu_op")], kept, base)
+    ops["in_optimizer"] = _inside(ops, ev[kind_mask(ev, "annotation") & (ev["name"] == "optimizer")], base)
     gpu = ev[kind_mask(ev, *GPU_KINDS)]
     kernels = pd.DataFrame(
         {
@@ -204,6 +207,16 @@ def trace_work(events: pd.DataFrame) -> TraceWork:
     steps = int(ev["name"][host].astype(str).str.startswith("ProfilerStep#").sum())
     device = (events.attrs.get("devices") or {}).get(r0)
     return TraceWork(ops, kernels, [device] if device else [], steps, _file_of(events, r0))
+
+
+def _inside(ops: pd.DataFrame, ranges: pd.DataFrame, base: int) -> np.ndarray:
+    """True for each op that starts inside one of ``ranges`` (annotation rows) on the same thread."""
+    inside = np.zeros(len(ops), dtype=bool)
+    tid, start = ops["tid"].to_numpy(), ops["start_us"].to_numpy()
+    for t, s0, d in zip(ranges["tid"].tolist(), ranges["start_ns"].tolist(), ranges["dur_ns"].tolist(), strict=True):
+        s0_us = (s0 - base) / 1e3
+        inside |= (tid == t) & (start >= s0_us) & (start < s0_us + d / 1e3)
+    return inside
 
 
 def _file_of(events: pd.DataFrame, rank: int) -> str:
@@ -533,10 +546,46 @@ def op_roofline(
     sel["klass"] = ""
     sel["category"] = [op_category(n) for n in sel["name"]]
     out = _judge(_group(sel), hardware, ceilings, latency_call_us)
+    out.attrs["optimizer_fusable"] = _optimizer_fusable(sel, out)
     out.attrs["profiler_steps"] = df.attrs.get("profiler_steps", 0)
     out.attrs["op_time_ms"] = float(df.loc[_top_level(df), "dur_us"].sum() / 1e3) if len(df) else 0.0
     out.attrs["device"] = "cpu"
     return out
+
+
+def _optimizer_fusable(sel: pd.DataFrame, table: pd.DataFrame) -> dict[str, float]:
+    """The fusable memory-bound ops (``FUSABLE``) that ran inside the optimizer step, a for-loop or
+    foreach optimizer's elementwise updates, which ``torch.compile`` of the model does not reach:
+    ``time_ms`` and ``bytes`` of those whose bytes are known, ``unknown_ms`` of the rest. Each op takes
+    its group's verdict from ``table``."""
+    out = {"time_ms": 0.0, "bytes": 0.0, "unknown_ms": 0.0}
+    if "in_optimizer" not in sel or not sel["in_optimizer"].any():
+        return out
+    opt = sel.loc[sel["in_optimizer"].to_numpy(bool), ["name", "shape", "precision", "dur_us", "w_bytes"]]
+    verdicts = table[["name", "input_dims", "precision", "category", "bound"]].drop_duplicates(
+        ["name", "input_dims", "precision"]
+    )
+    m = opt.merge(verdicts, left_on=["name", "shape", "precision"], right_on=["name", "input_dims", "precision"])
+    m = m[m["category"].isin(FUSABLE).to_numpy() & (m["bound"].astype(str) == "memory").to_numpy()]
+    nbytes = pd.to_numeric(m["w_bytes"], errors="coerce")
+    known = nbytes.notna().to_numpy()
+    out["time_ms"] = float(m.loc[known, "dur_us"].sum()) / 1e3
+    out["bytes"] = float(nbytes[known].sum())
+    out["unknown_ms"] = float(m.loc[~known, "dur_us"].sum()) / 1e3
+    return out
+
+
+def streaming_bytes_per_s(rows: pd.DataFrame, roof_bytes_per_s: float) -> float:
+    """The memory bandwidth a fused kernel can count on in this trace: the fastest rate reached by a
+    group of ``rows`` that carries at least 1 % of their bytes (a tiny group can run from cache), never
+    above the roof. On a quiet machine the big fp32 streams sit on the roof (20 GB/s on the AMX Xeon's
+    two cores); on a loaded one every op slows, and so does this rate: a gain priced from it stays a
+    ratio of the run's own speeds."""
+    known = rows[(rows["bytes"] > 0) & (rows["time_ms"] > 0)]
+    big = known[known["bytes"] >= 0.01 * known["bytes"].sum()]
+    if big.empty:
+        return roof_bytes_per_s
+    return min(roof_bytes_per_s, float((big["bytes"] / (big["time_ms"] / 1e3)).max()))
 
 
 ROOFLINE_COLUMNS = {
@@ -851,8 +900,11 @@ def step_roofline_summary(
     ProfilerStep ranges), ``idle_other_frac``, ``verdict`` (the bound with the largest share),
     ``gemm_frac`` (GEMMs that are not latency-bound), ``gemm_roof_frac`` (their time-weighted share of
     the roof reached: roof time / time; NaN without shapes) and ``fusable_frac`` (memory-bound
-    elementwise, reduction and normalisation ops: what fusion would cut) and ``attention_frac``
-    (attention that is not latency-bound).
+    elementwise, reduction and normalisation ops: what fusion would cut), ``compile_fusable_frac``
+    (those of them outside the optimizer step, which compiling the model reaches; a CPU table only
+    knows which ran inside it) with ``compile_fusable_roof_frac`` (their bytes at the bandwidth this
+    trace's big streams reached, ``streaming_bytes_per_s``; their time where it is shorter), and
+    ``attention_frac`` (attention that is not latency-bound).
     """
     total = float(roofline["time_ms"].sum())
     out: dict = {"modelled_ms": total}
@@ -901,6 +953,22 @@ def step_roofline_summary(
         & ~roofline["name"].str.startswith(("triton_", "fused_"))  # compiled: fused already
     )
     out["fusable_frac"] = float(roofline.loc[fusable, "time_ms"].sum()) * scale
+    # What compiling the model reaches of them (not the optimizer step's), and their time at the memory
+    # roof (time x (1 - headroom); where the bytes are unknown, their measured time).
+    fus = roofline.loc[fusable]
+    roof_bw = float((roofline.attrs.get("roofs") or {}).get("bytes_per_s") or 0.0)
+    bw = streaming_bytes_per_s(fus, roof_bw) if roof_bw else 0.0
+    has_bytes = (fus["bytes"] > 0).to_numpy()
+    fused_ms = fus["time_ms"].to_numpy(float).copy()
+    if bw:
+        fused_ms[has_bytes] = np.minimum(fused_ms[has_bytes], fus["bytes"].to_numpy(float)[has_bytes] / bw * 1e3)
+    opt = roofline.attrs.get("optimizer_fusable") or {}
+    opt_ms = float(opt.get("time_ms", 0.0)) + float(opt.get("unknown_ms", 0.0))
+    opt_fused_ms = float(opt.get("unknown_ms", 0.0)) + (
+        min(float(opt.get("time_ms", 0.0)), float(opt.get("bytes", 0.0)) / bw * 1e3) if bw else opt.get("time_ms", 0.0)
+    )
+    out["compile_fusable_frac"] = max(0.0, float(fus["time_ms"].sum()) - opt_ms) * scale
+    out["compile_fusable_roof_frac"] = max(0.0, float(fused_ms.sum()) - opt_fused_ms) * scale
     # Attention (fused SDPA kernels and ops, forward and backward) that is not latency-bound: with the
     # GEMMs and the fusable ops, the op classes a precision change speeds up each at its own rate.
     attention = (roofline["category"] == "attention") & (roofline["bound"] != "latency")

@@ -178,6 +178,8 @@ def _roofline_fields(roofline: Roofline, m: StepMetrics) -> dict:
         "roofline_gemm_frac": s["gemm_frac"],
         "roofline_gemm_roof_frac": None if math.isnan(s["gemm_roof_frac"]) else s["gemm_roof_frac"],
         "roofline_fusable_frac": s["fusable_frac"],
+        "roofline_compile_fusable_frac": s["compile_fusable_frac"],
+        "roofline_compile_fusable_roof_frac": s["compile_fusable_roof_frac"],
         "roofline_attention_frac": s["attention_frac"],
         "roofline_roofs": roofline.roofs_note,
     }

@@ -355,6 +355,8 @@ _ANALYSIS_FIELDS = (
     "roofline_gemm_frac",
     "roofline_gemm_roof_frac",
     "roofline_fusable_frac",
+    "roofline_compile_fusable_frac",
+    "roofline_compile_fusable_roof_frac",
     "roofline_attention_frac",
     "roofline_roofs",
 )

@@ -209,6 +209,13 @@ class StepMetrics:
     roofline_fusable_frac: float | None = None
     """Share of the step in memory-bound elementwise, reduction and normalisation ops: the time
     kernel fusion (torch.compile) cuts."""
+    roofline_compile_fusable_frac: float | None = None
+    """The part of roofline_fusable_frac outside the optimizer step: what torch.compile of the model
+    reaches (the optimizer step stays eager)."""
+    roofline_compile_fusable_roof_frac: float | None = None
+    """Those ops' time at the memory roof, same base: their bytes at the bandwidth the run's own big
+    streams reached (at most the roof; ``advisor.analysis.roofline.streaming_bytes_per_s``). Fused,
+    they stream at that rate and the chain moves its bytes once."""
     roofline_attention_frac: float | None = None
     """Share of the step in attention ops or kernels that are not latency-bound (same base as
     roofline_gemm_frac): with it and roofline_fusable_frac, a precision change is priced per op class."""

@@ -637,10 +637,12 @@ def cpu_host() -> HardwareSpec:
     cycle at ~3 GHz = 96 GFLOP/s per core (a 1024^3 fp32 matmul measured 176 GFLOP/s on 2 cores of our
     EPYC). With AVX512_BF16 (VDPBF16PS: two bf16 products per 32-bit lane, Intel SDM vol. 2) a bf16
     matmul measured 3.5x fp32 there (oneDNN: 625 GFLOP/s), the factor taken; AMX-BF16 sixteen times
-    (1024 FLOP per cycle per core against 64, Intel's AMX overview). fp16 has a vectorised GEMM in PyTorch's
-    CPU build only with AVX512_FP16 or AMX-FP16; without them it falls back to a scalar loop, measured
-    here at 1/70 of fp32 (512^3 matmul on an AVX512-BF16 EPYC: 2.5 vs 176 GFLOP/s; bf16 625), taken
-    as 1/50. Without AVX512_BF16 or AMX, bf16 is no faster path either: on an AVX2-only EPYC a linear
+    (1024 FLOP per cycle per core against 64, Intel's AMX overview). fp16 has no fast GEMM on these CPUs:
+    without AVX512_FP16 PyTorch's CPU build falls back to a scalar loop, measured at 1/70 of fp32 (512^3
+    matmul on an AVX512-BF16 EPYC: 2.5 vs 176 GFLOP/s; bf16 625), taken as 1/50; with AVX512_FP16 (a
+    Sapphire Rapids Xeon with AMX-BF16, torch 2.13) it runs at fp32's pace, 0.8 to 1.4x over 512^3 to
+    2048^3 matmuls (2048^3: fp32 106, fp16 109, bf16 610 GFLOP/s), taken as 1x. Only AMX-FP16 (Granite
+    Rapids, not measured here) has fp16 tiles at the AMX-BF16 rate. Without AVX512_BF16 or AMX, bf16 is no faster path either: on an AVX2-only EPYC a linear
     layer's forward and backward under bf16 autocast (1024 x 256 x 688) ran at 1/31 of fp32 (3.2 vs
     100 GFLOP/s; fp16 1/40), the tiny model's whole step 1/23 (10.7 s against 0.47 s), taken as 1/30.
     DRAM ~10 GB/s per core. Processes on one host talk through gloo over loopback: a 2-process
@@ -656,7 +658,7 @@ def cpu_host() -> HardwareSpec:
     peak = 96e9 * cores
     flags = cpu_flags()
     bf16 = 16 if "amx_bf16" in flags else 3.5 if "avx512_bf16" in flags else 1 / 30
-    fp16 = 16 if "amx_fp16" in flags else 2 if "avx512_fp16" in flags else 1 / 50
+    fp16 = 16 if "amx_fp16" in flags else 1 if "avx512_fp16" in flags else 1 / 50
     return HardwareSpec(
         name=f"CPU host ({cores} cores)",
         memory_bytes=int(memory),
