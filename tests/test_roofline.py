@@ -421,7 +421,7 @@ def test_convolution_flops_equal_the_profilers_own_count(tmp_path):
 def test_the_profilers_own_flop_count_wins_where_present():
     ops = op_shapes(load_trace(RUN / "trace.json.gz")).head(0).copy()
     row = {"name": "aten::mm", "tid": 1, "start_us": 0.0, "dur_us": 100.0, "input_dims": [[8, 4], [4, 2]]}
-    row |= {"input_types": ["float", "float"], "concrete_inputs": ["", ""], "flops": 999.0}
+    row |= {"input_types": ["float", "float"], "concrete_inputs": ["", ""], "flops": 999.0, "in_optimizer": False}
     ops.loc[0] = row
     r = op_roofline(ops, tiny_cpu())
     assert r["flops"].iloc[0] == 999.0 and r["bytes"].iloc[0] == 4 * (32 + 8 + 16)  # bytes still by shapes

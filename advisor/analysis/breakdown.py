@@ -9,6 +9,7 @@ events are memcpy and memset, everything else on a GPU is computation. Times are
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Callable
@@ -189,6 +190,13 @@ def kernel_category(name: str, kind: str = "kernel") -> str:
     """The fine category of one GPU event (memcpy and memset by kind, kernels by name)."""
     if kind in ("memcpy", "memset"):
         return kind
+    return _name_category(name)
+
+
+@functools.lru_cache(maxsize=2**16)
+def _name_category(name: str) -> str:
+    """A kernel's category by its name, each name judged once: an analysis asks for the same names in
+    several tables (the breakdown, the GEMM precisions), each a dozen regex searches."""
     for category, pattern in CATEGORY_PATTERNS:
         if _search(pattern, name):
             return category
