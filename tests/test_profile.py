@@ -32,6 +32,20 @@ def _trace_events(run_dir):
         return json.load(f)["traceEvents"]
 
 
+@pytest.mark.slow  # starts a child process
+def test_a_childs_peak_rss_is_its_own_not_its_parents():
+    # getrusage's ru_maxrss survives fork and exec on Linux: a child of a 2.4 GB test runner read 2.4 GB.
+    # The child reads its own image's high-water mark: here a parent holding 512 MiB more than it.
+    import subprocess
+    import sys
+
+    ballast = bytearray(512 * 2**20)
+    ballast[:: 2**12] = b"\x01" * (len(ballast) // 2**12)  # every page touched: resident
+    code = "from advisor.run.child import peak_rss_bytes; print(peak_rss_bytes())"
+    child = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 2**20 < child < len(ballast)  # importing torch takes about 300 MiB; the parent held more
+
+
 @pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_profiled_run_through_the_child_is_complete(tmp_path):
     store = RunStore(tmp_path)

@@ -438,7 +438,16 @@ def _rank_result(trainer, measured: _Measured, options: RunOptions, rank: int = 
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident memory so far (bytes; Linux reports ru_maxrss in KiB)."""
+    """This process's peak resident memory so far (bytes): /proc's VmHWM, the high-water mark of this
+    process image. Not getrusage's ru_maxrss: Linux carries that over fork and exec, so a child started
+    by a 2.4 GB test runner read 2.4 GB there. ru_maxrss (KiB) only where /proc has no VmHWM."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

@@ -102,8 +102,8 @@ class StepMetrics:
     offload_activations: int | None = None
     """Blocks per stage whose saved activations went to the host and back."""
     host_peak_rss_bytes: int | None = None
-    """The largest rank process's peak resident memory on the host (getrusage ru_maxrss, read after the
-    last step): Python, torch and the device runtime's libraries, and the state it keeps on the host.
+    """The largest rank process's peak resident memory on the host (/proc's VmHWM, read after the last
+    step): Python, torch and the device runtime's libraries, and the state it keeps on the host.
     The launcher's host preflight reads it (advisor.run.launcher.process_host_bytes)."""
     unified_memory: dict = field(default_factory=dict)
     """With --unified-memory (advisor.run.unified_memory): the allocator, the budget (free and total GPU
