@@ -551,3 +551,25 @@ def test_event_ends_are_found_across_any_block_boundary(tmp_path):
     assert list(whole["name"]) == [e["name"] for e in evs]
     for block in (1, 2, 3, 7, 64, 1000):
         pd.testing.assert_frame_equal(load_kineto(path, block_bytes=block), whole)
+
+
+def test_an_idle_child_that_died_before_the_request_is_a_message(tmp_path, monkeypatch):
+    # The idle child killed from outside after the check that it lives: the request meets a closed
+    # pipe, and the answer says the process ended, not "Internal error".
+    import os
+    import signal
+
+    from advisor.run import analysis_child
+
+    upload = H.kineto_file(tmp_path / "t.json", H.events(100))
+    analysis_child.SPARE.start()
+    idle = analysis_child.SPARE._child
+    os.kill(idle.proc.pid, signal.SIGKILL)
+    idle.proc.wait()
+    monkeypatch.setattr(analysis_child._Child, "alive", lambda self: self is idle or self.proc.poll() is None)
+    assert _summary(upload) == (
+        "### Cannot analyze this trace\nThe analysis process ended without an answer (killed by signal 9: often the "
+        "system running out of memory); try a smaller trace, or `python -m advisor analyze`."
+    )
+    monkeypatch.undo()
+    assert "1 rank(s)" in _summary(upload)  # the next idle child serves the next analysis

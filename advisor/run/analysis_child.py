@@ -174,6 +174,8 @@ class _Spare:
         """Start the idle child now (the app calls this as it starts), where none is waiting."""
         with self._lock:
             if self._child is None or not self._child.alive():
+                if self._child is not None:
+                    self._child.end()
                 self._child = _Child()
             if not self._registered:
                 atexit.register(self.stop)
@@ -200,12 +202,17 @@ def run_isolated(
     """``worker(request, stage)`` run in a child process; its result. ``check()`` is called every
     POLL_S and after each stage: when it raises (a Cancel, a time budget), the child is killed at once,
     waited for, and the raise goes on. The child's AdvisorError comes back as a StageError with its
-    message; a child that dies or crashes, as ChildFailed. ``on_start(pid)`` hears the child's pid."""
+    message; a child that dies without an answer, as ChildFailed; any other exception in the child as
+    a RuntimeError (its traceback logged). ``on_start(pid)`` hears the child's pid."""
     child = SPARE.take()
     if on_start is not None:
         on_start(child.proc.pid)
     try:
-        child.requests.send({**request, "worker": worker})
+        try:
+            child.requests.send({**request, "worker": worker})
+        except OSError:  # the idle child died between the check and the request
+            child.proc.wait()
+            raise ChildFailed(_death(child.proc.returncode)) from None
         while True:
             check()
             if not child.answers.poll(POLL_S):
