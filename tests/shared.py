@@ -1,6 +1,7 @@
 """Where the real test data lives: ``../shared/traces`` beside the repository (present in CI), with one
 skip reason for every test that needs it."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,3 +13,12 @@ reference numbers of other tools (their README says where each comes from)."""
 needs_shared_traces = pytest.mark.skipif(
     not SHARED_TRACES.is_dir(), reason=f"real traces live in ../shared/traces ({SHARED_TRACES} is absent here)"
 )
+
+
+def pid_gone(pid: int) -> bool:
+    """The process has ended and been waited for: its pid names no process any more."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False

@@ -26,6 +26,7 @@ from advisor.trace.kineto import load_kineto
 from advisor.trace.load import load_trace
 from advisor.trace.nsys import load_nsys_sqlite
 from tests import hostile as H
+from tests.shared import pid_gone
 
 pytestmark = pytest.mark.reliability
 MIB = 2**20
@@ -388,17 +389,6 @@ def test_the_apps_limits_come_from_the_environment(tmp_path, monkeypatch):
     assert common.trace_limits() == common.TraceLimits(4096 * MIB, 16 * MIB, 600.0)
 
 
-def _gone(pid: int) -> bool:
-    """The process has ended and been waited for: its pid names no process any more."""
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 @pytest.fixture
 def child_pids(monkeypatch):
     """The pids of the analysis children the app starts during the test."""
@@ -428,13 +418,13 @@ def test_cancel_kills_the_analysis_inside_its_stage(tmp_path, child_pids):
     summary = _summary(upload, on_stage=lambda *a: stages.append(a), cancel=cancel, worker=worker)
     assert summary == "### Analysis cancelled"
     assert [done for done, *_ in stages] == [0, 1]  # it was inside the analyses' stage
-    assert int(pid_file.read_text()) == child_pids[0] and _gone(child_pids[0])
+    assert int(pid_file.read_text()) == child_pids[0] and pid_gone(child_pids[0])
     # A cancel as the load starts stops the real analysis before it answers; the next one runs.
     cancel = threading.Event()
     on_stage = lambda done, *_: cancel.set()  # noqa: E731
     assert _summary(upload, on_stage=on_stage, cancel=cancel) == "### Analysis cancelled"
-    assert _gone(child_pids[1])
-    assert "1 rank(s)" in _summary(upload) and len(child_pids) == 3 and _gone(child_pids[2])
+    assert pid_gone(child_pids[1])
+    assert "1 rank(s)" in _summary(upload) and len(child_pids) == 3 and pid_gone(child_pids[2])
 
 
 def test_the_time_budget_kills_the_analysis(tmp_path, monkeypatch, child_pids):
@@ -445,7 +435,7 @@ def test_the_time_budget_kills_the_analysis(tmp_path, monkeypatch, child_pids):
         "### Cannot analyze this trace\nThe analysis ran past its budget of 0.3 s (ADVISOR_ANALYZE_TIMEOUT_S on the "
         "server) and was stopped"
     )
-    assert _gone(child_pids[0])
+    assert pid_gone(child_pids[0])
 
 
 def test_a_child_that_dies_or_crashes_is_a_message(tmp_path, caplog, child_pids):
@@ -459,7 +449,7 @@ def test_a_child_that_dies_or_crashes_is_a_message(tmp_path, caplog, child_pids)
     summary = _summary(upload, worker="tests.isolated_workers:crashes")
     assert summary == "### Internal error\nThe analysis failed unexpectedly; see the server log."
     assert "ZeroDivisionError: a bug in an analysis" in caplog.text  # the child's traceback, in our log
-    assert all(_gone(pid) for pid in child_pids) and len(child_pids) == 2
+    assert all(pid_gone(pid) for pid in child_pids) and len(child_pids) == 2
 
 
 def test_the_analysis_between_groups_stops_at_a_check(tmp_path):

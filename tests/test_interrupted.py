@@ -19,6 +19,7 @@ from advisor.run.launcher import profile_run
 from advisor.spec.options import RunOptions
 from advisor.spec.setup import make_setup
 from advisor.store.runstore import OWNER_FILE, STAGING, RunStore, _machine, new_run_id, write_json_atomic
+from tests.shared import pid_gone
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -115,14 +116,6 @@ def _owners(store: RunStore, timeout_s: float = 60) -> tuple[Path, list[int]]:
     raise AssertionError("the profiling child never started")
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 def _wait_for(cond, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
@@ -156,8 +149,8 @@ def test_kill_9_during_a_run_leaves_the_run_filed_as_interrupted(tmp_path, victi
         os.kill(parent_pid, signal.SIGINT)
     parent.wait(timeout=60)
     listed = store.list_runs()[0]
-    assert listed == [] or _gone(child_pid) or victim in ("child", "ctrl-c")  # none while the child lives on
-    _wait_for(lambda: _gone(child_pid))
+    assert listed == [] or pid_gone(child_pid) or victim in ("child", "ctrl-c")  # none while the child lives on
+    _wait_for(lambda: pid_gone(child_pid))
     runs, damaged = store.list_runs()
     assert damaged == [] and [r.run_id for r in runs] == [staged.name] and not staged.exists()
     run = runs[0]
@@ -218,7 +211,7 @@ def test_kill_9_of_the_app_during_a_run_files_it_interrupted_and_its_folders_go(
     finally:
         served.kill()
         served.wait()
-    _wait_for(lambda: _gone(child_pid))  # its next progress line meets the dead app's pipe
+    _wait_for(lambda: pid_gone(child_pid))  # its next progress line meets the dead app's pipe
     runs, damaged = RunStore(tmp_path / "runs").list_runs()
     assert damaged == [] and [(r.run_id, r.status) for r in runs] == [(staged.name, "interrupted")]
     assert (tmp_path / f"advisor-uploads-{app_pid}").is_dir()
