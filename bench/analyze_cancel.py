@@ -14,27 +14,15 @@ the figures to compare: the machine is shared.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-
-def _sibling(name: str):
-    """A module of this folder (the bench scripts are not a package), loaded from its file."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_speed = _sibling("analyze_speed")
-write_large_trace, SHARED_TRACES = _speed.write_large_trace, _speed.TRACES
+from analyze_speed import TRACES as SHARED_TRACES  # a sibling: python puts bench/ on the path
+from analyze_speed import write_large_trace
 
 
 def rss_mib() -> float:
