@@ -437,18 +437,25 @@ def _rank_result(trainer, measured: _Measured, options: RunOptions, rank: int = 
     }
 
 
+def proc_kib_bytes(path: str, key: str) -> int | None:
+    """A ``key: N kB`` field of a /proc file (``/proc/meminfo``, ``/proc/self/status``) in bytes; None
+    where the file or the field cannot be read."""
+    try:
+        with open(path, encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith(f"{key}:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident memory so far (bytes): /proc's VmHWM, the high-water mark of this
     process image. Not getrusage's ru_maxrss: Linux carries that over fork and exec, so a child started
     by a 2.4 GB test runner read 2.4 GB there. ru_maxrss (KiB) only where /proc has no VmHWM."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    hwm = proc_kib_bytes("/proc/self/status", "VmHWM")
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _fp8_summary(trainer) -> dict[str, Any]:

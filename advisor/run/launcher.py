@@ -26,7 +26,7 @@ from typing import Any
 
 from advisor.errors import AdvisorError, Refused
 from advisor.estimate.estimator import estimate
-from advisor.run.child import proxy_setup
+from advisor.run.child import proc_kib_bytes, proxy_setup
 from advisor.run.fp8 import fp8_refusal
 from advisor.run.step import check_step_options, resolve_device
 from advisor.run.unified_memory import NSYS_UM_FLAGS, um_refusal
@@ -102,14 +102,7 @@ LAUNCHER_HOST_BYTES = 320 * 2**20
 def host_memory_available_bytes() -> int:
     """The host memory a new run can have now: /proc/meminfo's MemAvailable (bytes); 0 where unknown
     (then the host check is skipped)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return proc_kib_bytes("/proc/meminfo", "MemAvailable") or 0
 
 
 MEASURED_RUNS = 50
