@@ -117,3 +117,19 @@ def test_the_plan_tab_uses_the_measured_collective_bandwidth(fsdp_run, monkeypat
     assert len(table) > 0 and f"measured on run {run.run_id}" in explain
     _, _, plain, _ = plan_tab.plan_view("tiny", "cpu", 2, 64, 4, ["fp32"], False, False)
     assert "measured on run" not in plain
+
+
+def test_a_rank_leaves_without_the_interpreters_finalisation(tmp_path, monkeypatch):
+    """A rank's gloo process group outlives destroy_process_group (FSDP and the mesh hold it) and
+    aborted the process when freed in finalisation: a rank now leaves by os._exit with its code;
+    a single process returns normally."""
+    from advisor.run import launcher as launcher_mod
+
+    exits = []
+    monkeypatch.setattr(launcher_mod, "_child_run", lambda run_dir: 3)
+    monkeypatch.setattr(launcher_mod.os, "_exit", lambda code: exits.append(code))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    launcher_mod.child_main(tmp_path)
+    assert exits == [3]
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert launcher_mod.child_main(tmp_path) == 3 and exits == [3]

@@ -552,7 +552,24 @@ def _tail(path: Path, n: int = 3) -> str:
 
 
 def child_main(run_dir: Path) -> int:
-    """Entry of ``python -m advisor _child``: run the request in ``run_dir``; 0 ok, 3 handled failure."""
+    """Entry of ``python -m advisor _child``: run the request in ``run_dir``; 0 ok, 3 handled failure.
+
+    A rank of a distributed run leaves through ``os._exit`` once its files are written: the FSDP
+    modules, the device mesh and the profiler keep references to the gloo process group after
+    ``destroy_process_group``, so it is freed in the interpreter's finalisation, where gloo's worker
+    threads still holding tensors abort the process (SIGABRT, "terminate called without an active
+    exception"; twice in CI on the 2-rank FSDP2 run, after rank 0 had filed metrics.json). Nothing
+    is left to do there: every file is closed and the streams are flushed first."""
+    code = _child_run(run_dir)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    return code
+
+
+def _child_run(run_dir: Path) -> int:
     import torch
 
     from advisor.run.child import environment, run_profile
