@@ -26,6 +26,7 @@ from advisor.estimate.memory import (
     _activation_memory,
     _stage_params,
     loss_bytes_per_logit,
+    sp_cached_bytes,
     sp_collective_bytes,
 )
 from advisor.estimate.steptime import _group_bw
@@ -757,6 +758,16 @@ def test_sequence_parallel_collectives_hold_full_sequence_buffers():
     assert sp_collective_bytes(_train(setup, precision="fp32"), tokens) == 2 * 4 * 8192 * tokens
     no_sp = replace(setup, parallel=replace(setup.parallel, sequence_parallel=False))
     assert sp_collective_bytes(no_sp, tokens) == sp_collective_bytes(_train(setup, framework="megatron"), tokens) == 0
+    # Reserved when the loss's backward begins on a GPU's last rank, where the loss's tensors (16,032
+    # logits a token) are larger than the buffers' 8,192-wide rows; not on a CPU (no caching allocator),
+    # a rank without the loss, or where vocab / tp is no wider than hidden (they could reuse them).
+    assert sp_cached_bytes(setup, tokens, last=True) == 4_294_967_296
+    assert sp_cached_bytes(setup, tokens, last=False) == 0
+    bf16 = _train(setup, precision="bf16")
+    assert sp_cached_bytes(bf16, tokens, last=True) == 4_294_967_296
+    assert sp_cached_bytes(replace(bf16, hardware=get_hardware("cpu")), tokens, last=True) == 0
+    narrow = replace(setup, model=replace(setup.model, vocab=65536))  # 8,192 logits a token on TP 8
+    assert sp_cached_bytes(narrow, tokens, last=True) == 0
     # The peak is when backward begins (the loss's buffers alive), where the forward's segments for them
     # stay reserved: the root (embedding and head, 16,032 x 8,192 each, and the final norm) and the last
     # block (106,971,136 parameters a TP rank) gathered in bf16, as much again in the all-gather pool, the

@@ -671,6 +671,24 @@ def sp_collective_bytes(setup: Setup, tokens_mb: float) -> float:
     return 2.0 * e * setup.model.hidden * tokens_mb
 
 
+def sp_cached_bytes(setup: Setup, tokens_mb: float, last: bool) -> float:
+    """Bytes the caching allocator keeps reserved for the sequence-parallel collectives' buffers
+    (``sp_collective_bytes``) when the loss's backward begins, on a GPU's last pipeline rank; 0 elsewhere.
+
+    It releases nothing short of an out-of-memory retry or empty_cache, and serves a request only from a
+    free block at least as large (c10/cuda/CUDACachingAllocator.cpp), so the segments the forward's
+    reduce-scatters took stay reserved while the loss runs: its tensors, vocab/t logits a token, are
+    larger than those hidden-wide rows and cannot reuse them (where vocab/t is not larger, they could,
+    and nothing is counted). The published evidence: torchtitan's Llama 3.1 70B 2D run
+    (benchmarks/llama3_h100_202412_torchtitan.md Table 4) takes 71.9 GiB, and 67.6 GiB with async TP,
+    whose fused matmul-reduce-scatter never makes these buffers; the term is 2 x 2 bytes x 8,192 x
+    131,072 tokens = 4.0 GiB there, 4.4 GiB with the fragmentation allowance."""
+    m = setup.model
+    if setup.hardware.kind != "gpu" or not last or m.vocab / setup.parallel.tp <= m.hidden:
+        return 0.0
+    return sp_collective_bytes(setup, tokens_mb)
+
+
 def stage_memory(
     setup: Setup, first: bool, last: bool, in_flight: float, rank: int | None = None
 ) -> tuple[MemoryBreakdown, float, float]:
@@ -708,17 +726,10 @@ def stage_memory(
     persistent_grads = not eager or setup.grad_accum > 1 or (fsdp2 and hw.kind == "gpu")
     # Backward begins with the loss buffers; a recomputed block comes after they are freed.
     g = grads if persistent_grads else 0.0
-    # The sequence-parallel collectives' full-sequence buffers (``sp_collective_bytes``): live while a
-    # block runs its backward. When the loss's backward begins, the segments the forward's
-    # reduce-scatters took stay reserved by the caching allocator (it releases nothing short of an
-    # out-of-memory retry or empty_cache, and serves a request only from a free block at least as
-    # large), and the loss's tensors, vocab/t logits a token where the buffers hold hidden-wide rows,
-    # are larger than they are. The published evidence: torchtitan's Llama 3.1 70B 2D run
-    # (llama3_h100_202412_torchtitan.md Table 4) takes 71.9 GiB, and 67.6 GiB with async TP, whose fused
-    # matmul-reduce-scatter never makes these buffers; 2 x 2 bytes x 8,192 x 131,072 tokens = 4.0 GiB,
-    # 4.4 GiB with the fragmentation allowance.
+    # The sequence-parallel collectives' buffers: live while a block runs its backward; when the loss's
+    # backward begins, still reserved (``sp_cached_bytes``).
     sp_buffers = sp_collective_bytes(setup, tokens_mb)
-    cached = sp_buffers if hw.kind == "gpu" and last and m.vocab / t > m.hidden else 0.0
+    cached = sp_cached_bytes(setup, tokens_mb, last)
     backward_begins = (weights, g, opt, saved + head_cast, begin + loss + cached)
     backward_later = (weights, g, opt, saved + working, late + sp_buffers)
     step = (weights, grads, opt, 0.0, at_step + opt_scratch)
