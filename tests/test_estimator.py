@@ -26,6 +26,8 @@ from advisor.estimate.memory import (
     _activation_memory,
     _stage_params,
     loss_bytes_per_logit,
+    sp_cached_bytes,
+    sp_collective_bytes,
 )
 from advisor.estimate.steptime import _group_bw
 from advisor.spec.presets import get_hardware, get_model
@@ -720,6 +722,61 @@ def test_dtensor_tp_saves_the_heads_gathered_input():
     head = 2 * 4096 / 2 + 2 * 4096 / 2 + 4 * 128256 / 2
     saved, _, _ = _activation_memory(megatron, 4096, 1.0, True, True)
     assert saved == (32 * 4096 + head) * 4096 == 1_621_098_496
+
+
+def test_dtensor_sequence_parallelism_saves_the_gathered_linear_inputs_whole():
+    # Llama-3.1-8B on FSDP2 (bf16) over TP 2 with SP, no recompute, per layer and token. Sharded over the
+    # sequence or the heads: both norm inputs 2 x 2h, Q, K 2(q + kv), V 2kv, o_proj input 2q, SDPA output
+    # 2q, SwiGLU 4 x 2f, the log-sum-exp 4a: 159,872 bytes over 2. q/k/v and gate/up save the norm outputs
+    # all-gathered by PrepareModuleInput (Shard(1) -> Replicate), whole: 2 x 2h.
+    h, q, kv, f = 4096, 4096, 1024, 14336
+    sharded = 4 * h + 2 * (q + kv) + 2 * kv + 2 * q + 2 * q + 8 * f + 4 * 32
+    setup = _llama_8b_eager(tp=2, sequence_parallel=True)
+    total, elementwise = activation_bytes_per_token(setup, moe=False)
+    assert total == sharded / 2 + 4 * h == 96_320
+    # The step time's elementwise traffic reads the sharded count: the gathered inputs are written by the
+    # all-gather and read by matmuls only.
+    assert elementwise == (sharded + 4 * h) / 2 == 88_128
+    # Under full recompute the block being recomputed holds them too (4,096 tokens a micro-batch).
+    full = _train(setup, recompute="full")
+    assert _activation_memory(full, 4096, 1.0, True, True)[1] == 96_320 * 4096
+    # Megatron-LM saves the shards and gathers them again in backward.
+    megatron = _train(setup, framework="megatron")
+    assert activation_bytes_per_token(megatron, moe=False)[0] == activation_bytes_per_token(megatron, moe=False)[1]
+
+
+def test_sequence_parallel_collectives_hold_full_sequence_buffers():
+    # torchtitan's Llama 3.1 70B 2D run: TP 8 with SP, 16 sequences of 8,192 a GPU. o_proj's and down's
+    # reduce-scatter into sequence shards holds the bf16 partial sum of the whole sequence and funcol's
+    # copy of it with the scatter dim first: 2 x 2 x 8,192 x 131,072 bytes, 4.0 GiB.
+    kw = {"model": "llama-3.1-70b", "gpu": "h100-96gb-500w", "gpus": 256, "seq": 8192, "micro_batch": 16}
+    kw |= {"global_batch": 512, "precision": "fp8", "framework": "pytorch", "recompute": "full", "tp": 8}
+    kw |= {"zero": 3, "sequence_parallel": True, "compile": True}
+    setup = make_setup(**kw)
+    tokens = 16 * 8192
+    assert sp_collective_bytes(setup, tokens) == 2 * 2 * 8192 * tokens == 4_294_967_296
+    assert sp_collective_bytes(_train(setup, precision="fp32"), tokens) == 2 * 4 * 8192 * tokens
+    no_sp = replace(setup, parallel=replace(setup.parallel, sequence_parallel=False))
+    assert sp_collective_bytes(no_sp, tokens) == sp_collective_bytes(_train(setup, framework="megatron"), tokens) == 0
+    # Reserved when the loss's backward begins on a GPU's last rank, where the loss's tensors (16,032
+    # logits a token) are larger than the buffers' 8,192-wide rows; not on a CPU (no caching allocator),
+    # a rank without the loss, or where vocab / tp is no wider than hidden (they could reuse them).
+    assert sp_cached_bytes(setup, tokens, last=True) == 4_294_967_296
+    assert sp_cached_bytes(setup, tokens, last=False) == 0
+    bf16 = _train(setup, precision="bf16")
+    assert sp_cached_bytes(bf16, tokens, last=True) == 4_294_967_296
+    assert sp_cached_bytes(replace(bf16, hardware=get_hardware("cpu")), tokens, last=True) == 0
+    narrow = replace(setup, model=replace(setup.model, vocab=65536))  # 8,192 logits a token on TP 8
+    assert sp_cached_bytes(narrow, tokens, last=True) == 0
+    # The peak is when backward begins (the loss's buffers alive), where the forward's segments for them
+    # stay reserved: the root (embedding and head, 16,032 x 8,192 each, and the final norm) and the last
+    # block (106,971,136 parameters a TP rank) gathered in bf16, as much again in the all-gather pool, the
+    # loss backward's three fp32 temporaries over 16,032 logits a token, and the collectives' 4.0 GiB.
+    root, block = 2 * 16032 * 8192 + 8192, 106_971_136
+    loss = 12 * 16032 * tokens
+    mem = estimate(replace(setup, train=replace(setup.train, compile_loss=False))).memory
+    assert mem.moment == "backward"
+    assert mem.buffers_bytes == 2 * 2 * (root + block) + loss + 4_294_967_296 == 30_989_713_408
 
 
 def test_fragmentation_is_fitted_for_the_eager_step_and_megatrons_stays_five_percent():

@@ -131,12 +131,12 @@ def test_peak_memory_where_a_source_publishes_it(rows):
     mem = {name: c for name, c in rows.items() if c.run.measured_memory_gib is not None}
     assert len(mem) == 9 and {c.run.source for c in mem.values()} == {"torchtitan", "trainy"}
     errors = {name: c.memory_error_pct for name, c in mem.items()}
-    # Eight within 2.4 %; torchtitan's 70B on FSDP 32 x TP 8 (16 sequences of 8,192 a GPU) reads 9.7 % low.
-    off = {name: e for name, e in errors.items() if abs(e) > 5}
-    assert list(off) == ["Llama 3.1 70B, 256 H100-500W, FSDP2 32 x TP 8, compile + float8"]
-    assert off[next(iter(off))] == pytest.approx(-9.7, abs=0.1)
-    assert max(abs(e) for name, e in errors.items() if name not in off) < 2.4
-    assert statistics.mean(abs(e) for e in errors.values()) == pytest.approx(1.7, abs=0.1)
+    # All nine within 5 %: torchtitan's 70B on FSDP 32 x TP 8 (16 sequences of 8,192 a GPU) reads 3.5 % low
+    # with its sequence-parallel collectives' buffers (9.7 % without them); the other eight within 2.4 %.
+    tp = "Llama 3.1 70B, 256 H100-500W, FSDP2 32 x TP 8, compile + float8"
+    assert [name for name, e in errors.items() if abs(e) > 2.4] == [tp]
+    assert errors[tp] == pytest.approx(-3.5, abs=0.1)
+    assert statistics.mean(abs(e) for e in errors.values()) == pytest.approx(1.0, abs=0.1)
     # The 8B on 8 GPUs: 82.4 GiB published, 81.9 estimated; the loss compiled (Trainy, 32 H200): 48.0 and 48.0.
     assert mem["Llama 3.1 8B, 8 H100-500W, FSDP2"].estimated_memory_gib == pytest.approx(81.9, abs=0.05)
     assert mem["Llama 3.1 8B, 32 H200, FSDP2 + compile + float8 (Trainy)"].estimated_memory_gib == pytest.approx(
@@ -150,7 +150,7 @@ def test_the_eager_fragmentation_is_the_fit_and_holds_out_of_it(rows):
     held = fragmentation_leave_one_source_out(rows.values())
     assert held["torchtitan"][0] == pytest.approx(0.100) and held["trainy"][0] == pytest.approx(0.098)
     assert [round(e, 1) for e in held["trainy"][1]] == [-0.2, -2.4]
-    assert statistics.mean(abs(e) for _, errs in held.values() for e in errs) == pytest.approx(1.8, abs=0.1)
+    assert statistics.mean(abs(e) for _, errs in held.values() for e in errs) == pytest.approx(1.1, abs=0.1)
 
 
 def test_every_run_that_trained_fits(rows):

@@ -30,7 +30,8 @@ FRAGMENTATION_FRAC = 0.05
 # own rather than in Megatron-LM's flat buffers. Fitted once on the nine published runs that give their
 # peak (torchtitan's and Trainy's max reserved, bench/published_runs.py: the fraction that minimises the
 # mean absolute error, 0.100; fitted on either source alone, 0.100 and 0.098, and the other source reads
-# within 2.4 % but for torchtitan's 70B 2D run, 9.7 % low).
+# within 2.4 % but for torchtitan's 70B 2D run, 3.5 % low: the one with TP, whose sequence-parallel
+# collectives' buffers, ``sp_collective_bytes``, are counted on their own).
 EAGER_FRAGMENTATION_FRAC = 0.10
 # PyTorch DDP's gradient buckets (torch/nn/parallel/distributed.py): bucket_cap_mb defaults to 25 MiB,
 # and the bucket rebuilt after the first iteration for the gradients that arrive first is capped at
@@ -295,7 +296,7 @@ def _eager_fsdp2(setup: Setup) -> bool:
 
 
 def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = None) -> tuple[float, float]:
-    """Saved-activation bytes per token for one block on one GPU: (total, s^2-free part), as
+    """Saved-activation bytes per token for one block on one GPU: (total, elementwise part), as
     ``_activation_bytes_per_token`` counts them, kept for the setup's other ranks and its step time."""
     memo = setup_memo(setup)
     key = (moe, recompute)
@@ -306,7 +307,9 @@ def activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None = 
 
 
 def _activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None) -> tuple[float, float]:
-    """Saved-activation bytes per token for one block on one GPU: (total, s^2-free part).
+    """Saved-activation bytes per token for one block on one GPU: (total, elementwise part), the
+    elementwise part being the s^2-free tensors the block's elementwise ops write (the step time's
+    traffic): without the s x s scores, and without DTensor SP's gathered linear inputs.
 
     Counted tensor by tensor [Korthikanti sec. 4]: with e the activation element size, each norm saves
     its input (e*h), each linear its input, attention saves Q, K, V and the output-projection input,
@@ -400,7 +403,17 @@ def _activation_bytes_per_token(setup: Setup, moe: bool, recompute: str | None) 
     elif mode != "selective":
         scores = m.n_heads * (setup.train.seq_len / p.cp) * (e + drop * (1 + e))
     base = (replicated + split) / t if p.sequence_parallel else replicated + split / t
-    return base + scores / t, base
+    total = base + scores / t
+    if p.sequence_parallel and eager:
+        # DTensor's sequence parallelism (the eager step: torchtitan 9dec370 torchtitan/parallelisms/
+        # parallelize_llama.py:177,186, PrepareModuleInput(input_layouts=Shard(1),
+        # desired_input_layouts=Replicate()) on attention and feed_forward; advisor.run.parallel.apply_tp)
+        # all-gathers the norm output before q/k/v and gate/up, and F.linear saves the gathered, whole
+        # sequence; Megatron-LM saves its shard and gathers it again in backward. The norms' own inputs
+        # stay sharded. Written by the all-gather and read by matmuls only, these bytes are left out of
+        # the elementwise part.
+        total += linear_inputs * (1 - 1 / t)
+    return total, base
 
 
 def loss_bytes_per_logit(setup: Setup) -> tuple[float, float]:
@@ -635,6 +648,47 @@ def _buffer_bytes(
     return begin, late + late_extra, at_step
 
 
+def sp_collective_bytes(setup: Setup, tokens_mb: float) -> float:
+    """Bytes of the full-sequence buffers a block's collectives take under DTensor sequence parallelism
+    (the eager step with tp > 1 and sequence parallelism; 0 otherwise), for ``tokens_mb`` tokens.
+
+    A row-parallel projection (o_proj, down: RowwiseParallel(output_layouts=Shard(1)), torchtitan 9dec370
+    torchtitan/parallelisms/parallelize_llama.py:184,191; advisor.run.parallel.apply_tp) writes its
+    partial sum for the whole sequence, and DTensor's Partial -> Shard(1) redistribute calls funcol's
+    reduce_scatter_tensor, which first copies it with the scatter dim first
+    (torch/distributed/_functional_collectives.py, reduce_scatter_tensor: ``if scatter_dim != 0:
+    torch.cat(torch.chunk(self, group_size, dim=scatter_dim))``, as in the torch 2.5-2.6 of December
+    2024): two 16-bit (fp32 under fp32) tensors of the micro-batch's whole sequence, hidden wide, t times
+    the size of the sharded activations around them. Backward starts each block with the mirror image:
+    the output gradient all-gathered (the gathered buffer and its cat along the sequence). Under float8
+    the matmul still writes bf16 (torchao's Float8RowwiseParallel reduce-scatters its bf16 output).
+    Megatron-LM's sequence-first layout scatters dim 0 without the copy, and its buffers are not counted
+    here."""
+    tr, p = setup.train, setup.parallel
+    if tr.framework != "pytorch" or p.tp == 1 or not p.sequence_parallel:
+        return 0.0
+    e = 4.0 if tr.precision == "fp32" else 2.0
+    return 2.0 * e * setup.model.hidden * tokens_mb
+
+
+def sp_cached_bytes(setup: Setup, tokens_mb: float, last: bool) -> float:
+    """Bytes the caching allocator keeps reserved for the sequence-parallel collectives' buffers
+    (``sp_collective_bytes``) when the loss's backward begins, on a GPU's last pipeline rank; 0 elsewhere.
+
+    It releases nothing short of an out-of-memory retry or empty_cache, and serves a request only from a
+    free block at least as large (c10/cuda/CUDACachingAllocator.cpp), so the segments the forward's
+    reduce-scatters took stay reserved while the loss runs: its tensors, vocab/t logits a token, are
+    larger than those hidden-wide rows and cannot reuse them (where vocab/t is not larger, they could,
+    and nothing is counted). The published evidence: torchtitan's Llama 3.1 70B 2D run
+    (benchmarks/llama3_h100_202412_torchtitan.md Table 4) takes 71.9 GiB, and 67.6 GiB with async TP,
+    whose fused matmul-reduce-scatter never makes these buffers; the term is 2 x 2 bytes x 8,192 x
+    131,072 tokens = 4.0 GiB there, 4.4 GiB with the fragmentation allowance."""
+    m = setup.model
+    if setup.hardware.kind != "gpu" or not last or m.vocab / setup.parallel.tp <= m.hidden:
+        return 0.0
+    return sp_collective_bytes(setup, tokens_mb)
+
+
 def stage_memory(
     setup: Setup, first: bool, last: bool, in_flight: float, rank: int | None = None
 ) -> tuple[MemoryBreakdown, float, float]:
@@ -672,8 +726,12 @@ def stage_memory(
     persistent_grads = not eager or setup.grad_accum > 1 or (fsdp2 and hw.kind == "gpu")
     # Backward begins with the loss buffers; a recomputed block comes after they are freed.
     g = grads if persistent_grads else 0.0
-    backward_begins = (weights, g, opt, saved + head_cast, begin + loss)
-    backward_later = (weights, g, opt, saved + working, late)
+    # The sequence-parallel collectives' buffers: live while a block runs its backward; when the loss's
+    # backward begins, still reserved (``sp_cached_bytes``).
+    sp_buffers = sp_collective_bytes(setup, tokens_mb)
+    cached = sp_cached_bytes(setup, tokens_mb, last)
+    backward_begins = (weights, g, opt, saved + head_cast, begin + loss + cached)
+    backward_later = (weights, g, opt, saved + working, late + sp_buffers)
     step = (weights, grads, opt, 0.0, at_step + opt_scratch)
     backward = backward_begins if sum(backward_begins) >= sum(backward_later) else backward_later
     w, g, o, a, buf = backward if sum(backward) >= sum(step) else step
