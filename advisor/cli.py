@@ -359,7 +359,9 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     limits = {"max_bytes": max_bytes}
     if args.max_event_mb is not None:
         limits["max_event_bytes"] = max(1, int(args.max_event_mb * 2**20))
-    report = analyze_path(path, path.name, **limits, hardware=hardware, ceilings=ceilings)
+    report = analyze_path(
+        path, path.name, **limits, hardware=hardware, ceilings=ceilings, dedicated=getattr(args, "program", False)
+    )
     if path.is_dir() and not is_run_dir(path):
         own = sorted(f.name for f in path.iterdir() if is_own_output(f))
         if own:
@@ -1001,7 +1003,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (2 on bad input, with the reason on stderr)."""
+    """Run the CLI; returns the exit status (2 on bad input, with the reason on stderr). Called without
+    ``argv`` it is the program (``python -m advisor``, the ``advisor`` script), a process of its own
+    that exits after the command (``analyze`` then lets its analyses reuse the memory they free)."""
+    program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     child = argv[:1] == [CHILD_COMMAND]  # the profiling child (advisor.run.launcher), kept out of the help
     if child:
@@ -1010,6 +1015,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv[1:])
     else:
         args = build_parser().parse_args(argv)
+        args.program = program
     try:
         if child:
             from advisor.run.launcher import child_main

@@ -376,3 +376,17 @@ def test_estimating_and_analyzing_commands_import_no_torch():
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert results == [[argv[0], 0, False] for argv in commands]
+
+
+def test_analyze_as_the_program_reuses_freed_memory_and_a_caller_keeps_its_malloc(monkeypatch, capsys):
+    """Only the program (no argv: ``python -m advisor``, the script) is a process of its own that
+    exits after the analysis; main(["analyze", ...]) from a caller (these tests) leaves its process's
+    allocator as it is."""
+    from advisor.analysis import summary
+
+    calls = []
+    monkeypatch.setattr(summary, "reuse_freed_memory", lambda: calls.append(1) or True)
+    assert main(["analyze", str(RUN)]) == 0 and calls == []
+    monkeypatch.setattr(sys, "argv", ["advisor", "analyze", str(RUN)])
+    assert main() == 0 and calls == [1]
+    capsys.readouterr()
