@@ -108,10 +108,10 @@ def reuse_freed_memory() -> bool:
     """Make this process keep the memory it frees for its next arrays: glibc hands every block over
     its mmap threshold (at most 32 MiB) back to the kernel when freed, so each of the analyses' arrays
     over a large table (48.6 M rows at 3.7 GB: 389 MB a column) comes from fresh pages, which the
-    kernel zeroes on first touch. On our 2-core VMs that zeroing was the largest part of the analysis
-    (perf: clear_page_erms 44 % of the samples at 0.5 GB; 104 s of system time against 72 s of user time at
-    3.7 GB). With mmap off and no trimming, freed blocks are reused in place: the 3.7 GB dense export's
-    analysis took 36.6 s instead of 56.7 s (bench/results/analyze_speed.md).
+    kernel zeroes on first touch: on our 2-core VMs the largest part of the analysis (perf:
+    clear_page_erms 44 % of the samples at 0.5 GB; a fresh GiB costs 48x a reused one there,
+    bench/fresh_memory.py). With mmap off and no trimming, freed blocks are reused in place: the 3.7 GB
+    dense export's analyses took 36-39 s instead of 63-70 s side by side (bench/results/analyze_speed.md).
 
     For a process that analyses one trace and exits (the CLI's ``analyze``, the app's analysis child,
     both after the load: the load's own arrays are best given back, its peak RSS read 2.08x the file
