@@ -11,7 +11,6 @@ tensor's local shard, which memprobe does not do for DTensors.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
 from advisor.run.memprobe import peak_from_memory_events
-from advisor.run.parallel import build_parallel_trainer, init_parallel, rank_loader
+from advisor.run.parallel import build_parallel_trainer, init_parallel, leave_rank, rank_loader
 from advisor.run.step import Trainer
 from advisor.spec.setup import make_setup
 
@@ -73,8 +72,4 @@ def main(out_dir: Path, names: list[str]) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), sys.argv[2:])
-    # Leave without the interpreter's finalisation, as advisor.run.launcher.child_main does: the gloo
-    # group the models still reference would be freed there and can abort the rank.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_rank(0)  # as the profiling child's ranks do: no finalisation, where gloo can abort

@@ -8,7 +8,6 @@ the collectives the profiler saw and the updated parameters.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import replace
@@ -19,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
-from advisor.run.parallel import build_parallel_trainer, init_parallel, rank_loader, stage_bounds
+from advisor.run.parallel import build_parallel_trainer, init_parallel, leave_rank, rank_loader, stage_bounds
 from advisor.spec.presets import gpt2_style
 from advisor.spec.setup import make_setup
 
@@ -172,8 +171,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
-    # Leave without the interpreter's finalisation, as advisor.run.launcher.child_main does: the gloo
-    # group the models still reference would be freed there and can abort the rank.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_rank(0)  # as the profiling child's ranks do: no finalisation, where gloo can abort

@@ -124,10 +124,11 @@ def test_a_rank_leaves_without_the_interpreters_finalisation(tmp_path, monkeypat
     aborted the process when freed in finalisation: a rank now leaves by os._exit with its code;
     a single process returns normally."""
     from advisor.run import launcher as launcher_mod
+    from advisor.run import parallel
 
     exits = []
     monkeypatch.setattr(launcher_mod, "_child_run", lambda run_dir: 3)
-    monkeypatch.setattr(launcher_mod.os, "_exit", lambda code: exits.append(code))
+    monkeypatch.setattr(parallel.os, "_exit", lambda code: exits.append(code))
     monkeypatch.setenv("WORLD_SIZE", "2")
     launcher_mod.child_main(tmp_path)
     assert exits == [3]

@@ -553,19 +553,12 @@ def _tail(path: Path, n: int = 3) -> str:
 
 def child_main(run_dir: Path) -> int:
     """Entry of ``python -m advisor _child``: run the request in ``run_dir``; 0 ok, 3 handled failure.
-
-    A rank of a distributed run leaves through ``os._exit`` once its files are written: the FSDP
-    modules, the device mesh and the profiler keep references to the gloo process group after
-    ``destroy_process_group``, so it is freed in the interpreter's finalisation, where gloo's worker
-    threads still holding tensors abort the process (SIGABRT, "terminate called without an active
-    exception"; twice in CI on the 2-rank FSDP2 run, after rank 0 had filed metrics.json). Nothing
-    is left to do there: every file is closed and the streams are flushed first."""
+    A rank of a distributed run leaves by ``advisor.run.parallel.leave_rank`` (why: there)."""
     code = _child_run(run_dir)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+        from advisor.run.parallel import leave_rank
+
+        leave_rank(code)
     return code
 
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 import copy
 import itertools
 import os
+import sys
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 
 import torch
@@ -221,6 +222,19 @@ def check_supported(setup: Setup, device_type: str) -> None:
         if m.is_moe:
             # The load-balancing loss sums over all blocks, but the last stage's loss_fn sees only its own.
             raise SpecError("parallel.pp", p.pp, f"{m.name} is a MoE model; the profiled step runs MoE with pp=1")
+
+
+def leave_rank(code: int) -> None:
+    """End this rank's process with ``code`` once its files are written, without the interpreter's
+    finalisation: the FSDP modules, the device mesh and the profiler keep references to the gloo
+    process group after ``destroy_process_group``, so it would be freed there, where gloo's worker
+    threads still holding tensors abort the process (SIGABRT, "terminate called without an active
+    exception"; twice in CI on the 2-rank FSDP2 run, after rank 0 had filed metrics.json). The
+    streams are flushed first; nothing else is left to do."""
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def init_parallel(setup: Setup, device_type: str) -> ParallelInfo:
