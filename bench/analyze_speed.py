@@ -57,7 +57,8 @@ STEP_GAP_US = 1000  # idle gap between replicated copies of the source trace
 # As the CLI's analyze and the app's analysis child do: load, then analyses that reuse freed memory.
 OURS_CHILD = """
 import json, sys, time
-from advisor.analysis.summary import analyze, load_trace, reuse_freed_memory
+from advisor.analysis.summary import analyze, load_trace, reuse_freed_memory, use_small_pages
+use_small_pages()
 t0 = time.perf_counter()
 df = load_trace(sys.argv[1])
 t1 = time.perf_counter()

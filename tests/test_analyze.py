@@ -470,3 +470,40 @@ print(round((held - rss()) / 2**20))
         for mode in ("default", "reuse")
     }
     assert given_back["default"] >= 190 and given_back["reuse"] <= 10, given_back
+
+
+def test_use_small_pages_stops_numpys_huge_page_advice():
+    """numpy advises transparent huge pages (MADV_HUGEPAGE: "hg" in the mapping's VmFlags) for arrays
+    of 4 MiB or more; after use_small_pages a new array's mapping carries no such advice. In a child:
+    the switch is process-wide."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import numpy as np
+from advisor.analysis.summary import use_small_pages
+if sys.argv[1] == "small":
+    assert use_small_pages()
+a = np.ones(64 * 2**20 // 8)
+address, flags = a.ctypes.data + a.nbytes // 2, None  # numpy advises from the first whole page on
+for line in open("/proc/self/smaps"):
+    if "-" in line.split()[0] and ":" not in line.split()[0]:
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        inside = lo <= address < hi
+    elif line.startswith("VmFlags:") and inside:
+        flags = line.split()[1:]
+print("hg" in flags)
+"""
+    if not Path("/proc/self/smaps").exists():
+        pytest.skip("needs /proc/self/smaps (Linux) to read a mapping's advice")
+    root = str(Path(__file__).resolve().parents[1])
+    advised = {
+        mode: subprocess.run(
+            [sys.executable, "-c", code, mode], capture_output=True, text=True, cwd=root, check=True
+        ).stdout.strip()
+        for mode in ("default", "small")
+    }
+    assert advised["small"] == "False", advised
+    if advised["default"] != "True":
+        pytest.skip(f"this kernel or numpy gives no huge page advice to begin with ({advised})")

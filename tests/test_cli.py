@@ -385,8 +385,9 @@ def test_analyze_as_the_program_reuses_freed_memory_and_a_caller_keeps_its_mallo
     from advisor.analysis import summary
 
     calls = []
-    monkeypatch.setattr(summary, "reuse_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(summary, "reuse_freed_memory", lambda: calls.append("reuse") or True)
+    monkeypatch.setattr(summary, "use_small_pages", lambda: calls.append("small") or True)
     assert main(["analyze", str(RUN)]) == 0 and calls == []
     monkeypatch.setattr(sys, "argv", ["advisor", "analyze", str(RUN)])
-    assert main() == 0 and calls == [1]
+    assert main() == 0 and calls == ["small", "reuse"]  # small pages before the load, reuse after it
     capsys.readouterr()

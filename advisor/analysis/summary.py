@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from advisor.analysis import breakdown as A
@@ -102,6 +103,26 @@ def analyze(
         tables["roofline"] = roofline.table
         metrics = replace(metrics, **_roofline_fields(roofline, metrics))
     return TraceReport(metrics, tables, skipped)
+
+
+def use_small_pages() -> bool:
+    """Make this process's next numpy arrays use ordinary 4 KiB pages, not transparent huge pages:
+    numpy advises huge pages for every array of 4 MiB or more on Linux (``MADV_HUGEPAGE``; the same
+    switch as its documented ``NUMPY_MADVISE_HUGEPAGE=0``, read only at import). On VMs that hand freed
+    memory back to their host (free page reporting, balloons: our 2-core VMs, many cloud sandboxes) a
+    huge page comes from the memory the host took back, so each is backed again first, while 4 KiB
+    pages come from memory the guest used a moment ago: filling a GiB cost 12.5-13.4 s with huge pages
+    against 0.4-0.6 s without for the first 2 GiB (``bench/fresh_memory.py --by-gib``), and a 0.5 GB
+    dense nsys export's load and analysis took 7.4-7.5 s instead of 14-16 s, the same user time
+    (bench/results/analyze_speed.md). Called before the load by the processes that analyse one trace
+    and exit, beside reuse_freed_memory. Returns whether it took effect (False: a numpy without the
+    switch, or not Linux, where nothing changes)."""
+    core = getattr(np, "_core", None) or getattr(np, "core", None)
+    toggle = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
+    if toggle is None or not sys.platform.startswith("linux"):
+        return False
+    toggle(False)
+    return True
 
 
 def reuse_freed_memory() -> bool:
@@ -225,8 +246,10 @@ def analyze_path(
     ceilings when the caller passes the store's lookup, ``advisor.store.ceilings.run_ceilings``). A
     trace whose roofline cannot be made is still analyzed: the reason is printed and the roofline
     left out. ``dedicated``: the process does nothing else and exits after (the CLI): the analyses
-    reuse the memory they free (``reuse_freed_memory``)."""
+    use small pages and reuse the memory they free (``use_small_pages``, ``reuse_freed_memory``)."""
     path = Path(path)
+    if dedicated:
+        use_small_pages()
     df = load_trace(path, max_bytes=max_bytes, max_event_bytes=max_event_bytes)
     if dedicated:
         reuse_freed_memory()

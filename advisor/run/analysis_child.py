@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from advisor.analysis.roofline import Roofline, trace_roofline
-from advisor.analysis.summary import TraceReport, analyze, load_trace, reuse_freed_memory
+from advisor.analysis.summary import TraceReport, analyze, load_trace, reuse_freed_memory, use_small_pages
 from advisor.analysis.timeline import step_timeline
 from advisor.errors import AdvisorError
 from advisor.store.ceilings import ceilings_lookup
@@ -89,6 +89,7 @@ def analysis_work(request: dict, stage: Callable[[int, str], None]) -> Analysis:
     message)`` as each of the three stages starts (load, analyses, drawing)."""
     label = request["label"]
     stage(0, f"loading {label}")
+    use_small_pages()  # run only in the child, as reuse_freed_memory
     table = load_trace(request["path"], max_bytes=request["max_bytes"], max_event_bytes=request["max_event_bytes"])
     stage(1, f"analyzing {len(table):,} events")
     reuse_freed_memory()  # run only in the child, which serves one analysis and exits
