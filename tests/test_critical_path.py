@@ -1,5 +1,6 @@
 """The critical path of a step: hand-built steps whose path is known by hand, and HTA's own figures."""
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -187,6 +188,30 @@ def test_the_window_is_the_longest_step_of_the_slowest_rank():
         1,
         136,
     )
+
+
+def test_whole_trace_spans_read_in_blocks_equal_the_grouped_ones(monkeypatch):
+    """A trace without step marks is graphed whole: each rank's first start and last end, read a block
+    of rows at a time (no copy of the table); blocks of 3 rows over ranks that interleave, a rank whose
+    last end is not its last start's, and ranks numbered far apart (the grouped path) agree by hand."""
+    from advisor.analysis import critical_path as C
+
+    # rank 0: starts 50, 10, 30 (durations 5, 100, 1) -> 10 .. 110; rank 2: 20 .. 45; rank 1: absent.
+    events = make_table(
+        {
+            "rank": [0, 2, 0, 2, 0, 2, 2],
+            "kind": "cpu_op",
+            "name": "aten::x",
+            "start_ns": [50, 20, 10, 40, 30, 25, 44],
+            "dur_ns": [5, 1, 100, 5, 1, 2, 1],
+        }
+    )
+    monkeypatch.setattr(C, "SPAN_BLOCK", 3)
+    spans = C._whole_spans(events)
+    assert spans.to_dict("list") == {"rank": [0, 2], "start_ns": [10, 20], "end_ns": [110, 45]}
+    assert spans["rank"].dtype == events["rank"].dtype
+    far = events.assign(rank=np.where(events["rank"] == 2, 1000, 0).astype(np.int32))
+    assert C._whole_spans(far).to_dict("list") == {"rank": [0, 1000], "start_ns": [10, 20], "end_ns": [110, 45]}
 
 
 def test_bad_input_gives_empty_tables():

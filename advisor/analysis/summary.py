@@ -90,10 +90,8 @@ def analyze(
         beside = {
             "critical_path": pool.submit(critical_path, df),  # one step of one rank: the slowest's longest
             "gpu_idle": pool.submit(A.gpu_idle, df),
-            "kernel_chains": pool.submit(kernel_chains, df),
-            "memory_bw": pool.submit(Q.memory_bw_summary, df),
         }
-        tables, host_self_ns = _tables(df, beside, check)
+        tables, host_self_ns = _tables(df, beside, check, pool.submit)
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)  # a stop returns now; a running analysis ends alone
         raise
@@ -153,10 +151,12 @@ def _no_check() -> None:
 
 
 def _tables(
-    df: pd.DataFrame, beside: dict[str, Future], check: Callable[[], None]
+    df: pd.DataFrame, beside: dict[str, Future], check: Callable[[], None], submit: Callable[..., Future]
 ) -> tuple[dict[str, pd.DataFrame], int]:
     """Every table but the ``beside`` ones' (filled in, in the same order, once they are done), and the
-    host ops' summed self time; ``check()`` between groups of analyses."""
+    host ops' summed self time; ``check()`` between groups of analyses. ``submit`` starts the rest of the
+    analyses beside, once the queue series, the largest arrays of all (8 M operations at 3.7 GB), is
+    summarised and gone: kernel chains and copy bandwidth beside it made the analysis' peak memory."""
     categories, top = A.kernel_breakdown(df)
     sweeps, launches = A.type_sweeps(df), A.launch_calls(df)
     check()
@@ -166,6 +166,12 @@ def _tables(
     idle = A.idle_time_breakdown(df, launches=launches)
     waits = A.sync_waits(df, launches=launches)
     queue = Q.queue_length_series(df, launches=launches)
+    queues = {
+        "queue_length": Q.queue_length_summary(df, series=queue),
+        "blocked_on_full_queue": Q.blocked_on_full_queue(df, series=queue),
+    }
+    del queue
+    beside |= {"kernel_chains": submit(kernel_chains, df), "memory_bw": submit(Q.memory_bw_summary, df)}
     check()
     calls, collectives = collective_calls_and_table(df, collective_sizes(df))
     comm = comm_calls(df, calls)
@@ -194,8 +200,7 @@ def _tables(
         "critical_path": None,
         "critical_path_summary": None,
         "kernel_chains": None,
-        "queue_length": Q.queue_length_summary(df, series=queue),
-        "blocked_on_full_queue": Q.blocked_on_full_queue(df, series=queue),
+        **queues,
         "idle_intervals": Q.idle_interval_stats(df, launches=launches),
         "memory_bw": None,
     }
