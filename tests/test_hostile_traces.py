@@ -507,9 +507,12 @@ def test_size_stays_responsive_during_a_hostile_analysis(tmp_path, monkeypatch):
 
         idle = [size_latency() for _ in range(5)]
         during, answers = [], []
+        # A client of its own: one client's calls from two threads share its event stream, and under load
+        # a call could find that stream closed by the other's end (gradio_client's CancelledError).
+        analyst = gradio_client.Client(url, verbose=False, download_files=False)
         worker = threading.Thread(
             target=lambda: answers.extend(
-                client.predict(gradio_client.handle_file(str(hostile)), None, api_name="/analyze")[0] for _ in range(2)
+                analyst.predict(gradio_client.handle_file(str(hostile)), None, api_name="/analyze")[0] for _ in range(2)
             )
         )
         worker.start()
