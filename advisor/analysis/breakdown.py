@@ -905,9 +905,9 @@ def _parents(tid: np.ndarray, start: np.ndarray, dur: np.ndarray, order: np.ndar
     start) and takes the top as its parent.
 
     That parent is the nearest op before it in the walk, on its thread, that ends after it starts, and
-    it is found for all ops at once by pointer jumping (8M ops: a Python walk took ~10 s): each op's
-    guess starts at the op before it and, while the guess ended by the op's start, moves to the guess's
-    own current guess. A guess only ever moves to ops the stack would have popped or to the next one
+    it is found for all ops at once by pointer jumping (1.08 M ops: 0.21 s, the Python walk 0.40 s):
+    each op's guess starts at the op before it and, while the guess ended by the op's start, moves to
+    the guess's own current guess. A guess only ever moves to ops the stack would have popped or to the next one
     below them on the stack, so it stops at the same op; flat runs of siblings converge in log2(n)
     rounds, a return from a deep stack in its depth. After PARENT_ROUNDS rounds (stacks deeper than real
     call stacks) the Python walk decides, so the result is the stack's in every case."""
