@@ -54,15 +54,13 @@ LOW_MEMORY_BYTES = int(1.5 * GIB)  # stop a child when the machine has less than
 STEP_GAP_US = 1000  # idle gap between replicated copies of the source trace
 
 # Each child prints one JSON line: load and analysis seconds (imports excluded) and the event count.
-# As the CLI's analyze and the app's analysis child do: load, then analyses that reuse freed memory.
+# As the CLI's analyze and the app's analysis child do: a dedicated load (small pages, freed memory kept).
 OURS_CHILD = """
 import json, sys, time
-from advisor.analysis.summary import analyze, load_trace, reuse_freed_memory, use_small_pages
-use_small_pages()
+from advisor.analysis.summary import analyze, load_trace
 t0 = time.perf_counter()
-df = load_trace(sys.argv[1])
+df = load_trace(sys.argv[1], dedicated=True)
 t1 = time.perf_counter()
-reuse_freed_memory()
 analyze(df)
 t2 = time.perf_counter()
 print(json.dumps({"load_s": t1 - t0, "analysis_s": t2 - t1, "events": len(df)}))

@@ -512,13 +512,14 @@ print("hg" in flags)
 def test_the_apps_analysis_child_uses_small_pages_before_the_load_and_reuses_memory_after(monkeypatch):
     """analysis_work (what the app's analysis child runs, and only it: the switches are process-wide)
     turns the huge pages off before the trace is read and keeps freed memory after it."""
+    from advisor.analysis import summary
     from advisor.run import analysis_child as child
 
     calls = []
-    real_load = child.load_trace
-    monkeypatch.setattr(child, "use_small_pages", lambda: calls.append("small") or True)
-    monkeypatch.setattr(child, "reuse_freed_memory", lambda: calls.append("reuse") or True)
-    monkeypatch.setattr(child, "load_trace", lambda *a, **k: calls.append("load") or real_load(*a, **k))
+    real_load = summary.trace_load
+    monkeypatch.setattr(summary, "use_small_pages", lambda: calls.append("small") or True)
+    monkeypatch.setattr(summary, "reuse_freed_memory", lambda: calls.append("reuse") or True)
+    monkeypatch.setattr(summary, "trace_load", lambda *a, **k: calls.append("load") or real_load(*a, **k))
     request = {"label": "sample", "path": str(SAMPLE_RUN), "max_bytes": 2**30, "max_event_bytes": 2**24}
     result = child.analysis_work(request, lambda done, message: None)
     assert calls == ["small", "load", "reuse"]

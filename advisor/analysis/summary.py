@@ -46,11 +46,19 @@ def load_trace(
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     check: Callable[[], None] | None = None,
+    dedicated: bool = False,
 ) -> pd.DataFrame:
     """The event table of any supported trace at ``path`` (``advisor.trace.load.load_trace``, whose
     limits and ``check`` these are), with the arguments the analyses read kept beside it, so that the
-    trace is parsed once."""
-    return trace_load(path, max_bytes=max_bytes, max_event_bytes=max_event_bytes, keep_args=wants_args, check=check)
+    trace is parsed once. ``dedicated``: this process analyses this one trace and exits (the app's
+    analysis child, the CLI's ``analyze``): it loads with small pages and then keeps the memory the
+    analyses free (``use_small_pages`` before the load, ``reuse_freed_memory`` after it)."""
+    if dedicated:
+        use_small_pages()
+    df = trace_load(path, max_bytes=max_bytes, max_event_bytes=max_event_bytes, keep_args=wants_args, check=check)
+    if dedicated:
+        reuse_freed_memory()
+    return df
 
 
 @dataclass(frozen=True)
@@ -113,7 +121,7 @@ def use_small_pages() -> bool:
     against 0.4-0.6 s without for the first 2 GiB (``bench/fresh_memory.py --by-gib``), and a 0.5 GB
     dense nsys export's load and analysis took 7.4-7.5 s instead of 14-16 s, the same user time
     (bench/results/analyze_speed.md). Called before the load by the processes that analyse one trace
-    and exit, beside reuse_freed_memory. Returns whether it took effect (False: a numpy without the
+    and exit (``load_trace(dedicated=True)``). Returns whether it took effect (False: a numpy without the
     switch, or not Linux, where nothing changes)."""
     core = getattr(np, "_core", None) or getattr(np, "core", None)
     toggle = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
@@ -250,14 +258,9 @@ def analyze_path(
     ``hardware`` and ``ceilings``: a run directory of ours is judged against its device's stored
     ceilings when the caller passes the store's lookup, ``advisor.store.ceilings.run_ceilings``). A
     trace whose roofline cannot be made is still analyzed: the reason is printed and the roofline
-    left out. ``dedicated``: the process does nothing else and exits after (the CLI): the analyses
-    use small pages and reuse the memory they free (``use_small_pages``, ``reuse_freed_memory``)."""
+    left out. ``dedicated``: the process does nothing else and exits after (the CLI): see load_trace."""
     path = Path(path)
-    if dedicated:
-        use_small_pages()
-    df = load_trace(path, max_bytes=max_bytes, max_event_bytes=max_event_bytes)
-    if dedicated:
-        reuse_freed_memory()
+    df = load_trace(path, max_bytes=max_bytes, max_event_bytes=max_event_bytes, dedicated=dedicated)
     try:
         roofline = trace_roofline(df, hardware=hardware, ceilings=ceilings)
     except AdvisorError as err:

@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from advisor.analysis.roofline import Roofline, trace_roofline
-from advisor.analysis.summary import TraceReport, analyze, load_trace, reuse_freed_memory, use_small_pages
+from advisor.analysis.summary import TraceReport, analyze, load_trace
 from advisor.analysis.timeline import step_timeline
 from advisor.errors import AdvisorError
 from advisor.store.ceilings import ceilings_lookup
@@ -89,10 +89,9 @@ def analysis_work(request: dict, stage: Callable[[int, str], None]) -> Analysis:
     message)`` as each of the three stages starts (load, analyses, drawing)."""
     label = request["label"]
     stage(0, f"loading {label}")
-    use_small_pages()  # run only in the child, as reuse_freed_memory
-    table = load_trace(request["path"], max_bytes=request["max_bytes"], max_event_bytes=request["max_event_bytes"])
+    limits = {"max_bytes": request["max_bytes"], "max_event_bytes": request["max_event_bytes"]}
+    table = load_trace(request["path"], **limits, dedicated=True)  # the child serves one analysis and exits
     stage(1, f"analyzing {len(table):,} events")
-    reuse_freed_memory()  # run only in the child, which serves one analysis and exits
     roofline, note = roofline_or_reason(table)
     report = analyze(table, run_id=label, roofline=roofline)
     stage(2, "drawing")
