@@ -4,7 +4,10 @@ The template's schema is copied as it is (every table, column and type of the ex
 tables once, and its timed tables again and again: the event tables (kernels, copies, sets, runtime
 calls, synchronisations, NVTX ranges) and, in a default capture, the OS runtime calls, CPU samples,
 their call stacks and the scheduling events. Each copy is shifted in time by the capture's span and in
-correlation and call-stack ids by their range, as if the job had been captured for that much longer. SQLite copies the rows itself
+correlation and call-stack ids by their range, as if the job had been captured for that much longer.
+The op ids and sequence numbers that ``torch.autograd.profiler.emit_nvtx`` writes into each NVTX range's
+text ("aten::mm, seq = 12, op_id = 34") move the same way, so every copy's ranges have texts of their
+own, as in a real capture of that length, where no two ops share an op id. SQLite copies the rows itself
 (``INSERT ... SELECT`` from the attached template), so a 3.7 GB file takes a minute or two.
 
 Run: ``.venv/bin/python bench/make_nsys.py --size-gb 3.7 --out /tmp/big.sqlite``
@@ -38,11 +41,42 @@ ID_FAMILIES = (
 """Ids shared between tables (an OS runtime call's call stack, a CPU sample's): each copy moves them by
 the family's range, so a copy's rows point at its own copies and (id, stackDepth) stays unique."""
 ALSO_REPEATED = ("SCHED_EVENTS",)
+GENERATION = 2
+"""Bumped whenever the rows written change (2: op ids and sequence numbers move with each copy), so
+that bench/scale.py writes its files again instead of reusing older ones."""
+NVTX_NUMBERS = (", op_id = ", ", seq = ")
+"""The numbers emit_nvtx writes into an NVTX range's text (torch/csrc/profiler/util.cpp, getNvtxStr)."""
 """Timed tables outside the families that a default capture fills (thread scheduling)."""
 
 
 def _columns(conn: sqlite3.Connection, schema: str, table: str) -> list[str]:
     return [r[1] for r in conn.execute(f'PRAGMA {schema}.table_info("{table}")')]
+
+
+def _shifted_number(expr: str, key: str, offset: int) -> str:
+    """SQL for ``expr`` with the integer after ``key`` raised by ``offset``; ``expr`` where it has no
+    ``key``. (CAST of text to INTEGER reads its longest integer prefix.)"""
+    at = f"instr({expr}, '{key}')"
+    number = f"CAST(substr({expr}, {at} + {len(key)}) AS INTEGER)"
+    return (
+        f"CASE WHEN {at} > 0 THEN substr({expr}, 1, {at} + {len(key) - 1}) || ({number} + {offset}) || "
+        f"substr({expr}, {at} + {len(key)} + length(CAST({number} AS TEXT))) ELSE {expr} END"
+    )
+
+
+def _text_ranges(conn: sqlite3.Connection, tables: list[str]) -> dict[str, int]:
+    """For each of NVTX_NUMBERS, one more than the largest such number in the template's NVTX texts."""
+    if "NVTX_EVENTS" not in tables or "text" not in _columns(conn, "src", "NVTX_EVENTS"):
+        return {}
+    out = {}
+    for key in NVTX_NUMBERS:
+        at = f"instr(text, '{key}')"
+        top = conn.execute(
+            f"SELECT MAX(CAST(substr(text, {at} + {len(key)}) AS INTEGER)) FROM src.NVTX_EVENTS WHERE {at} > 0"
+        ).fetchone()[0]
+        if top is not None:
+            out[key] = top + 1
+    return out
 
 
 def make(template: Path, out: Path, size_bytes: int) -> dict:
@@ -81,13 +115,16 @@ def make(template: Path, out: Path, size_bytes: int) -> dict:
         for t in events
         if "correlationId" in _columns(conn, "src", t)
     )
+    text_ranges = _text_ranges(conn, tables)
     copies = 0
     conn.commit()
     while copies == 0 or os.path.getsize(out) < size_bytes:
         for t in repeated:
             cols = _columns(conn, "src", t)
             exprs = [
-                f'"{c}" + {copies * span}'
+                _nvtx_text(text_ranges, copies)
+                if (t, c) == ("NVTX_EVENTS", "text")
+                else f'"{c}" + {copies * span}'
                 if c in SHIFTED
                 else f'"{c}" + {copies * (corr + 1)}'
                 if c == "correlationId"
@@ -103,6 +140,13 @@ def make(template: Path, out: Path, size_bytes: int) -> dict:
     rows = {t: conn.execute(f'SELECT COUNT(*) FROM main."{t}"').fetchone()[0] for t in repeated}
     conn.close()
     return {"copies": copies, "bytes": os.path.getsize(out), "rows": rows}
+
+
+def _nvtx_text(ranges: dict[str, int], copies: int) -> str:
+    expr = '"text"'
+    for key, top in ranges.items():
+        expr = _shifted_number(expr, key, copies * top) if copies else expr
+    return expr
 
 
 def main(argv: list[str] | None = None) -> int:

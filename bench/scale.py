@@ -43,7 +43,8 @@ GIB, KINETO_SOURCE, MIB, TRACES = _speed.GIB, _speed.KINETO_SOURCE, _speed.MIB, 
 OURS_BASELINE, OURS_CHILD = _speed.OURS_BASELINE, _speed.OURS_CHILD
 decompressed_bytes, machine, run_child = _speed.decompressed_bytes, _speed.machine, _speed.run_child
 write_large_trace = _speed.write_large_trace
-make = _sibling("make_nsys").make
+_make_nsys = _sibling("make_nsys")
+make = _make_nsys.make
 
 LAYOUTS = {
     "dense": TRACES / "nsys" / "nsysai_mfu_2gpu_before.sqlite",
@@ -79,7 +80,7 @@ def main() -> None:
     files: list[tuple[str, Path, float, float | None]] = []  # (row, file, rss target, seconds target)
     if args.nsys_gb > 0:
         for layout in args.layouts.split(","):
-            path = work / f"nsys_{layout}_{args.nsys_gb:g}gb.sqlite"
+            path = work / f"nsys_{layout}_{args.nsys_gb:g}gb_g{_make_nsys.GENERATION}.sqlite"
             if not path.exists():
                 t0 = time.perf_counter()
                 made = make(LAYOUTS[layout], path, int(args.nsys_gb * 1e9))

@@ -18,7 +18,7 @@ twice.
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +30,7 @@ from advisor.analysis.steps import BASES, step_windows
 from advisor.errors import AdvisorError
 from advisor.trace.kineto import DEFAULT_MAX_BYTES
 from advisor.trace.load import load_trace
+from advisor.trace.nsys import NVTX_OP_RE
 from advisor.trace.table import COLUMNS, GPU_KINDS, kind_mask
 
 NOISE_PCT = 5.0
@@ -65,10 +66,6 @@ OP_COLUMNS = [*NAME_COLUMNS, "a_total_ns", "b_total_ns"]
 CATEGORY_COLUMNS = ["category", "a_ns", "b_ns", "delta_ns", "a_pct", "b_pct"]
 STEP_ROWS = ("overlap", "host", "idle", "residual")
 """The rows of the category table besides the kernel categories (see ``trace_diff``)."""
-# torch.autograd.profiler.emit_nvtx names each op's NVTX range "name[, seq = N], op_id = N[, sizes =
-# [...]][, input_op_ids = [...]]" (getNvtxStr in torch/csrc/profiler/util.cpp): in an nsys export these
-# ranges are the framework ops.
-NVTX_OP_RE = re.compile(r"^(.*?)(?:, seq = -?\d+)?, op_id = \d+(?:, (?:sizes|input_op_ids) = .*)?$", re.DOTALL)
 _W, _G, _H = 0, 1, 2  # interval types of the step-time sweep: step windows, GPU events, host ops
 
 
@@ -155,20 +152,28 @@ def _groups(names: pd.Series, rows: np.ndarray, label) -> tuple[np.ndarray, list
     return group_of[codes], list(labels)
 
 
-def _nvtx_op(name: str) -> str | None:
-    m = NVTX_OP_RE.match(name)
-    return m.group(1) if m else None
+def _nvtx_op(ops: frozenset[str]) -> Callable[[str], str | None]:
+    """The op name of an emit_nvtx range: its name where the loader named it by its op (``nvtx_ops``),
+    else the op name in its whole text (NVTX_OP_RE); None for another range."""
+
+    def op(name: str) -> str | None:
+        if name in ops:
+            return name
+        m = NVTX_OP_RE.match(name)
+        return m.group(1) if m else None
+
+    return op
 
 
 def _host_ops(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(rows of the table that are host ops, ascending; each one's group id; the groups' op names): the
-    ``cpu_op`` events, and the emit_nvtx ranges of an nsys export (``NVTX_OP_RE``) named without their
-    sequence and op ids."""
+    ``cpu_op`` events, and the emit_nvtx ranges of an nsys export (its ``nvtx_ops``, or ranges whose
+    whole text NVTX_OP_RE reads) named without their sequence and op ids."""
     host = df["device"].to_numpy() == -1
     ops = np.flatnonzero(kind_mask(df, "cpu_op") & host)
     ranges = np.flatnonzero(kind_mask(df, "annotation") & host)
     op_ids, op_labels = _groups(df["name"], ops, lambda n: n)
-    range_ids, range_labels = _groups(df["name"], ranges, _nvtx_op)
+    range_ids, range_labels = _groups(df["name"], ranges, _nvtx_op(frozenset(df.attrs.get("nvtx_ops", ()))))
     keep = range_ids >= 0
     rows = np.concatenate([ops, ranges[keep]])
     ids = np.concatenate([op_ids, range_ids[keep] + len(op_labels)])  # a name in both is summed later

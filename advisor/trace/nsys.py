@@ -106,6 +106,26 @@ _COPY_KIND = {
 _HOST_MEM = {"pageable": "pageable", "pinned": "pinned", "managed": "managed", "managed static": "managed"}
 _API_VERSION = re.compile(r"_v\d+$")  # cudaLaunchKernel_v7000 -> cudaLaunchKernel, as Kineto names it
 _PID_MASK = 0xFFFFFF
+# torch.autograd.profiler.emit_nvtx (and nsys --pytorch=autograd-nvtx) writes each op's range as
+# "name[, seq = N], op_id = N[, sizes = [...]][, input_op_ids = [...]]" (getNvtxStr in
+# torch/csrc/profiler/util.cpp). No two ops share an op id, so a long capture holds as many distinct
+# texts as ranges (29 M in a 3.7 GB export). The rule, in SQL for SQLite to apply to every row before
+# Python sees it, and as NVTX_OP_RE for a whole text: a text holding ", op_id = " and a digit is an op's
+# range, named by what comes before its ", seq = " (where that comes first) or its ", op_id = ". SQLite
+# ends such a name in OP_MARK (no emit_nvtx text ends so: the op id's digits follow), so that the
+# coding of each distinct name knows the range was an op.
+NVTX_OP_RE = re.compile(r"^(.*?)(?:, seq = .*?)?, op_id = \d", re.DOTALL)
+OP_MARK = ", op_id = "
+_SEQ_MARK = ", seq = "
+_OP_AT = f"instr(\"text\", '{OP_MARK}')"
+_SEQ_AT = f"instr(\"text\", '{_SEQ_MARK}')"
+_NVTX_TEXT_SQL = (
+    f"CASE WHEN {_OP_AT} > 0 AND substr(\"text\", {_OP_AT} + {len(OP_MARK)}, 1) BETWEEN '0' AND '9' "
+    f'THEN substr("text", 1, (CASE WHEN {_SEQ_AT} BETWEEN 1 AND {_OP_AT} THEN {_SEQ_AT} ELSE {_OP_AT} END) - 1) '
+    f"|| '{OP_MARK}' ELSE \"text\" END"
+)
+_TEXT_SQL = {("NVTX_EVENTS", "text"): _NVTX_TEXT_SQL}
+"""Text columns that _query reads through an SQL expression instead of as they are stored."""
 # Times within +-2**62 ns (146 years): a start plus a duration stays inside int64, and an export's
 # clock (ns since the session or the epoch) is far inside it.
 MAX_TIME_NS = 2**62
@@ -119,7 +139,9 @@ def load_nsys_sqlite(
     ``df.attrs`` holds ``source`` ('nsys'), ``file`` (its name), ``nsys_version`` and
     ``schema_version`` (None when the export has no metadata table), ``gpu_names`` ({device id:
     name}, from TARGET_INFO_GPU), ``ranks``, ``pid_map`` ({rank: OS pid}) and ``process_names``
-    ({rank: name}, from PROCESSES). Raises TraceError for a file over ``max_bytes``, one that is not
+    ({rank: name}, from PROCESSES) and ``nvtx_ops`` (the names of the NVTX ranges that
+    ``emit_nvtx`` wrote for framework ops: such a range is named by its op alone, "aten::mm" for
+    "aten::mm, seq = 3, op_id = 17, sizes = [...]"). Raises TraceError for a file over ``max_bytes``, one that is not
     SQLite, an SQLite file that is not an nsys export, a truncated or damaged database, and an export
     without CUDA or NVTX activity, and one whose values have the wrong type (text where an id belongs)
     or lie out of range. ``check()`` runs before each table is read and stops the load by raising.
@@ -197,7 +219,7 @@ def _load(conn: sqlite3.Connection, file: str) -> pd.DataFrame:
     return _table(conn, file, tables, present, parts)
 
 
-def _parts(conn: sqlite3.Connection, file: str, tables: set[str]) -> tuple[list[dict], list[str]]:
+def _parts(conn: sqlite3.Connection, file: str, tables: set[str]) -> tuple[list[dict], _Names]:
     """The columns of each table read, in one order, and the one list of names they code into."""
     strings = _string_ids(conn) if "StringIds" in tables else {}
     names = _Names()
@@ -215,11 +237,12 @@ def _parts(conn: sqlite3.Connection, file: str, tables: set[str]) -> tuple[list[
             if getattr(conn, "check", None) is not None:
                 conn.check()
             parts.append(_check_times(read(), file, table))
-    return parts, names.values
+    return parts, names
 
 
 def _table(conn: sqlite3.Connection, file: str, tables: set[str], present: list[str], read) -> pd.DataFrame:
-    parts, values = read
+    parts, names = read
+    values = names.values
     sizes = [p["start_ns"].size for p in parts]
     if not any(n and (p["kind"] != _KINDS.index("sync")).any() for p, n in zip(parts, sizes, strict=True)):
         raise TraceError(  # sync records alone show no work
@@ -259,6 +282,7 @@ def _table(conn: sqlite3.Connection, file: str, tables: set[str], present: list[
         }
     )
     table.attrs.update(_attrs(conn, tables, file, keys))
+    table.attrs["nvtx_ops"] = sorted(values[c] for c in names.ops)
     return table
 
 
@@ -299,11 +323,27 @@ class _Connection(sqlite3.Connection):
 
 
 class _Names:
-    """One list of distinct names; events hold integer codes into it."""
+    """One list of distinct names; events hold integer codes into it. ``ops``: the codes of names that
+    emit_nvtx ranges carried (framework ops), from ``range_code``."""
 
     def __init__(self) -> None:
         self.values: list[str] = []
         self._index: dict[str, int] = {}
+        self.ops: set[int] = set()
+
+    def range_code(self, text: str) -> int:
+        """The code of an NVTX range's name: an emit_nvtx text (cut by SQLite and ending in OP_MARK, or
+        whole) coded as its op name, and counted among ``ops``."""
+        if text.endswith(OP_MARK):
+            op = text[: -len(OP_MARK)]
+        else:
+            m = NVTX_OP_RE.match(text)
+            op = m.group(1) if m else None
+        if op is None:
+            return self.code(text)
+        c = self.code(op)
+        self.ops.add(c)
+        return c
 
     def code(self, name: str) -> int:
         c = self._index.get(name)
@@ -312,9 +352,12 @@ class _Names:
             self.values.append(name)
         return c
 
-    def codes(self, keys: np.ndarray, name_of: Callable[..., str]) -> np.ndarray:
-        """Codes of ``name_of(key)`` for each key (rows of a 2-D array are keys), computed once per
-        distinct key."""
+    def codes(
+        self, keys: np.ndarray, name_of: Callable[..., str], code: Callable[[str], int] | None = None
+    ) -> np.ndarray:
+        """Codes (``code``, else ``self.code``) of ``name_of(key)`` for each key (rows of a 2-D array are
+        keys), computed once per distinct key."""
+        code = code or self.code
         if keys.shape[0] == 0:
             return np.empty(0, dtype=np.int64)
         columns = [unique_inverse(col) for col in keys.T] if keys.ndim == 2 else []
@@ -333,7 +376,7 @@ class _Names:
         else:
             distinct, inverse = unique_inverse(keys)
         lookup = np.array(
-            [self.code(name_of(*k) if keys.ndim == 2 else name_of(k)) for k in distinct.tolist()], dtype=np.int64
+            [code(name_of(*k) if keys.ndim == 2 else name_of(k)) for k in distinct.tolist()], dtype=np.int64
         )
         return lookup[inverse.reshape(-1)]
 
@@ -424,7 +467,7 @@ def _query(
         if required not in have:
             raise TraceError(f"{file}: table {table} has no column {required!r}; expected an nsys export's schema")
     keep = [c for c in [*ints, *texts] if c in have]
-    exprs = [f'COALESCE("{c}", {ints[c]})' if c in ints else f'"{c}"' for c in keep]
+    exprs = [f'COALESCE("{c}", {ints[c]})' if c in ints else _TEXT_SQL.get((table, c), f'"{c}"') for c in keep]
     return f'SELECT {", ".join(exprs)} FROM "{table}" {where}', keep
 
 
@@ -642,14 +685,14 @@ def _nvtx(conn: sqlite3.Connection, file: str, strings: dict[int, str], names: _
     def inline(block) -> np.ndarray:
         # Each distinct text coded once (pandas' hash table in C); None stays -1.
         codes, distinct = pd.factorize(np.asarray(block, dtype=object), use_na_sentinel=True)
-        lookup = np.array([names.code(_text(t)) for t in distinct.tolist()] + [-1], dtype=np.int64)
+        lookup = np.array([names.range_code(_text(t)) for t in distinct.tolist()] + [-1], dtype=np.int64)
         return lookup[codes]
 
     r = _read_plan(conn, file, "NVTX_EVENTS", {"text": inline})
     # Text is inline (``text``) or registered (``textId`` into StringIds), mixed within one file.
     name = r["text"]
     registered = name < 0
-    name[registered] = names.codes(r["textId"][registered], lambda i: strings.get(i, ""))
+    name[registered] = names.codes(r["textId"][registered], lambda i: strings.get(i, ""), names.range_code)
     tid = np.where(r["globalTid"] >= 0, r["globalTid"] & _PID_MASK, -1)
     return _event("annotation", r, name, _process(r["globalTid"]), tid=tid)
 
