@@ -152,19 +152,22 @@ def _emit_nvtx_export(path, ops: int) -> list[str]:
         seq = f", seq = {i // 2}" if i % 3 else ""
         sizes = f", sizes = [[{i}, 3], [3, 4]], input_op_ids = [{i - 1}]" if i % 5 == 0 else ""
         texts.append(f"{op}{seq}, op_id = {1000 + i}{sizes}")
-    # A user's ranges: plain, one with the words but no op id after them, one whose name holds a comma.
-    texts += ["forward", "my range, op_id = later", "loss, scaled, op_id = 5"]
+    # A user's ranges: plain, one with the words but no op id after them, one whose name holds a comma,
+    # one whose name is not ASCII (SQLite cuts bytes), one with a sequence number but no op id.
+    texts += ["forward", "my range, op_id = later", "loss, scaled, op_id = 5", "größe, seq = 2, op_id = 6"]
+    texts += ["step, seq = 4"]
     with closing(sqlite3.connect(path)) as conn, conn:
         for (sql,) in schema:
             conn.execute(sql)
         conn.executemany("INSERT INTO StringIds VALUES (?, ?)", [(1, "ncclSend"), (2, "aten::mul, op_id = 77")])
-        rows = [(10 * i, 10 * i + 5, 59, t, (7 << 24) | 7, None) for i, t in enumerate(texts)]
-        rows += [(10 * len(rows), 10 * len(rows) + 5, 59, None, (7 << 24) | 7, 1)]
+        # The first row holds a registered string, no text.
+        rows = [(0, 5, 59, None, (7 << 24) | 7, 1)]
+        rows += [(10 * i + 10, 10 * i + 15, 59, t, (7 << 24) | 7, None) for i, t in enumerate(texts)]
         rows += [(10 * len(rows), 10 * len(rows) + 5, 59, None, (7 << 24) | 7, 2)]
         conn.executemany(
             "INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, textId) VALUES (?, ?, ?, ?, ?, ?)", rows
         )
-    return [*texts, "ncclSend", "aten::mul, op_id = 77"]
+    return ["ncclSend", *texts, "aten::mul, op_id = 77"]
 
 
 @pytest.mark.parametrize("reader", ["connectorx", "sqlite3"])
@@ -178,17 +181,20 @@ def test_emit_nvtx_ranges_are_named_by_their_op(tmp_path, monkeypatch, reader):
         monkeypatch.setattr(trace_nsys, "_cx", None)
     elif trace_nsys._cx is None:
         pytest.skip("connectorx is not installed here: only the row reader runs")
+    read = []
+    columnar = trace_nsys._columnar
+    monkeypatch.setattr(trace_nsys, "_columnar", lambda *args: read.append(out := columnar(*args)) or out)
     texts = _emit_nvtx_export(tmp_path / "ops.sqlite", 2000)
     df = load_nsys_sqlite(tmp_path / "ops.sqlite")
+    assert [out is not None for out in read] == [reader == "connectorx"]  # connectorx read it all
     names = df["name"].astype(str).tolist()
     want = [m.group(1) if (m := NVTX_OP_RE.match(t)) else t for t in texts]
     assert names == want
-    assert names[:5] == ["aten::mm", "aten::add", "FSDP::pre_forward (blocks.2)", "ProfilerStep#7", "aten::mm"]
-    assert names[-5:] == ["forward", "my range, op_id = later", "loss, scaled", "ncclSend", "aten::mul"]
-    assert set(df["name"].cat.categories) == set(want)  # 10 names for 2,005 ranges
-    assert df.attrs["nvtx_ops"] == sorted(
-        ["aten::mm", "aten::add", "FSDP::pre_forward (blocks.2)", "ProfilerStep#7", "loss, scaled", "aten::mul"]
-    )
+    assert names[:5] == ["ncclSend", "aten::mm", "aten::add", "FSDP::pre_forward (blocks.2)", "ProfilerStep#7"]
+    assert names[-6:] == ["forward", "my range, op_id = later", "loss, scaled", "größe", "step, seq = 4", "aten::mul"]
+    assert set(df["name"].cat.categories) == set(want)  # 12 names for 2,007 ranges
+    ops = ["aten::mm", "aten::add", "FSDP::pre_forward (blocks.2)", "ProfilerStep#7", "loss, scaled", "größe"]
+    assert df.attrs["nvtx_ops"] == sorted([*ops, "aten::mul"])
 
 
 def test_ranks_are_processes_in_pid_order(tables):

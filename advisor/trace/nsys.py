@@ -109,20 +109,22 @@ _PID_MASK = 0xFFFFFF
 # torch.autograd.profiler.emit_nvtx (and nsys --pytorch=autograd-nvtx) writes each op's range as
 # "name[, seq = N], op_id = N[, sizes = [...]][, input_op_ids = [...]]" (getNvtxStr in
 # torch/csrc/profiler/util.cpp). No two ops share an op id, so a long capture holds as many distinct
-# texts as ranges (29 M in a 3.7 GB export). The rule, in SQL for SQLite to apply to every row before
+# texts as ranges (28 M in a 3.7 GB export). The rule, in SQL for SQLite to apply to every row before
 # Python sees it, and as NVTX_OP_RE for a whole text: a text holding ", op_id = " and a digit is an op's
-# range, named by what comes before its ", seq = " (where that comes first) or its ", op_id = ". SQLite
-# ends such a name in OP_MARK (no emit_nvtx text ends so: the op id's digits follow), so that the
-# coding of each distinct name knows the range was an op.
+# range, named by what comes before its ", seq = " (where that comes first) or its ", op_id = ".
+# SQLite cuts such a text just after that ", seq = " or ", op_id = " (OP_ENDS: no emit_nvtx text ends
+# so, digits follow), so that the coding of each distinct name knows the range was an op. It hands
+# the texts over as BLOBs (UTF-8 bytes, positions in bytes): a third cheaper to cut and to pass than
+# text, and typed even where the first row has none ('' for none: an expression has no declared type,
+# and connectorx cannot type a column whose first value is NULL).
 NVTX_OP_RE = re.compile(r"^(.*?)(?:, seq = .*?)?, op_id = \d", re.DOTALL)
-OP_MARK = ", op_id = "
-_SEQ_MARK = ", seq = "
-_OP_AT = f"instr(\"text\", '{OP_MARK}')"
-_SEQ_AT = f"instr(\"text\", '{_SEQ_MARK}')"
+OP_ENDS = (", op_id = ", ", seq = ")
+_BYTES = 'CAST("text" AS BLOB)'
+_OP_AT, _SEQ_AT = (f"instr({_BYTES}, X'{mark.encode().hex()}')" for mark in OP_ENDS)
 _NVTX_TEXT_SQL = (
-    f"CASE WHEN {_OP_AT} > 0 AND substr(\"text\", {_OP_AT} + {len(OP_MARK)}, 1) BETWEEN '0' AND '9' "
-    f'THEN substr("text", 1, (CASE WHEN {_SEQ_AT} BETWEEN 1 AND {_OP_AT} THEN {_SEQ_AT} ELSE {_OP_AT} END) - 1) '
-    f"|| '{OP_MARK}' ELSE \"text\" END"
+    f"COALESCE(CASE WHEN \"text\" GLOB '*{OP_ENDS[0]}[0-9]*' THEN substr({_BYTES}, 1, CASE WHEN {_SEQ_AT} "
+    f"BETWEEN 1 AND {_OP_AT} THEN {_SEQ_AT} + {len(OP_ENDS[1]) - 1} ELSE {_OP_AT} + {len(OP_ENDS[0]) - 1} END) "
+    f"ELSE {_BYTES} END, X'')"
 )
 _TEXT_SQL = {("NVTX_EVENTS", "text"): _NVTX_TEXT_SQL}
 """Text columns that _query reads through an SQL expression instead of as they are stored."""
@@ -332,10 +334,11 @@ class _Names:
         self.ops: set[int] = set()
 
     def range_code(self, text: str) -> int:
-        """The code of an NVTX range's name: an emit_nvtx text (cut by SQLite and ending in OP_MARK, or
-        whole) coded as its op name, and counted among ``ops``."""
-        if text.endswith(OP_MARK):
-            op = text[: -len(OP_MARK)]
+        """The code of an NVTX range's name: an emit_nvtx text (cut by SQLite after OP_ENDS, or whole)
+        coded as its op name, and counted among ``ops``."""
+        end = next((e for e in OP_ENDS if text.endswith(e)), None)
+        if end is not None:
+            op = text[: -len(end)]
         else:
             m = NVTX_OP_RE.match(text)
             op = m.group(1) if m else None
@@ -683,13 +686,15 @@ def _runtime(conn: sqlite3.Connection, file: str, strings: dict[int, str], names
 
 def _nvtx(conn: sqlite3.Connection, file: str, strings: dict[int, str], names: _Names) -> dict:
     def inline(block) -> np.ndarray:
-        # Each distinct text coded once (pandas' hash table in C); None stays -1.
+        # Each distinct text coded once (pandas' hash table in C); None and '' stay -1.
         codes, distinct = pd.factorize(np.asarray(block, dtype=object), use_na_sentinel=True)
-        lookup = np.array([names.range_code(_text(t)) for t in distinct.tolist()] + [-1], dtype=np.int64)
+        texts = [_text(t) for t in distinct.tolist()]
+        lookup = np.array([names.range_code(t) if t else -1 for t in texts] + [-1], dtype=np.int64)
         return lookup[codes]
 
     r = _read_plan(conn, file, "NVTX_EVENTS", {"text": inline})
-    # Text is inline (``text``) or registered (``textId`` into StringIds), mixed within one file.
+    # Text is inline (``text``) or registered (``textId`` into StringIds), mixed within one file; a row
+    # with neither is named ''.
     name = r["text"]
     registered = name < 0
     name[registered] = names.codes(r["textId"][registered], lambda i: strings.get(i, ""), names.range_code)
