@@ -172,9 +172,10 @@ def _emit_nvtx_export(path, ops: int) -> list[str]:
 
 @pytest.mark.parametrize("reader", ["connectorx", "sqlite3"])
 def test_emit_nvtx_ranges_are_named_by_their_op(tmp_path, monkeypatch, reader):
-    # A long emit_nvtx capture has one distinct text per range: a 3.7 GB export 29 M of them, which as
-    # names took 4x the file's size in memory (0.5 GB export: 41 s, 2.05 GB peak RSS before; 7.4 s and
-    # 0.97 GB now). Each is named by its op; the names that were ops are listed in attrs["nvtx_ops"].
+    # A long emit_nvtx capture has one distinct text per range: a 3.7 GB export 28 M of them, which as
+    # names took 4x the file's size in memory (0.5 GB export: 38.6-38.8 s and 2.06-2.17 GB peak RSS
+    # before, 7.4-7.9 s and 0.94-0.99 GB now). Each is named by its op; the names that were ops are
+    # listed in attrs["nvtx_ops"].
     from advisor.trace import nsys as trace_nsys
 
     if reader == "sqlite3":
