@@ -41,12 +41,12 @@ ID_FAMILIES = (
 """Ids shared between tables (an OS runtime call's call stack, a CPU sample's): each copy moves them by
 the family's range, so a copy's rows point at its own copies and (id, stackDepth) stays unique."""
 ALSO_REPEATED = ("SCHED_EVENTS",)
+"""Timed tables outside the families that a default capture fills (thread scheduling)."""
 GENERATION = 2
 """Bumped whenever the rows written change (2: op ids and sequence numbers move with each copy), so
 that bench/scale.py writes its files again instead of reusing older ones."""
 NVTX_NUMBERS = (", op_id = ", ", seq = ")
 """The numbers emit_nvtx writes into an NVTX range's text (torch/csrc/profiler/util.cpp, getNvtxStr)."""
-"""Timed tables outside the families that a default capture fills (thread scheduling)."""
 
 
 def _columns(conn: sqlite3.Connection, schema: str, table: str) -> list[str]:

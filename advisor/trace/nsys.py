@@ -143,10 +143,10 @@ def load_nsys_sqlite(
     name}, from TARGET_INFO_GPU), ``ranks``, ``pid_map`` ({rank: OS pid}) and ``process_names``
     ({rank: name}, from PROCESSES) and ``nvtx_ops`` (the names of the NVTX ranges that
     ``emit_nvtx`` wrote for framework ops: such a range is named by its op alone, "aten::mm" for
-    "aten::mm, seq = 3, op_id = 17, sizes = [...]"). Raises TraceError for a file over ``max_bytes``, one that is not
-    SQLite, an SQLite file that is not an nsys export, a truncated or damaged database, and an export
-    without CUDA or NVTX activity, and one whose values have the wrong type (text where an id belongs)
-    or lie out of range. ``check()`` runs before each table is read and stops the load by raising.
+    "aten::mm, seq = 3, op_id = 17, sizes = [...]"). Raises TraceError for a file over ``max_bytes``,
+    one that is not SQLite, an SQLite file that is not an nsys export, a truncated or damaged database,
+    and an export without CUDA or NVTX activity, and one whose values have the wrong type (text where an
+    id belongs) or lie out of range. ``check()`` runs before each table is read and stops the load by raising.
     """
     path = Path(path)
     _check_file(path, max_bytes)
