@@ -454,6 +454,7 @@ def idle_intervals(
             "idle_ns": gaps,
         },
         columns=IDLE_INTERVAL_COLUMNS,
+        copy=False,
     )
 
 
@@ -851,7 +852,9 @@ def phase_breakdown(df: pd.DataFrame) -> pd.DataFrame:
     rows = np.flatnonzero(kind_mask(df, "annotation") & (df["device"].to_numpy() == -1))
     names = df["name"]
     codes, labels = names.cat.codes.to_numpy()[rows], names.cat.categories
-    text = {c: _label(labels, c) for c in np.unique(codes).tolist()}
+    # The codes present, -1 (no name) first where present: counted, not sorted (28 M ranges at 3.7 GB).
+    present = np.flatnonzero(np.bincount(codes.astype(np.intp) + 1, minlength=1)) - 1
+    text = {c: _label(labels, c) for c in present.tolist()}
     if "step" not in text.values():
         text = {c: PROFILER_STEP_RE.sub("step", t) for c, t in text.items()}
     # Groups sorted by rank, then phase name (as groupby sorts them): key = rank * 5 + index in SORTED_PHASES.

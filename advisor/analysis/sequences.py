@@ -125,7 +125,9 @@ def _spans(df: pd.DataFrame) -> dict[int, int]:
     gpu = kind_mask(df, "kernel", "memcpy", "memset")
     ranks, s = df["rank"].to_numpy()[gpu], df["start_ns"].to_numpy()[gpu]
     e = s + df["dur_ns"].to_numpy()[gpu]
-    frame = pd.DataFrame({"rank": ranks, "s": s, "e": e}).groupby("rank").agg(s=("s", "min"), e=("e", "max"))
+    frame = (
+        pd.DataFrame({"rank": ranks, "s": s, "e": e}, copy=False).groupby("rank").agg(s=("s", "min"), e=("e", "max"))
+    )
     return {int(r): int(v.e - v.s) for r, v in frame.iterrows()}
 
 
