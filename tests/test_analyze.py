@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import shutil
 import zipfile
 from pathlib import Path
@@ -472,6 +473,52 @@ print(round((held - rss()) / 2**20))
     assert given_back["default"] >= 190 and given_back["reuse"] <= 10, given_back
 
 
+def test_share_one_heap_lets_a_thread_reuse_the_memory_it_freed():
+    """glibc gives a new thread a heap of its own of at most 64 MiB: a larger array made on it is mapped
+    afresh each time, its pages faulted in and zeroed again even after reuse_freed_memory. With one
+    heap for all threads the second such array costs no page faults. In a child: the settings are
+    process-wide and must come before the child's first thread."""
+    import subprocess
+    import sys
+
+    code = """
+import resource, sys, threading
+import numpy as np
+from advisor.analysis.summary import reuse_freed_memory, share_one_heap, use_small_pages
+if sys.argv[1] == "one":
+    assert share_one_heap()
+use_small_pages()  # as load_trace(dedicated=True): with numpy's huge pages a fault maps 2 MiB
+assert reuse_freed_memory()
+faults = []
+def work():
+    for _ in range(2):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        a = np.ones(160 * 2**20 // 8)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        del a
+thread = threading.Thread(target=work)
+thread.start()
+thread.join()
+print(faults[1])
+"""
+    if not Path("/proc/self/status").exists():
+        pytest.skip("needs Linux's glibc allocator")
+    root = str(Path(__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    second = {
+        mode: int(
+            subprocess.run(
+                [sys.executable, "-c", code, mode], capture_output=True, text=True, cwd=root, check=True, env=env
+            ).stdout
+        )
+        for mode in ("default", "one")
+    }
+    # 160 MiB is 40,960 pages of 4 KiB.
+    if second["default"] < 5000:
+        pytest.skip(f"this allocator or kernel faults in no fresh pages for a thread's array ({second})")
+    assert second["one"] <= 500, second
+
+
 def test_use_small_pages_stops_numpys_huge_page_advice():
     """numpy advises transparent huge pages (MADV_HUGEPAGE: "hg" in the mapping's VmFlags) for arrays
     of 4 MiB or more; after use_small_pages a new array's mapping carries no such advice. In a child:
@@ -509,9 +556,28 @@ print("hg" in flags)
         pytest.skip(f"this kernel or numpy gives no huge page advice to begin with ({advised})")
 
 
-def test_the_apps_analysis_child_uses_small_pages_before_the_load_and_reuses_memory_after(monkeypatch):
+def test_the_apps_analysis_child_shares_one_heap_from_its_start(monkeypatch):
+    """The app's analysis child starts with MALLOC_ARENA_MAX=1 in its environment: its watcher thread
+    starts before the load, too early for share_one_heap to hold."""
+    from advisor.run import analysis_child
+
+    envs = []
+    real_popen = analysis_child.subprocess.Popen
+    monkeypatch.setattr(
+        analysis_child.subprocess, "Popen", lambda *a, **k: envs.append(k["env"]) or real_popen(*a, **k)
+    )
+    child = analysis_child._Child()
+    try:
+        assert child.alive()
+    finally:
+        child.end()
+    assert envs[0]["MALLOC_ARENA_MAX"] == "1"
+
+
+def test_the_apps_analysis_child_sets_its_allocator_before_the_load(monkeypatch):
     """analysis_work (what the app's analysis child runs, and only it: the switches are process-wide)
-    turns the huge pages off before the trace is read and keeps freed memory after it."""
+    shares one heap among its threads, turns the huge pages off and keeps freed memory, all before the
+    trace is read."""
     from advisor.analysis import summary
     from advisor.run import analysis_child as child
 
@@ -519,8 +585,9 @@ def test_the_apps_analysis_child_uses_small_pages_before_the_load_and_reuses_mem
     real_load = summary.trace_load
     monkeypatch.setattr(summary, "use_small_pages", lambda: calls.append("small") or True)
     monkeypatch.setattr(summary, "reuse_freed_memory", lambda: calls.append("reuse") or True)
+    monkeypatch.setattr(summary, "share_one_heap", lambda: calls.append("heap") or True)
     monkeypatch.setattr(summary, "trace_load", lambda *a, **k: calls.append("load") or real_load(*a, **k))
     request = {"label": "sample", "path": str(SAMPLE_RUN), "max_bytes": 2**30, "max_event_bytes": 2**24}
     result = child.analysis_work(request, lambda done, message: None)
-    assert calls == ["small", "load", "reuse"]
+    assert calls == ["heap", "small", "reuse", "load"]
     assert result.report.metrics.step_time_ms is not None

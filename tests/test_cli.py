@@ -387,7 +387,9 @@ def test_analyze_as_the_program_reuses_freed_memory_and_a_caller_keeps_its_mallo
     calls = []
     monkeypatch.setattr(summary, "reuse_freed_memory", lambda: calls.append("reuse") or True)
     monkeypatch.setattr(summary, "use_small_pages", lambda: calls.append("small") or True)
+    monkeypatch.setattr(summary, "share_one_heap", lambda: calls.append("heap") or True)
     assert main(["analyze", str(RUN)]) == 0 and calls == []
     monkeypatch.setattr(sys, "argv", ["advisor", "analyze", str(RUN)])
-    assert main() == 0 and calls == ["small", "reuse"]  # small pages before the load, reuse after it
+    # One heap, small pages and reuse, before the load.
+    assert main() == 0 and calls == ["heap", "small", "reuse"]
     capsys.readouterr()

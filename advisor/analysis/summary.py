@@ -51,13 +51,14 @@ def load_trace(
     """The event table of any supported trace at ``path`` (``advisor.trace.load.load_trace``, whose
     limits and ``check`` these are), with the arguments the analyses read kept beside it, so that the
     trace is parsed once. ``dedicated``: this process analyses this one trace and exits (the app's
-    analysis child, the CLI's ``analyze``): it loads with small pages and then keeps the memory the
-    analyses free (``use_small_pages`` before the load, ``reuse_freed_memory`` after it)."""
+    analysis child, the CLI's ``analyze``): before the load, its threads come to share one heap, its
+    arrays to use small pages and the memory it frees to stay for its next arrays (``share_one_heap``,
+    ``use_small_pages``, ``reuse_freed_memory``)."""
     if dedicated:
+        share_one_heap()
         use_small_pages()
-    df = trace_load(path, max_bytes=max_bytes, max_event_bytes=max_event_bytes, keep_args=wants_args, check=check)
-    if dedicated:
         reuse_freed_memory()
+    df = trace_load(path, max_bytes=max_bytes, max_event_bytes=max_event_bytes, keep_args=wants_args, check=check)
     return df
 
 
@@ -131,6 +132,33 @@ def use_small_pages() -> bool:
     return True
 
 
+def share_one_heap() -> bool:
+    """Make every thread of this process allocate from glibc's main heap (``M_ARENA_MAX`` 1, as the
+    documented ``MALLOC_ARENA_MAX=1``). glibc gives each new thread a heap of its own of at most 64 MiB,
+    so an array larger than that made on a thread (the analyses that run beside the others: at 3.7 GB
+    most of their columns are 64-376 MB) is mapped afresh and unmapped when freed even after
+    ``reuse_freed_memory``, its pages zeroed again each time, and memory freed by one thread never
+    serves another. With it and ``reuse_freed_memory`` before the load, the 3.7 GB dense nsys export's
+    analyses took 20-24 K page faults instead of 1.1-1.4 M, and 24.3-25.3 s instead of 35.3-36.4 s
+    side by side (bench/results/analyze_speed.md); the user time of the load and of the analyses did
+    not change beyond the noise (numpy's large arrays are few: the one heap's lock is rarely taken).
+    Holds only where no thread of the process has yet taken a heap of its own (glibc fixes the number
+    of heaps when it makes its second): call it before starting threads. glibc only; returns whether it
+    took effect."""
+    mallopt = _mallopt()
+    return mallopt is not None and bool(mallopt(-8, 1))  # M_ARENA_MAX (malloc.h)
+
+
+def _mallopt():
+    """glibc's mallopt, or None where the C library has none (musl, macOS)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return mallopt
+
+
 def reuse_freed_memory() -> bool:
     """Make this process keep the memory it frees for its next arrays: glibc hands every block over
     its mmap threshold (at most 32 MiB) back to the kernel when freed, so each of the analyses' arrays
@@ -140,18 +168,15 @@ def reuse_freed_memory() -> bool:
     bench/fresh_memory.py). With mmap off and no trimming, freed blocks are reused in place: the 3.7 GB
     dense export's analyses took 36-39 s instead of 63-70 s side by side (bench/results/analyze_speed.md).
 
-    For a process that analyses one trace and exits (the CLI's ``analyze``, the app's analysis child,
-    both after the load: the load's own arrays are best given back, its peak RSS read 2.08x the file
-    with mmap off from the start against 1.65x): its resident memory never shrinks afterwards.
+    For a process that analyses one trace and exits (the CLI's ``analyze``, the app's analysis child):
+    its resident memory never shrinks afterwards. Set before the load, with ``share_one_heap``: the
+    analyses then run in the memory the load freed (3.7 GB dense export: 20-24 K page faults in the
+    analyses instead of 0.84-0.92 M, at a whole-run peak of 1.55-1.67x the file against 1.47x). Without
+    one heap the loader's threads kept what they freed in heaps of their own, and the peak read 2.08x.
     glibc only; elsewhere (musl, macOS) nothing changes. Returns whether it took effect."""
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    mallopt = _mallopt()
     # mallopt's parameters (malloc.h): M_TRIM_THRESHOLD -1, M_MMAP_MAX -4; it returns 1 on success.
-    return bool(mallopt(-1, 2**30)) and bool(mallopt(-4, 0))
+    return mallopt is not None and bool(mallopt(-1, 2**30)) and bool(mallopt(-4, 0))
 
 
 def _no_check() -> None:

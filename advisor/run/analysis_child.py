@@ -124,6 +124,9 @@ class _Child:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # the folder holding the advisor package
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        # One heap for all its threads from its start (summary.share_one_heap, which load_trace calls too
+        # late where a thread of the child has taken a heap of its own already).
+        env["MALLOC_ARENA_MAX"] = "1"
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "advisor.run.analysis_child", str(req_r), str(ans_w)],
