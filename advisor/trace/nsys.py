@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from advisor.errors import AdvisorError, TraceError
-from advisor.trace.table import COPY_KINDS, HOST_MEM, make_table, unique_first, unique_inverse
+from advisor.trace.table import COLUMNS, COPY_KINDS, HOST_MEM, make_table, unique_first, unique_inverse
 
 try:  # an optional speed-up: reads a table's columns in Rust, 4-6x faster than sqlite3's row tuples
     import connectorx as _cx
@@ -253,22 +253,25 @@ def _table(conn: sqlite3.Connection, file: str, tables: set[str], present: list[
         )
     start = np.concatenate([p.pop("start_ns") for p in parts])
     order = np.argsort(start, kind="stable")
-    distinct = np.unique(np.concatenate([np.broadcast_to(p["process"], n) for p, n in zip(parts, sizes, strict=True)]))
+    distinct = np.unique(np.concatenate([np.unique(p["process"]) for p in parts]))
     by_pid = np.lexsort((distinct, distinct & _PID_MASK))  # order of pid; host/VM bits break ties
     keys = distinct[by_pid]
     rank_of = np.empty(distinct.size, dtype=np.int32)
     rank_of[by_pid] = np.arange(distinct.size)
     for p in parts:
         p["rank"] = rank_of[np.searchsorted(distinct, p.pop("process"))]
-    # Each column written once, every part's rows straight to their place in start order (a constant
-    # fills its rows): no concatenated copy, no arrays of constants.
-    place = np.empty(start.size, dtype=np.intp)
-    place[order] = np.arange(start.size)
+    # Each column written once, in the event table's dtype, every part's rows straight to their place in
+    # start order (a constant fills its rows): no concatenated copy, no arrays of constants, no int64
+    # column narrowed after (at 3.7 GB a column of int64 is 376 MB).
+    index = np.int32 if start.size < 2**31 else np.intp
+    place = np.empty(start.size, dtype=index)
+    place[order] = np.arange(start.size, dtype=index)
     bounds = np.cumsum([0, *sizes])
     cols = {"start_ns": start[order]}
     del start, order
+    dtypes = {k: v for k, v in COLUMNS.items() if v != "category"} | {"name": _code_dtype(len(values))}
     for k in list(parts[0]):
-        column = np.empty(place.size, dtype=np.result_type(*(p[k] for p in parts)))
+        column = np.empty(place.size, dtype=dtypes.get(k) or np.result_type(*(p[k] for p in parts)))
         for p, a, b in zip(parts, bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
             column[place[a:b]] = p.pop(k)
         cols[k] = column
@@ -286,6 +289,15 @@ def _table(conn: sqlite3.Connection, file: str, tables: set[str], present: list[
     table.attrs.update(_attrs(conn, tables, file, keys))
     table.attrs["nvtx_ops"] = sorted(values[c] for c in names.ops)
     return table
+
+
+def _code_dtype(categories: int) -> type:
+    """The integer type pandas keeps a categorical's codes in for this many categories (its
+    coerce_indexer_dtype), so that Categorical.from_codes takes the codes without a copy."""
+    for t in (np.int8, np.int16, np.int32):
+        if categories < np.iinfo(t).max:
+            return t
+    return np.int64
 
 
 def _attrs(conn: sqlite3.Connection, tables: set[str], file: str, keys: np.ndarray) -> dict:
