@@ -194,7 +194,7 @@ def test_whole_trace_spans_read_in_blocks_equal_the_grouped_ones(monkeypatch):
     """A trace without step marks is graphed whole: each rank's first start and last end, read a block
     of rows at a time (no copy of the table); blocks of 3 rows over ranks that interleave, a rank whose
     last end is not its last start's, and ranks numbered far apart (the grouped path) agree by hand."""
-    from advisor.analysis import critical_path as C
+    from advisor.analysis import breakdown as B
 
     # rank 0: starts 50, 10, 30 (durations 5, 100, 1) -> 10 .. 110; rank 2: 20 .. 45; rank 1: absent.
     events = make_table(
@@ -206,12 +206,17 @@ def test_whole_trace_spans_read_in_blocks_equal_the_grouped_ones(monkeypatch):
             "dur_ns": [5, 1, 100, 5, 1, 2, 1],
         }
     )
-    monkeypatch.setattr(C, "SPAN_BLOCK", 3)
-    spans = C._whole_spans(events)
+    monkeypatch.setattr(B, "SPAN_BLOCK", 3)
+    spans = B.rank_spans(events)
     assert spans.to_dict("list") == {"rank": [0, 2], "start_ns": [10, 20], "end_ns": [110, 45]}
     assert spans["rank"].dtype == events["rank"].dtype
-    far = events.assign(rank=np.where(events["rank"] == 2, 1000, 0).astype(np.int32))
-    assert C._whole_spans(far).to_dict("list") == {"rank": [0, 1000], "start_ns": [10, 20], "end_ns": [110, 45]}
+    # One rank alone (an nsys export), and ranks over 2**16 apart (the grouped path).
+    one = events[events["rank"] == 2]
+    assert B.rank_spans(one).to_dict("list") == {"rank": [2], "start_ns": [20], "end_ns": [45]}
+    far = events.assign(rank=np.where(events["rank"] == 2, 70_000, 0).astype(np.int32))
+    assert B.rank_spans(far).to_dict("list") == {"rank": [0, 70_000], "start_ns": [10, 20], "end_ns": [110, 45]}
+    # sync_time's spans are these.
+    assert B.sync_time(events)[["rank", "span_ns"]].to_dict("list") == {"rank": [0, 2], "span_ns": [100, 25]}
 
 
 def test_bad_input_gives_empty_tables():

@@ -62,7 +62,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from advisor.analysis.breakdown import COMM_RE, PROFILER_STEP_RE, STREAM_WAIT_RE, SYNC_RE, _per_name, _search
+from advisor.analysis.breakdown import (
+    COMM_RE,
+    PROFILER_STEP_RE,
+    STREAM_WAIT_RE,
+    SYNC_RE,
+    _per_name,
+    _search,
+    rank_spans,
+)
 from advisor.analysis.steps import step_windows
 from advisor.errors import AdvisorError
 from advisor.trace.table import GPU_KINDS, kind_mask, unique_first
@@ -87,7 +95,6 @@ MAX_HOST_EVENTS = 100_000
 """The most host events graphed (about a second of work on these 2 cores; a training step of a large
 model has tens of thousands): a longer window, a capture without steps graphed whole, is cut after that
 many, and its label says so."""
-SPAN_BLOCK = 1 << 20  # rows per block of _whole_spans
 _KIND = {k: i for i, k in enumerate(SEGMENT_KINDS)}
 _DEPENDENCY = -1  # an edge that only orders (weight 0, no segment)
 
@@ -173,30 +180,7 @@ def _candidates(df: pd.DataFrame, annotation: str | None) -> pd.DataFrame:
         )
         labels = [f"step {s} ({b})" for s, b in zip(inferred["step"].tolist(), inferred["basis"].tolist(), strict=True)]
         return inferred.assign(label=labels, number=inferred["step"])
-    return _whole_spans(df).assign(label="whole trace", number=0)
-
-
-def _whole_spans(df: pd.DataFrame) -> pd.DataFrame:
-    """Per rank (ascending): its first event's start and its last event's end (``rank``, ``start_ns``,
-    ``end_ns``), a block of rows at a time: no column of the table's length is made (an nsys export
-    without steps comes here, 48.6 M rows at 3.7 GB, and a grouped copy of the table was the analysis'
-    largest array)."""
-    rank, start, dur = (df[c].to_numpy() for c in ("rank", "start_ns", "dur_ns"))
-    low = int(rank.min())
-    width = int(rank.max()) - low + 1
-    if width > SPAN_BLOCK:  # rank numbers far apart: grouped by pandas instead
-        spans = df.assign(end_ns=df["start_ns"] + df["dur_ns"]).groupby("rank")
-        return pd.DataFrame({"start_ns": spans["start_ns"].min(), "end_ns": spans["end_ns"].max()}).reset_index()
-    first = np.full(width, np.iinfo(np.int64).max, dtype=np.int64)
-    last = np.full(width, np.iinfo(np.int64).min, dtype=np.int64)
-    seen = np.zeros(width, dtype=bool)
-    for a in range(0, rank.size, SPAN_BLOCK):
-        r = rank[a : a + SPAN_BLOCK].astype(np.intp) - low
-        np.minimum.at(first, r, start[a : a + SPAN_BLOCK])
-        np.maximum.at(last, r, start[a : a + SPAN_BLOCK] + dur[a : a + SPAN_BLOCK])
-        seen[r] = True
-    ranks = np.flatnonzero(seen)
-    return pd.DataFrame({"rank": (ranks + low).astype(rank.dtype), "start_ns": first[ranks], "end_ns": last[ranks]})
+    return rank_spans(df).assign(label="whole trace", number=0)
 
 
 def critical_path(
