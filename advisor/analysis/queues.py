@@ -40,8 +40,9 @@ from advisor.analysis.breakdown import (
     _NO_CALLS,
     CONSECUTIVE_KERNEL_DELAY_NS,
     IDLE_CATEGORIES,
+    IdleGaps,
     LaunchCalls,
-    idle_intervals,
+    idle_gaps,
     launch_calls,
 )
 from advisor.errors import TraceError
@@ -301,28 +302,35 @@ def idle_interval_stats(
     *,
     intervals: pd.DataFrame | None = None,
     launches: dict[int, LaunchCalls] | None = None,
+    gaps: IdleGaps | None = None,
 ) -> pd.DataFrame:
     """Per rank, stream and idle category (host_wait, kernel_wait, other: the intervals
     ``breakdown.idle_time_breakdown`` sums), HTA's idle interval statistics: ``interval_count`` and the
     mean, std, min, 25th/50th/75th percentiles and max of the intervals' lengths in ns. Every stream with
     a GPU event has the three rows (count 0 and NaN where it has no interval of that kind; HTA lists only
-    the kinds present, and "other" always). ``intervals`` takes breakdown.idle_intervals(df) already
-    computed (with the same delay)."""
+    the kinds present, and "other" always). ``intervals`` takes breakdown.idle_intervals(df), or ``gaps``
+    breakdown.idle_gaps(df), already computed (with the same delay): from ``gaps`` no table of the
+    intervals is made."""
     _require(df, "rank", "kind", "stream", "start_ns", "dur_ns", "correlation")
-    if intervals is None:
-        intervals = idle_intervals(df, consecutive_delay_ns, launches=launches)
-    gpu = kind_mask(df, *GPU_KINDS)
-    streams = pd.MultiIndex.from_arrays([df["rank"].to_numpy()[gpu], df["stream"].to_numpy()[gpu]]).unique()
-    streams = streams.sort_values()
-    at = streams.get_indexer(pd.MultiIndex.from_arrays([intervals["rank"], intervals["stream"]]))
     n = len(IDLE_CATEGORIES)
-    category = intervals["idle_category"].cat.codes.to_numpy().astype(np.int64)
-    stats = _describe(at * n + category, intervals["idle_ns"].to_numpy(), len(streams) * n)
+    if intervals is None:
+        gaps = idle_gaps(df, consecutive_delay_ns, launches=launches) if gaps is None else gaps
+        ranks, streams, at = gaps.ranks, gaps.streams, gaps.at.astype(np.int64)
+        category, lengths = gaps.category.astype(np.int64), gaps.idle_ns
+    else:
+        gpu = kind_mask(df, *GPU_KINDS)
+        index = pd.MultiIndex.from_arrays([df["rank"].to_numpy()[gpu], df["stream"].to_numpy()[gpu]]).unique()
+        index = index.sort_values()
+        ranks, streams = index.get_level_values(0).to_numpy(), index.get_level_values(1).to_numpy()
+        at = index.get_indexer(pd.MultiIndex.from_arrays([intervals["rank"], intervals["stream"]]))
+        category = intervals["idle_category"].cat.codes.to_numpy().astype(np.int64)
+        lengths = intervals["idle_ns"].to_numpy()
+    stats = _describe(at * n + category, lengths, len(ranks) * n)
     return pd.DataFrame(
         {
-            "rank": np.repeat(streams.get_level_values(0).to_numpy().astype(np.int64), n),
-            "stream": np.repeat(streams.get_level_values(1).to_numpy().astype(np.int64), n),
-            "idle_category": np.tile(np.array(IDLE_CATEGORIES, dtype=object), len(streams)),
+            "rank": np.repeat(ranks.astype(np.int64), n),
+            "stream": np.repeat(streams.astype(np.int64), n),
+            "idle_category": np.tile(np.array(IDLE_CATEGORIES, dtype=object), len(ranks)),
             "interval_count": stats["count"],
             **{f"{s}_ns": stats[s] for s in _STATS},
         },

@@ -196,7 +196,9 @@ def _tables(
     host_ops = A.host_op_times(df)
     temporal, phases = A.temporal_breakdown(df, sweeps), step_phases(df, A.phase_breakdown(df))
     check()
-    idle = A.idle_time_breakdown(df, launches=launches)
+    gaps = A.idle_gaps(df, launches=launches)  # both idle tables' gaps, dropped before the queue series
+    idle, intervals = A.idle_time_breakdown(df, gaps=gaps), Q.idle_interval_stats(df, gaps=gaps)
+    del gaps
     waits = A.sync_waits(df, launches=launches)
     queue = Q.queue_length_series(df, launches=launches)
     queues = {
@@ -204,7 +206,6 @@ def _tables(
         "blocked_on_full_queue": Q.blocked_on_full_queue(df, series=queue),
     }
     del queue
-    intervals = Q.idle_interval_stats(df, launches=launches)
     # Copy bandwidth beside the collectives, then kernel chains beside the smaller analyses after them:
     # kernel chains beside the collectives made the peak (at 3.7 GB, RSS 4.3 -> 5.8 GB).
     beside |= {"memory_bw": submit(Q.memory_bw_summary, df), "kernel_chains": submit(kernel_chains, df)}
