@@ -94,6 +94,27 @@ def test_queue_length_summary_hand_computed():
     assert (h["mean_ops"], h["time_mean_ops"]) == (pytest.approx(1.5), pytest.approx(110 / 60))
 
 
+def test_percentiles_of_small_integers_are_counted_not_sorted(monkeypatch):
+    # Queue lengths are small integers: counted per group and read off the running count (the 15.4 M
+    # rows of a 3.7 GB export's series took 1.5 s to sort). The same values as the sort, by hand.
+    group, values = np.array([0, 0, 0, 1, 1, 3]), np.array([3, -1, 2, 5, 5, 0])
+    sorted_at = Q._sorted_values(group, values, 4)
+    assert sorted_at(np.arange(6)).tolist() == [-1, 2, 3, 5, 5, 0]
+    counted = Q._describe(group, values, 4)
+    assert counted["p50"][:2].tolist() == [2, 5] and np.isnan(counted["p50"][2]) and counted["max"][3] == 0
+
+    def no_sort(*args, **kwargs):
+        raise AssertionError("sorted instead of counted")
+
+    monkeypatch.setattr(Q, "grouped_lexsort", no_sort)
+    assert Q._sorted_values(group, values, 4)(np.arange(6)).tolist() == [-1, 2, 3, 5, 5, 0]
+    monkeypatch.undo()
+    monkeypatch.setattr(Q, "COUNTING_BINS", 0)  # too many bins: sorted, the same numbers
+    sorted_ = Q._describe(group, values, 4)
+    for k in counted:
+        np.testing.assert_array_equal(counted[k], sorted_[k])
+
+
 def test_blocked_on_full_queue_at_a_small_limit():
     b = Q.blocked_on_full_queue(_queue_table(), max_queue_length=3).set_index(["rank", "stream"])
     r = b.loc[(0, 7)]

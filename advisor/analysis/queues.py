@@ -32,6 +32,7 @@ Where we differ from HTA, and why (``bench/results/hta_series.md`` measures each
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -104,7 +105,7 @@ def _describe(group: np.ndarray, values: np.ndarray, n_groups: int) -> dict[str,
         dev = np.bincount(group, weights=(v - mean[group]) ** 2, minlength=n_groups)
         out["mean"] = mean
         out["std"] = np.where(count > 1, np.sqrt(dev / (count - 1)), np.nan)
-    v = v[grouped_lexsort((v, group))]
+    sorted_at = _sorted_values(group, values, n_groups)
     first = np.cumsum(count) - count
     has = count > 0
     for name, q in (("min", 0.0), ("p25", 0.25), ("p50", 0.5), ("p75", 0.75), ("max", 1.0)):
@@ -113,10 +114,31 @@ def _describe(group: np.ndarray, values: np.ndarray, n_groups: int) -> dict[str,
         hi = np.minimum(lo + 1, first + count - 1)
         at = np.full(n_groups, np.nan)
         if has.any():
-            a, b = v[lo[has]], v[hi[has]]
+            a, b = sorted_at(lo[has]), sorted_at(hi[has])
             at[has] = a + (b - a) * (pos[has] - lo[has])
         out[name] = at
     return out
+
+
+COUNTING_BINS = 1 << 22  # the most (group, value) bins _sorted_values counts in: 32 MiB of counts
+
+
+def _sorted_values(group: np.ndarray, values: np.ndarray, n_groups: int) -> Callable[[np.ndarray], np.ndarray]:
+    """A function giving, for positions into ``values`` sorted by group then value, the values there (as
+    float64). Integers of a small range (queue lengths: 0 to about 1024) are counted per group and each
+    position found in the running count, in one pass; others are sorted (at 3.7 GB, the 15.4 M rows of
+    the queue series took 1.5 s to sort)."""
+    if values.dtype.kind in "iu" and values.size:
+        low = int(values.min())
+        width = int(values.max()) - low + 1
+        if width * n_groups <= COUNTING_BINS:
+            running = np.bincount(group * width + (values - low), minlength=n_groups * width).cumsum()
+            # The value at sorted position i is in the first (group, value) bin whose running count
+            # passes i.
+            return lambda at: (np.searchsorted(running, at, side="right") % width + low).astype(np.float64)
+    v = values.astype(np.float64)
+    v = v[grouped_lexsort((v, group))]
+    return lambda at: v[at]
 
 
 def _launch_starts(
@@ -276,8 +298,8 @@ def blocked_on_full_queue(
     blocked = np.zeros(n_groups, dtype=np.int64)
     full = length >= max_queue_length
     np.add.at(blocked, group[full], held[full])
-    peak = np.full(n_groups, np.iinfo(np.int64).min)
-    np.maximum.at(peak, group, length)
+    # The series is ordered by rank and stream: each stream's rows are one run.
+    peak = np.maximum.reduceat(length, np.flatnonzero(first)) if n_groups else np.zeros(0, dtype=np.int64)
     spans = _kernel_spans(df)
     span = np.array([spans.get(int(r), 0) for r in rank[first].tolist()], dtype=np.int64)
     with np.errstate(divide="ignore", invalid="ignore"):
