@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +68,7 @@ _ISSUE_PREFIXES = ("c10d::", "_c10d_functional::")
 _NOT_ISSUE = ("wait_tensor", "_wrap_tensor_autograd")  # functional-collective helpers that send nothing
 _COMM_OP_PREFIXES = (*_ISSUE_PREFIXES, "record_param_comms")
 _STEP_RE = re.compile(r"^ProfilerStep#\d+$")
+_BLOCK = 1 << 20  # rows per block where a pass over the table is made in blocks
 # Element sizes of the dtype names traces use: record_shapes' "Input type" (C++ names) and NCCL
 # kernels' "dtype" (c10 ScalarType names).
 _ELEMENT_BYTES = {
@@ -234,9 +236,9 @@ def pipeline_bubble(table: pd.DataFrame, setup: Setup) -> pd.DataFrame:
     m, per_stage = setup.grad_accum, p.dp * p.tp
     cols = _Columns(table)
     spans: dict[int, list[tuple[int, int, int, int]]] = {}  # rank -> per step (first, last, compute, step)
-    for rank in np.unique(cols.rank).tolist():
-        steps = cols.host_ranges(rank, lambda n: n == "step") or cols.host_ranges(rank, _STEP_RE.match)
-        chunks = cols.host_ranges(rank, lambda n: n in ("forward", "backward"))
+    for rank in cols.ranks():
+        steps = cols.host_ranges(rank, _is_step) or cols.host_ranges(rank, _is_profiler_step)
+        chunks = cols.host_ranges(rank, _is_fwd_bwd)
         per_step = []
         for s0, s1 in steps:
             inside = [(a, b) for a, b in chunks if a >= s0 and b <= s1]
@@ -307,8 +309,41 @@ def _calls_and_busy(
     return pd.concat(frames, ignore_index=True), busy
 
 
+def _is_comm_kernel(name: str) -> bool:
+    return _COMM_KERNEL.search(name.lower()) is not None
+
+
+def _is_aten(name: str) -> bool:
+    return name.startswith("aten::")
+
+
+def _is_comm_op(name: str) -> bool:
+    return name.startswith(_COMM_OP_PREFIXES)
+
+
+def _is_nccl_range(name: str) -> bool:
+    return name.startswith("nccl:")
+
+
+def _is_gloo_range(name: str) -> bool:
+    return name.startswith("gloo:")
+
+
+def _is_step(name: str) -> bool:
+    return name == "step"
+
+
+def _is_profiler_step(name: str) -> bool:
+    return _STEP_RE.match(name) is not None
+
+
+def _is_fwd_bwd(name: str) -> bool:
+    return name in ("forward", "backward")
+
+
 class _Columns:
-    """The event table's columns as arrays, with per-name flags computed once per distinct name."""
+    """The event table's columns as arrays, with each name test judged once per distinct name and its
+    rows found in one pass over the names' codes, kept for the next caller (every rank asks again)."""
 
     def __init__(self, table: pd.DataFrame) -> None:
         self.rank = table["rank"].to_numpy()
@@ -326,80 +361,126 @@ class _Columns:
         self.runtime = kind_mask(table, "runtime")
         self.cpu_op = kind_mask(table, "cpu_op")
         self.host_annotation = kind_mask(table, "annotation") & (self.device == -1)
+        self._named: dict[Callable[[str], bool], tuple[np.ndarray, np.ndarray]] = {}
+        self._label_array: np.ndarray | None = None
 
-    def flag(self, test) -> np.ndarray:
-        """Per row: whether ``test(name)`` holds (evaluated once per distinct name)."""
-        per_name = np.array([bool(test(n)) for n in self.labels] + [False], dtype=bool)  # code -1: last
-        return per_name[self.codes]
+    def per_name(self, test: Callable[[str], bool]) -> np.ndarray:
+        """Per name code (the extra last slot serves code -1): whether ``test(name)`` holds."""
+        return self._name_rows(test)[0]
+
+    def rows(self, test: Callable[[str], bool], of: np.ndarray | None = None, rank: int | None = None) -> np.ndarray:
+        """The rows (ascending) whose name passes ``test``, among those where the mask ``of`` holds and
+        on ``rank``. The pass over every row's name code is made once per test (a module-level function,
+        so that it is found again); the masks are read at the rows that passed only (at 3.7 GB, 47.0 M
+        rows: nine full-length masks per call before)."""
+        rows = self._name_rows(test)[1]
+        if of is not None:
+            rows = rows[of[rows]]
+        if rank is not None:
+            rows = rows[self.rank[rows] == rank]
+        return rows
+
+    def _name_rows(self, test: Callable[[str], bool]) -> tuple[np.ndarray, np.ndarray]:
+        found = self._named.get(test)
+        if found is None:
+            per_name = np.array([bool(test(n)) for n in self.labels] + [False], dtype=bool)  # code -1: last
+            found = self._named[test] = (per_name, np.flatnonzero(per_name[self.codes]))
+        return found
 
     def name(self, row: int) -> str:
         code = self.codes[row]
         return self.labels[code] if code >= 0 else ""
 
-    def host_ranges(self, rank: int, test) -> list[tuple[int, int]]:
+    def names(self, rows: np.ndarray) -> list[str]:
+        """The names of ``rows`` ('' for row -1 and for a row without a name)."""
+        if self._label_array is None:
+            self._label_array = np.array([*self.labels, ""], dtype=object)  # code -1: last
+        codes = np.where(rows >= 0, self.codes[np.maximum(rows, 0)], -1)
+        return self._label_array[codes].tolist()
+
+    def ranks(self) -> list[int]:
+        """The ranks that have events, ascending."""
+        if self.rank.size == 0:
+            return []
+        low, high = int(self.rank.min()), int(self.rank.max())
+        if high - low >= 2**20:  # numbers far apart: a sort instead of a count per number
+            return np.unique(self.rank).tolist()
+        seen = np.zeros(high - low + 1, dtype=bool)
+        for a in range(0, self.rank.size, _BLOCK):  # counted a block at a time: no column-long temporaries
+            seen |= np.bincount(self.rank[a : a + _BLOCK] - low, minlength=seen.size) > 0
+        return (np.flatnonzero(seen) + low).tolist()
+
+    def host_ranges(self, rank: int, test: Callable[[str], bool]) -> list[tuple[int, int]]:
         """(start, end) of the rank's host annotations whose name passes ``test``, by start."""
-        rows = np.flatnonzero(self.host_annotation & (self.rank == rank) & self.flag(test))
+        rows = self.rows(test, self.host_annotation, rank)
         rows = rows[np.argsort(self.start[rows], kind="stable")]
         return list(zip(self.start[rows].tolist(), self.end[rows].tolist(), strict=True))
 
     def main_tid(self, rank: int) -> int:
         """The rank's training thread: that of its ProfilerStep#/step ranges, else its busiest thread."""
-        on_rank = self.rank == rank
-        for test in (_STEP_RE.match, lambda n: n == "step"):
-            rows = np.flatnonzero(self.host_annotation & on_rank & self.flag(test))
+        for test in (_is_profiler_step, _is_step):
+            rows = self.rows(test, self.host_annotation, rank)
             if rows.size:
                 return int(self.tid[rows[0]])
-        tids, counts = np.unique(self.tid[self.cpu_op & on_rank], return_counts=True)
+        tids, counts = np.unique(self.tid[self.cpu_op & (self.rank == rank)], return_counts=True)
         return int(tids[np.argmax(counts)]) if tids.size else -1
 
     def busy_by_rank(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Per rank: the disjoint intervals in which it computes (see collective_table)."""
-        comm_kernel = self.kernel & self.flag(lambda n: _COMM_KERNEL.search(n.lower()))
-        aten = self.cpu_op & self.flag(lambda n: n.startswith("aten::"))
-        comm_op = self.cpu_op & self.flag(lambda n: n.startswith(_COMM_OP_PREFIXES))
+        comm_kernels = self.rows(_is_comm_kernel, self.kernel)
+        comm_name = self.per_name(_is_comm_kernel)
+        kernels = np.flatnonzero(self.kernel)
+        aten, comm_op = self.rows(_is_aten, self.cpu_op), self.rows(_is_comm_op, self.cpu_op)
         out = {}
-        for rank in np.unique(self.rank).tolist():
-            on_rank = self.rank == rank
-            if (comm_kernel & on_rank).any():
-                rows = np.flatnonzero(self.kernel & ~comm_kernel & on_rank)
+        for rank in self.ranks():
+            if (self.rank[comm_kernels] == rank).any():
+                rows = kernels[self.rank[kernels] == rank]
+                rows = rows[~comm_name[self.codes[rows]]]
                 out[rank] = _merged(self.start[rows], self.end[rows])
             else:
-                main = on_rank & (self.tid == self.main_tid(rank))
-                a, c = np.flatnonzero(aten & main), np.flatnonzero(comm_op & main)
+                tid = self.main_tid(rank)
+                a = aten[(self.rank[aten] == rank) & (self.tid[aten] == tid)]
+                c = comm_op[(self.rank[comm_op] == rank) & (self.tid[comm_op] == tid)]
                 out[rank] = _minus(self.start[a], self.end[a], self.start[c], self.end[c])
         return out
 
 
 def _rank_calls(cols: _Columns, rank: int, lookup: dict, busy: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
-    on_rank = cols.rank == rank
-    kernels = np.flatnonzero(cols.kernel & on_rank & cols.flag(lambda n: _COMM_KERNEL.search(n.lower())))
-    issue = np.flatnonzero(cols.cpu_op & on_rank & cols.flag(_is_issue_op))
+    kernels = cols.rows(_is_comm_kernel, cols.kernel, rank)
+    issue = cols.rows(_is_issue_op, cols.cpu_op, rank)
     if kernels.size:
         calls = kernels[np.argsort(cols.start[kernels], kind="stable")]
         # The nccl:* range around the launch records the tensor where the c10d op may not (trace_filter).
-        ranges = np.flatnonzero(cols.host_annotation & on_rank & cols.flag(lambda n: n.startswith("nccl:")))
+        ranges = cols.rows(_is_nccl_range, cols.host_annotation, rank)
         ops, extra, launch_t = _launching_ops(cols, rank, calls, issue, ranges)
     else:
-        gloo = np.flatnonzero(cols.host_annotation & on_rank & cols.flag(lambda n: n.startswith("gloo:")))
+        gloo = cols.rows(_is_gloo_range, cols.host_annotation, rank)
         calls = gloo[np.argsort(cols.start[gloo], kind="stable")]
         ops = _issuing_ops_fifo(cols, calls, _innermost(cols, issue))
         extra = np.full(calls.size, -1, dtype=np.int64)
         launch_t = np.where(ops >= 0, cols.start[np.maximum(ops, 0)], cols.start[calls]).astype(np.int64)
     if not calls.size:
         return pd.DataFrame()
-    names = [cols.name(i) for i in calls.tolist()]
-    op_names = [cols.name(o) if o >= 0 else "" for o in ops.tolist()]
-    range_names = [cols.name(r) if r >= 0 else "" for r in extra.tolist()]
-    kinds = [collective_kind(o or r or n) for o, r, n in zip(op_names, range_names, names, strict=True)]
+    names, op_names, range_names = (cols.names(rows) for rows in (calls, ops, extra))
+    kind_of: dict[str, str] = {}  # a few names, tens of thousands of calls
+    kinds = [
+        kind_of[k] if (k := o or r or n) in kind_of else kind_of.setdefault(k, collective_kind(k))
+        for o, r, n in zip(op_names, range_names, names, strict=True)
+    ]
     starts, ends = cols.start[calls], cols.end[calls]
     exposed = (ends - starts) - _covered(starts, ends, *busy)
-    events = [
-        [(cols.name(r), int(cols.start[r])) for r in rows if r >= 0]
-        for rows in zip(calls.tolist(), ops.tolist(), extra.tolist(), strict=True)
-    ]
-    nbytes = [_call_bytes(lookup.sizes, ev, rank) for ev in events]
-    groups = [_call_group(lookup.groups, ev, rank) for ev in events]
-    pg_name, pg_desc, pg_ranks, group_size = zip(*groups, strict=True)
+    if lookup.sizes or lookup.groups:
+        events = [
+            [(cols.name(r), int(cols.start[r])) for r in rows if r >= 0]
+            for rows in zip(calls.tolist(), ops.tolist(), extra.tolist(), strict=True)
+        ]
+        nbytes = [_call_bytes(lookup.sizes, ev, rank) for ev in events]
+        groups = [_call_group(lookup.groups, ev, rank) for ev in events]
+        pg_name, pg_desc, pg_ranks, group_size = zip(*groups, strict=True)
+    else:  # no recorded sizes or groups (an nsys export): every call's are unknown
+        nbytes = [math.nan] * calls.size
+        pg_name = pg_desc = pg_ranks = [""] * calls.size
+        group_size = [0] * calls.size
     return pd.DataFrame(
         {
             "rank": np.full(calls.size, rank, dtype=np.int32),
