@@ -101,7 +101,7 @@ def _per_name(names: pd.Series, rows: np.ndarray, fn: Callable[[str], object], d
     once per distinct name; per row it is a lookup by category code."""
     if not isinstance(names.dtype, pd.CategoricalDtype):
         names = names.astype("category")
-    codes, labels = names.cat.codes.to_numpy()[rows], names.cat.categories
+    codes, labels = names.array.codes[rows], names.cat.categories
     per_code = np.zeros(len(labels) + 1, dtype=dtype)  # the extra last slot serves code -1 (missing)
     for c in np.unique(codes).tolist():
         per_code[c] = fn(_label(labels, c))
@@ -119,7 +119,7 @@ def _totals(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarra
 def _totals_by_name(names: pd.Series, rows: np.ndarray, values: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray]:
     """(distinct names of the rows ``rows`` in ascending order, as groupby on ``names.astype(str)``
     sorts them; sum of ``values`` per name; count per name)."""
-    codes, labels = names.cat.codes.to_numpy()[rows], names.cat.categories
+    codes, labels = names.array.codes[rows], names.cat.categories
     uniq, sums, counts = _totals(codes, values)
     text = [_label(labels, c) for c in uniq.tolist()]
     order = np.array(sorted(range(len(text)), key=text.__getitem__), dtype=np.intp)
@@ -621,7 +621,7 @@ def kernel_breakdown(df: pd.DataFrame, top: int = 10) -> tuple[pd.DataFrame, pd.
             }
         )
     # Per (name, category), in the order groupby sorts them, before the sort by time (ties keep it).
-    keys, time_ns, count = _totals(names.cat.codes.to_numpy()[gpu].astype(np.int64) * len(CATEGORIES) + cat, dur)
+    keys, time_ns, count = _totals(names.array.codes[gpu].astype(np.int64) * len(CATEGORIES) + cat, dur)
     labels = names.cat.categories
     pairs = [(_label(labels, k // len(CATEGORIES)), CATEGORIES[k % len(CATEGORIES)]) for k in keys.tolist()]
     order = np.array(sorted(range(len(pairs)), key=pairs.__getitem__), dtype=np.intp)
@@ -720,7 +720,7 @@ def memcpy_summary(df: pd.DataFrame) -> pd.DataFrame:
     The bandwidth is that of the copies of known size (their bytes over their time): NaN where none
     has a size, as a copy of unknown size moved an unknown number of bytes, not zero."""
     copy_kind, host_mem = df["copy_kind"], df["host_mem"]
-    kind_code, mem_code = copy_kind.cat.codes.to_numpy(), host_mem.cat.codes.to_numpy()
+    kind_code, mem_code = copy_kind.array.codes, host_mem.array.codes
     copies = kind_mask(df, "memcpy") & (kind_code >= 0) & (mem_code >= 0)  # groupby drops missing keys
     if not copies.any():
         return pd.DataFrame(columns=MEMCPY_COLUMNS)
@@ -817,7 +817,7 @@ def sync_calls(df: pd.DataFrame, waits: pd.DataFrame | None = None) -> pd.DataFr
     ``time_ns``, largest first. ``waits`` takes sync_waits(df) already computed."""
     waits = sync_waits(df) if waits is None else waits
     names = waits["name"].astype("category")
-    codes, labels = names.cat.codes.to_numpy().astype(np.int64), names.cat.categories
+    codes, labels = names.array.codes.astype(np.int64), names.cat.categories
     keys, time_ns, count = _totals(codes * 2 + waits["blocking"].to_numpy(), waits["dur_ns"].to_numpy())
     out = pd.DataFrame(
         {
@@ -909,7 +909,7 @@ def phase_breakdown(df: pd.DataFrame) -> pd.DataFrame:
     # Host ranges; the GPU copies repeat them.
     rows = np.flatnonzero(kind_mask(df, "annotation") & (df["device"].to_numpy() == -1))
     names = df["name"]
-    codes, labels = names.cat.codes.to_numpy()[rows], names.cat.categories
+    codes, labels = names.array.codes[rows], names.cat.categories
     # The codes present, -1 (no name) first where present: counted, not sorted (28 M ranges at 3.7 GB).
     present = np.flatnonzero(np.bincount(codes.astype(np.intp) + 1, minlength=1)) - 1
     text = {c: _label(labels, c) for c in present.tolist()}

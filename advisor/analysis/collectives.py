@@ -356,7 +356,7 @@ class _Columns:
         if not isinstance(names.dtype, pd.CategoricalDtype):
             names = names.astype("category")
         self.labels = [str(c) for c in names.cat.categories]
-        self.codes = names.cat.codes.to_numpy()
+        self.codes = names.array.codes
         self.kernel = kind_mask(table, "kernel")
         self.runtime = kind_mask(table, "runtime")
         self.cpu_op = kind_mask(table, "cpu_op")

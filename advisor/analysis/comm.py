@@ -310,7 +310,7 @@ def _with_steps(calls: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
         names = names.astype("category")
     # The step number of each distinct name (-1: not a ProfilerStep), and -1 for a missing name.
     per_name = [int(m.group(1)) if (m := _STEP_RE.match(str(n))) else -1 for n in names.cat.categories]
-    number = np.array([*per_name, -1], dtype=np.int64)[names.cat.codes.to_numpy()]
+    number = np.array([*per_name, -1], dtype=np.int64)[names.array.codes]
     host = kind_mask(table, "annotation") & (table["device"].to_numpy() == -1) & (number >= 0)
     numbers = number[host]
     s_rank, s_start = table["rank"].to_numpy()[host], table["start_ns"].to_numpy()[host]

@@ -142,7 +142,7 @@ def _groups(names: pd.Series, rows: np.ndarray, label) -> tuple[np.ndarray, list
     by ``label(name)``, evaluated once per distinct name; a row whose label is None gets id -1."""
     if not isinstance(names.dtype, pd.CategoricalDtype):
         names = names.astype("category")
-    codes, categories = names.cat.codes.to_numpy()[rows], names.cat.categories
+    codes, categories = names.array.codes[rows], names.cat.categories
     labels: dict[str, int] = {}
     group_of = np.full(len(categories) + 1, -1, dtype=np.int64)  # the extra last slot serves code -1
     for c in np.unique(codes).tolist():

@@ -345,7 +345,7 @@ def idle_interval_stats(
         index = index.sort_values()
         ranks, streams = index.get_level_values(0).to_numpy(), index.get_level_values(1).to_numpy()
         at = index.get_indexer(pd.MultiIndex.from_arrays([intervals["rank"], intervals["stream"]]))
-        category = intervals["idle_category"].cat.codes.to_numpy().astype(np.int64)
+        category = intervals["idle_category"].array.codes.astype(np.int64)
         lengths = intervals["idle_ns"].to_numpy()
     stats = _describe(at * n + category, lengths, len(ranks) * n)
     return pd.DataFrame(
@@ -372,7 +372,7 @@ def _copies(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     unknown = BW_KINDS.index("unknown")
     # Per category code, the extra last slot for code -1 (no direction).
     per_code = np.array([BW_KINDS.index(c) if c in BW_KINDS[:5] else unknown for c in labels] + [unknown])
-    kind = per_code[copy_kind.cat.codes.to_numpy()[rows]]
+    kind = per_code[copy_kind.array.codes[rows]]
     kind[kind_mask(df, "memset")[rows]] = BW_KINDS.index("memset")
     rank, start, dur, nbytes = (df[c].to_numpy()[rows] for c in ("rank", "start_ns", "dur_ns", "bytes"))
     return rank, kind.astype(np.int64), start, dur, nbytes
@@ -425,7 +425,7 @@ def memory_bw_summary(df: pd.DataFrame, *, series: pd.DataFrame | None = None) -
     groups, at, copy_count = np.unique(keys, return_inverse=True, return_counts=True)
     unknown = np.bincount(at[(nbytes <= 0) | (dur <= 0)], minlength=groups.size)
     running = series["active_count"].to_numpy() > 0
-    s_keys = series["rank"].to_numpy().astype(np.int64) * len(BW_KINDS) + series["copy_kind"].cat.codes.to_numpy()
+    s_keys = series["rank"].to_numpy().astype(np.int64) * len(BW_KINDS) + series["copy_kind"].array.codes
     stats = _describe(
         np.searchsorted(groups, s_keys[running]), series["bandwidth_gbps"].to_numpy()[running], groups.size
     )

@@ -64,7 +64,7 @@ def kernel_chains(df: pd.DataFrame, min_len: int = 2, top: int = 20) -> pd.DataF
     start, dur = df["start_ns"].to_numpy()[rows], df["dur_ns"].to_numpy()[rows]
     category = _per_name(df["name"], rows, kernel_category)
     fusable = kernels[rows] & np.isin(category, list(FUSABLE))
-    codes = df["name"].cat.codes.to_numpy()[rows]
+    codes = df["name"].array.codes[rows]
     order = grouped_lexsort((start, stream, device, rank))
     rank, device, stream, dur, fusable, codes, category = (
         a[order] for a in (rank, device, stream, dur, fusable, codes, category)

@@ -268,7 +268,7 @@ def _top_rows(
     """Every occurrence of the ``top_n`` names with the most time among ``clipped`` (from _clip; ties:
     by name), names largest first, occurrences by start, times in ms from ``t0``."""
     rows, s, e = clipped
-    codes = table["name"].cat.codes.to_numpy()[rows]
+    codes = table["name"].array.codes[rows]
     labels = table["name"].cat.categories
     uniq, inv = np.unique(codes, return_inverse=True)
     totals = np.zeros(uniq.size, dtype=np.int64)

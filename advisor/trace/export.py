@@ -60,7 +60,7 @@ def chrome_events(df: pd.DataFrame) -> Iterator[str]:
         yield json.dumps({"ph": "M", "name": "process_name", "pid": p, "tid": 0, "args": {"name": name}})
         yield json.dumps({"ph": "M", "name": "process_sort_index", "pid": p, "tid": 0, "args": {"sort_index": p}})
     names = [json.dumps(str(n)) for n in df["name"].cat.categories]
-    codes = df["name"].cat.codes.to_numpy()
+    codes = df["name"].array.codes
     kinds = df["kind"].astype(str).to_numpy()
     ts = (df["start_ns"].to_numpy() - t0) / 1000.0
     dur = df["dur_ns"].to_numpy() / 1000.0

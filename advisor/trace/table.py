@@ -105,7 +105,7 @@ def _shared_categories(tables: list[pd.DataFrame]) -> list[pd.DataFrame]:
             continue
         if all(c.dtype == columns[0].dtype for c in columns):
             continue  # concat keeps a shared dtype as it is
-        codes = [c.cat.codes.to_numpy() for c in columns]
+        codes = [c.array.codes for c in columns]
         used = {v for c, k in zip(columns, codes, strict=True) for v in c.cat.categories[np.unique(k[k >= 0])].tolist()}
         categories = pd.Index(sorted(used))
         tables = [t.assign(**{col: c.cat.set_categories(categories)}) for t, c in zip(tables, columns, strict=True)]
@@ -119,7 +119,7 @@ def kind_mask(df: pd.DataFrame, *kinds: str) -> np.ndarray:
     kind = df["kind"]
     if not isinstance(kind.dtype, pd.CategoricalDtype):
         return kind.isin(kinds).to_numpy()
-    categories, codes = kind.cat.categories, kind.cat.codes.to_numpy()
+    categories, codes = kind.cat.categories, kind.array.codes
     mask = np.zeros(len(codes), dtype=bool)
     for k in kinds:
         if k in categories:
