@@ -215,6 +215,16 @@ def test_whole_trace_spans_read_in_blocks_equal_the_grouped_ones(monkeypatch):
     assert B.rank_spans(one).to_dict("list") == {"rank": [2], "start_ns": [20], "end_ns": [45]}
     far = events.assign(rank=np.where(events["rank"] == 2, 70_000, 0).astype(np.int32))
     assert B.rank_spans(far).to_dict("list") == {"rank": [0, 70_000], "start_ns": [10, 20], "end_ns": [110, 45]}
+    # Over the rows a mask keeps (the kernel span takes the GPU events): rank 0 without its 10 .. 110.
+    kept = B.rank_spans(events, events["start_ns"].to_numpy() != 10).to_dict("list")
+    assert kept == {"rank": [0, 2], "start_ns": [30, 20], "end_ns": [55, 45]}
+    alone = B.rank_spans(events, events["rank"].to_numpy() == 0).to_dict("list")
+    assert alone == {"rank": [0], "start_ns": [10], "end_ns": [110]}
+    assert B.rank_spans(far, far["rank"].to_numpy() == 70_000).to_dict("list") == {
+        "rank": [70_000],
+        "start_ns": [20],
+        "end_ns": [45],
+    }
     # sync_time's spans are these.
     assert B.sync_time(events)[["rank", "span_ns"]].to_dict("list") == {"rank": [0, 2], "span_ns": [100, 25]}
 

@@ -45,6 +45,7 @@ from advisor.analysis.breakdown import (
     LaunchCalls,
     idle_gaps,
     launch_calls,
+    rank_spans,
 )
 from advisor.errors import TraceError
 from advisor.trace.table import GPU_KINDS, grouped_lexsort, kind_mask, unique_inverse
@@ -261,14 +262,8 @@ def queue_length_summary(
 
 def _kernel_spans(df: pd.DataFrame) -> dict[int, int]:
     """Per rank: first GPU event's start to last one's end, in ns (breakdown's kernel span)."""
-    gpu = kind_mask(df, *GPU_KINDS)
-    rank, start = df["rank"].to_numpy()[gpu], df["start_ns"].to_numpy()[gpu]
-    end = start + df["dur_ns"].to_numpy()[gpu]
-    out = {}
-    for r in np.unique(rank).tolist():
-        sel = rank == r
-        out[int(r)] = int(end[sel].max() - start[sel].min())
-    return out
+    spans = rank_spans(df, kind_mask(df, *GPU_KINDS))
+    return {r: e - s for r, s, e in zip(*(spans[c].tolist() for c in ("rank", "start_ns", "end_ns")), strict=True)}
 
 
 def blocked_on_full_queue(

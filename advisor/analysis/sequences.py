@@ -19,7 +19,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from advisor.analysis.breakdown import _per_name, kernel_category
+from advisor.analysis.breakdown import _per_name, kernel_category, rank_spans
 from advisor.trace.table import grouped_lexsort, kind_mask
 
 FUSABLE = frozenset({"elementwise", "reduction", "normalization"})
@@ -122,13 +122,8 @@ def kernel_chains(df: pd.DataFrame, min_len: int = 2, top: int = 20) -> pd.DataF
 
 def _spans(df: pd.DataFrame) -> dict[int, int]:
     """Per rank: first GPU event's start to the last one's end (breakdown.temporal_breakdown's span)."""
-    gpu = kind_mask(df, "kernel", "memcpy", "memset")
-    ranks, s = df["rank"].to_numpy()[gpu], df["start_ns"].to_numpy()[gpu]
-    e = s + df["dur_ns"].to_numpy()[gpu]
-    frame = (
-        pd.DataFrame({"rank": ranks, "s": s, "e": e}, copy=False).groupby("rank").agg(s=("s", "min"), e=("e", "max"))
-    )
-    return {int(r): int(v.e - v.s) for r, v in frame.iterrows()}
+    spans = rank_spans(df, kind_mask(df, "kernel", "memcpy", "memset"))
+    return {r: e - s for r, s, e in zip(*(spans[c].tolist() for c in ("rank", "start_ns", "end_ns")), strict=True)}
 
 
 def chain_saving_pct(chains: pd.DataFrame, ranks: int) -> float | None:
