@@ -282,3 +282,20 @@ def test_runs_of_two_processes_take_turns_on_the_device(tmp_path, monkeypatch):
 def _take_turn(entered: threading.Event) -> None:
     with launcher._device_turn(None, None, "cpu"):
         entered.set()
+
+
+def test_ctrl_c_just_after_the_child_starts_stops_it_and_files_the_run(tmp_path, monkeypatch):
+    # A Ctrl-C between the child's start and the wait for it (its owner just written, the log reader
+    # starting) escaped the wait: this process died and the child ran on (seen once in the suite as
+    # test_kill_9_during_a_run_leaves_the_run_filed_as_interrupted[ctrl-c] with returncode -2).
+    owner = launcher.add_owner
+
+    def then_ctrl_c(run_dir, pid):
+        owner(run_dir, pid)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher, "add_owner", then_ctrl_c)
+    cmd = [sys.executable, "-c", "import time; time.sleep(120)"]
+    status, message, child = launcher._watch(cmd, tmp_path, 60, None, None)
+    assert (status, message) == ("interrupted", "interrupted by Ctrl-C: the child was stopped")
+    assert child["returncode"] == -signal.SIGKILL and pid_gone(child["pid"])

@@ -477,7 +477,6 @@ def _watch(
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, env=env, start_new_session=True
     )
-    add_owner(run_dir, proc.pid)  # the run stays staged while the child lives, even if this process dies
 
     def read() -> None:
         assert proc.stdout is not None
@@ -493,11 +492,15 @@ def _watch(
             log.write(line)
             log.flush()
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    deadline = time.monotonic() + timeout_s
+    reader: threading.Thread | None = None
     outcome: tuple[str, str] | None = None
+    # From the child's start on, a Ctrl-C stops the child and files the run: one that came before the
+    # wait (the owner just written, the reader starting) killed this process and left the child running.
     try:
+        add_owner(run_dir, proc.pid)  # the run stays staged while the child lives, even if this process dies
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + timeout_s
         while proc.poll() is None:
             if cancel is not None and cancel.is_set():
                 outcome = ("cancelled", "cancelled by the user")
@@ -515,7 +518,8 @@ def _watch(
         _kill(proc)
     proc.wait()  # the child has exited before the run is filed (and before the next one may start)
     child = {"pid": proc.pid, "returncode": proc.returncode, "started_unix_s": started, "ended_unix_s": time.time()}
-    reader.join(timeout=5)
+    if reader is not None:
+        reader.join(timeout=5)
     log.close()
     return (*(outcome or _ending(proc.returncode, files)), child)
 
