@@ -889,6 +889,13 @@ def rank_spans(df: pd.DataFrame, mask: np.ndarray | None = None) -> pd.DataFrame
     return pd.DataFrame({"rank": (ranks + low).astype(rank.dtype), "start_ns": first[ranks], "end_ns": last[ranks]})
 
 
+def kernel_spans(df: pd.DataFrame) -> dict[int, int]:
+    """Per rank with GPU events: its kernel span, the first GPU event's start to the last one's end, ns
+    (temporal_breakdown's span; kernel chains and the full-queue time take their shares of it)."""
+    spans = rank_spans(df, kind_mask(df, *GPU_KINDS))
+    return {r: e - s for r, s, e in zip(*(spans[c].tolist() for c in ("rank", "start_ns", "end_ns")), strict=True)}
+
+
 def sync_time(df: pd.DataFrame, waits: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per rank: its capture span (``span_ns``: its first event's start to its last one's end), its
     blocking waits (``blocking_calls``), the time its host was blocked (``blocking_ns``: the union of the

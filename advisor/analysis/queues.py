@@ -44,8 +44,8 @@ from advisor.analysis.breakdown import (
     IdleGaps,
     LaunchCalls,
     idle_gaps,
+    kernel_spans,
     launch_calls,
-    rank_spans,
 )
 from advisor.errors import TraceError
 from advisor.trace.table import GPU_KINDS, grouped_lexsort, kind_mask, unique_inverse
@@ -260,12 +260,6 @@ def queue_length_summary(
     )
 
 
-def _kernel_spans(df: pd.DataFrame) -> dict[int, int]:
-    """Per rank: first GPU event's start to last one's end, in ns (breakdown's kernel span)."""
-    spans = rank_spans(df, kind_mask(df, *GPU_KINDS))
-    return {r: e - s for r, s, e in zip(*(spans[c].tolist() for c in ("rank", "start_ns", "end_ns")), strict=True)}
-
-
 def blocked_on_full_queue(
     df: pd.DataFrame,
     max_queue_length: int = MAX_QUEUE_LENGTH,
@@ -295,7 +289,7 @@ def blocked_on_full_queue(
     np.add.at(blocked, group[full], held[full])
     # The series is ordered by rank and stream: each stream's rows are one run.
     peak = np.maximum.reduceat(length, np.flatnonzero(first)) if n_groups else np.zeros(0, dtype=np.int64)
-    spans = _kernel_spans(df)
+    spans = kernel_spans(df)
     span = np.array([spans.get(int(r), 0) for r in rank[first].tolist()], dtype=np.int64)
     with np.errstate(divide="ignore", invalid="ignore"):
         pct = np.where(span > 0, 100 * blocked / span, np.nan)

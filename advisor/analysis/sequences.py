@@ -19,7 +19,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from advisor.analysis.breakdown import _per_name, kernel_category, rank_spans
+from advisor.analysis.breakdown import _per_name, kernel_category, kernel_spans
 from advisor.trace.table import grouped_lexsort, kind_mask
 
 FUSABLE = frozenset({"elementwise", "reduction", "normalization"})
@@ -86,7 +86,7 @@ def kernel_chains(df: pd.DataFrame, min_len: int = 2, top: int = 20) -> pd.DataF
     total, longest = np.add.reduceat(d, first), np.maximum.reduceat(d, first)
     long_enough = last - first >= min_len
     member_codes = codes[members].tolist()
-    spans = _spans(df)
+    spans = kernel_spans(df)
     sequences: dict[tuple, list] = {}
     for a, b, r, t, m in zip(
         *(x[long_enough].tolist() for x in (first, last, rank[members[first]], total, longest)), strict=True
@@ -118,12 +118,6 @@ def kernel_chains(df: pd.DataFrame, min_len: int = 2, top: int = 20) -> pd.DataF
     table = pd.DataFrame(out, columns=COLUMNS)
     table = table.sort_values(["rank", "saving_ns", "sequence"], ascending=[True, False, True], kind="stable")
     return table.groupby("rank", sort=False).head(top).reset_index(drop=True)
-
-
-def _spans(df: pd.DataFrame) -> dict[int, int]:
-    """Per rank: first GPU event's start to the last one's end (breakdown.temporal_breakdown's span)."""
-    spans = rank_spans(df, kind_mask(df, "kernel", "memcpy", "memset"))
-    return {r: e - s for r, s, e in zip(*(spans[c].tolist() for c in ("rank", "start_ns", "end_ns")), strict=True)}
 
 
 def chain_saving_pct(chains: pd.DataFrame, ranks: int) -> float | None:
