@@ -12,7 +12,13 @@ import pandas as pd
 import pytest
 
 from advisor.analysis import queues as Q
-from advisor.analysis.breakdown import drop_last_profiler_step, idle_time_breakdown, round_like_hta
+from advisor.analysis.breakdown import (
+    drop_last_profiler_step,
+    idle_gaps,
+    idle_intervals,
+    idle_time_breakdown,
+    round_like_hta,
+)
 from advisor.analysis.summary import analyze
 from advisor.errors import TraceError
 from advisor.trace.kineto import load_kineto
@@ -178,6 +184,14 @@ def test_idle_interval_stats_hand_computed():
     pd.testing.assert_series_equal(
         (s["interval_count"] * s["mean_ns"].fillna(0)).astype(np.int64), idle, check_names=False
     )
+    # idle_intervals lists those intervals; the gaps computed once (as analyze does) give the same stats.
+    listed = idle_intervals(df)
+    by_kind = listed.groupby("idle_category", observed=True)["idle_ns"].apply(sorted).to_dict()
+    assert by_kind == {"host_wait": [50_000], "kernel_wait": [1000, 3000], "other": [40_000]}
+    assert set(zip(listed["rank"], listed["stream"], strict=True)) == {(0, 3)}
+    gaps = idle_gaps(df)
+    pd.testing.assert_frame_equal(Q.idle_interval_stats(df, gaps=gaps), s.reset_index()[Q.IDLE_STATS_COLUMNS])
+    pd.testing.assert_frame_equal(idle_time_breakdown(df, gaps=gaps), idle_time_breakdown(df))
 
 
 def _copy_table():

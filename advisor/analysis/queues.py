@@ -311,31 +311,21 @@ def idle_interval_stats(
     df: pd.DataFrame,
     consecutive_delay_ns: int = CONSECUTIVE_KERNEL_DELAY_NS,
     *,
-    intervals: pd.DataFrame | None = None,
     launches: dict[int, LaunchCalls] | None = None,
     gaps: IdleGaps | None = None,
 ) -> pd.DataFrame:
     """Per rank, stream and idle category (host_wait, kernel_wait, other: the intervals
-    ``breakdown.idle_time_breakdown`` sums), HTA's idle interval statistics: ``interval_count`` and the
-    mean, std, min, 25th/50th/75th percentiles and max of the intervals' lengths in ns. Every stream with
-    a GPU event has the three rows (count 0 and NaN where it has no interval of that kind; HTA lists only
-    the kinds present, and "other" always). ``intervals`` takes breakdown.idle_intervals(df), or ``gaps``
-    breakdown.idle_gaps(df), already computed (with the same delay): from ``gaps`` no table of the
-    intervals is made."""
+    ``breakdown.idle_time_breakdown`` sums, listed by ``breakdown.idle_intervals``), HTA's idle interval
+    statistics: ``interval_count`` and the mean, std, min, 25th/50th/75th percentiles and max of the
+    intervals' lengths in ns. Every stream with a GPU event has the three rows (count 0 and NaN where it
+    has no interval of that kind; HTA lists only the kinds present, and "other" always). ``gaps`` takes
+    breakdown.idle_gaps(df) already computed (with the same delay)."""
     _require(df, "rank", "kind", "stream", "start_ns", "dur_ns", "correlation")
     n = len(IDLE_CATEGORIES)
-    if intervals is None:
-        gaps = idle_gaps(df, consecutive_delay_ns, launches=launches) if gaps is None else gaps
-        ranks, streams, at = gaps.ranks, gaps.streams, gaps.at.astype(np.int64)
-        category, lengths = gaps.category.astype(np.int64), gaps.idle_ns
-    else:
-        gpu = kind_mask(df, *GPU_KINDS)
-        index = pd.MultiIndex.from_arrays([df["rank"].to_numpy()[gpu], df["stream"].to_numpy()[gpu]]).unique()
-        index = index.sort_values()
-        ranks, streams = index.get_level_values(0).to_numpy(), index.get_level_values(1).to_numpy()
-        at = index.get_indexer(pd.MultiIndex.from_arrays([intervals["rank"], intervals["stream"]]))
-        category = intervals["idle_category"].array.codes.astype(np.int64)
-        lengths = intervals["idle_ns"].to_numpy()
+    ranks, streams, at, _, lengths, category = (
+        idle_gaps(df, consecutive_delay_ns, launches=launches) if gaps is None else gaps
+    )
+    at, category = at.astype(np.int64), category.astype(np.int64)
     stats = _describe(at * n + category, lengths, len(ranks) * n)
     return pd.DataFrame(
         {
