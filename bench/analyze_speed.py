@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gzip
 import json
 import math
@@ -56,14 +57,15 @@ STEP_GAP_US = 1000  # idle gap between replicated copies of the source trace
 # Each child prints one JSON line: load and analysis seconds (imports excluded) and the event count.
 # As the CLI's analyze and the app's analysis child do: a dedicated load (small pages, freed memory kept).
 OURS_CHILD = """
-import json, sys, time
+import json, resource, sys, time
 from advisor.analysis.summary import analyze, load_trace
 t0 = time.perf_counter()
 df = load_trace(sys.argv[1], dedicated=True)
 t1 = time.perf_counter()
 analyze(df)
 t2 = time.perf_counter()
-print(json.dumps({"load_s": t1 - t0, "analysis_s": t2 - t1, "events": len(df)}))
+r = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"load_s": t1 - t0, "analysis_s": t2 - t1, "events": len(df), "user_s": r.ru_utime, "sys_s": r.ru_stime}))
 """
 HTA_CHILD = """
 import json, logging, sys, time
@@ -93,6 +95,8 @@ class Run:
     wall_s: float
     events: int | None = None
     error: str | None = None
+    user_s: float | None = None  # CPU seconds of all its threads, where the child reports them
+    sys_s: float | None = None  # kernel time: mostly page faults, whose price a VM's memory sets
 
     @property
     def total_s(self) -> float | None:
@@ -176,7 +180,8 @@ def run_child(python: str, code: str, path: Path | None, timeout_s: float, cap_b
     if not lines:  # a baseline child: nothing measured but its memory
         return Run(None, None, peak, wall_s)
     result = json.loads(lines[-1])
-    return Run(result["load_s"], result["analysis_s"], peak, wall_s, result["events"])
+    cpu = {k: result[k] for k in ("user_s", "sys_s") if k in result}
+    return Run(result["load_s"], result["analysis_s"], peak, wall_s, result["events"], **cpu)
 
 
 def best_of(children: list[tuple[str, str]], path: Path, repeats: int, timeout_s: float, cap_bytes: int) -> list[Run]:
@@ -195,7 +200,7 @@ def best_of(children: list[tuple[str, str]], path: Path, repeats: int, timeout_s
             continue
         fastest = min(done, key=lambda r: r.total_s or 0.0)
         peak = max(r.peak_rss_bytes for r in done)
-        out.append(Run(fastest.load_s, fastest.analysis_s, peak, fastest.wall_s, fastest.events))
+        out.append(dataclasses.replace(fastest, peak_rss_bytes=peak))
     return out
 
 

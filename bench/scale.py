@@ -108,15 +108,16 @@ def main() -> None:
     lines = [
         f"Command: `.venv/bin/python bench/scale.py --nsys-gb {args.nsys_gb:g} --kineto-gb {args.kineto_gb:g} "
         f"--layouts {args.layouts}`",
-        f"Machine: {machine()}; connectorx {'installed' if _has_connectorx() else 'absent'}. "
+        f"Machine: {machine()}; nsys reader: {_nsys_reader()}. "
         f"Baseline RSS of a child that only imports the tool: {base.peak_rss_bytes / MIB:.0f} MiB.",
         "",
-        "| trace | size MB | events | cold | ours s (load + analysis) | target s | peak RSS MB | RSS / size | target |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
+        "| trace | size MB | events | cold | ours s (load + analysis) | target s | CPU user / sys s "
+        "| peak RSS MB | RSS / size | target |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for label, _path, size, run, cold, rss_target, seconds_target in rows:
         if run.error:
-            lines.append(f"| {label} | {size / 1e6:,.0f} | - | {cold} | {run.error} | | | | |")
+            lines.append(f"| {label} | {size / 1e6:,.0f} | - | {cold} | {run.error} | | | | | |")
             continue
         ratio = run.peak_rss_bytes / size
         time_ok = "" if seconds_target is None else (" met" if run.total_s <= seconds_target else " not met")
@@ -124,6 +125,7 @@ def main() -> None:
             f"| {label} | {size / 1e6:,.0f} | {run.events:,} | {'yes' if cold else 'maybe cached'} "
             f"| {run.total_s:.1f} ({run.load_s:.1f} + {run.analysis_s:.1f}) "
             f"| {'-' if seconds_target is None else f'{seconds_target:g}{time_ok}'} "
+            f"| {'-' if run.user_s is None else f'{run.user_s:.1f} / {run.sys_s:.1f}'} "
             f"| {run.peak_rss_bytes / 1e6:,.0f} | {ratio:.2f} | {rss_target:g} {'met' if ratio <= rss_target else 'not met'} |"
         )
     text = "\n".join(lines)
@@ -133,13 +135,13 @@ def main() -> None:
             f.write("\n" + text + "\n")
 
 
-def _has_connectorx() -> bool:
-    try:
-        import connectorx  # noqa: F401
+def _nsys_reader() -> str:
+    """Which reader loads nsys exports here: the C page reader, else connectorx, else sqlite3's rows."""
+    from advisor.trace import nsys, pages
 
-        return True
-    except ImportError:
-        return False
+    if pages.library() is not None:
+        return "C page reader (advisor/trace/csrc/sqlite_pages.c)"
+    return "connectorx" if nsys._cx is not None else "sqlite3 rows"
 
 
 if __name__ == "__main__":

@@ -16,8 +16,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "advisor"
-ORDER = ("errors", "spec", "estimate", "store", "trace", "analysis", "run", "advice", "present", "cli", "__main__")
-"""Stage order: a module may import its own stage and the ones before it."""
+ORDER = (
+    "errors",
+    "cbuild",
+    "spec",
+    "estimate",
+    "store",
+    "trace",
+    "analysis",
+    "run",
+    "advice",
+    "present",
+    "cli",
+    "__main__",
+)
+"""Stage order: a module may import its own stage and the ones before it. ``cbuild`` compiles the C
+helpers of the trace loader and the profiling run, so it comes before both."""
 NEVER = {"estimate": {"store", "run"}, "analysis": {"store", "run"}}
 """Imports the order allows but the design does not: the estimate and the analyses stay pure (no run
 store, no torch), however the stages are ranked."""

@@ -92,6 +92,9 @@ def test_advisor_command_sizes_and_lists_rules(venv, tmp_path):
     assert len(ids) > 40 and set(ids) <= listed, sorted(set(ids) - listed)
     # The installed data files ship with the package: the estimator's fitted constants and published runs.
     assert list(venv.glob("lib/python*/site-packages/advisor/estimate/published_runs.json"))
+    # ... and the C sources compiled on first use: the nsys page reader and the Unified Memory allocator.
+    for source in ("trace/csrc/sqlite_pages.c", "run/csrc/um_alloc.c"):
+        assert list(venv.glob(f"lib/python*/site-packages/advisor/{source}")), source
 
 
 def test_advisor_app_command_serves(venv, tmp_path):

@@ -21,6 +21,14 @@ from tests.shared import SHARED_TRACES
 
 TRACES = SHARED_TRACES
 NSYS = TRACES / "nsys"
+READ_TABLES = (  # what the loader reads of an export
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "NVTX_EVENTS",
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+)
 if not NSYS.is_dir():
     pytest.skip(f"real traces not found at {NSYS} (the shared traces folder beside the repo)", allow_module_level=True)
 
@@ -170,24 +178,42 @@ def _emit_nvtx_export(path, ops: int) -> list[str]:
     return ["ncclSend", *texts, "aten::mul, op_id = 77"]
 
 
-@pytest.mark.parametrize("reader", ["connectorx", "sqlite3"])
+def _use_reader(monkeypatch, reader: str) -> list:
+    """Load through ``reader`` alone ("pages", "connectorx", "sqlite3"; skipped where it is not here);
+    returns the list that records, per table read, whether that reader read it."""
+    from advisor.trace import nsys as trace_nsys
+    from advisor.trace import pages
+
+    if reader == "pages" and pages.library() is None:
+        pytest.skip("no C compiler here: the page reader cannot be built, connectorx or sqlite3 read")
+    if reader == "connectorx" and trace_nsys._cx is None:
+        pytest.skip("connectorx is not installed here: only the row reader runs")
+    monkeypatch.setattr(trace_nsys, "USE_PAGES", reader == "pages")
+    if reader == "sqlite3":
+        monkeypatch.setattr(trace_nsys, "_cx", None)
+    read: list[bool] = []
+    owner, name = (pages, "read") if reader == "pages" else (trace_nsys, "_columnar")
+    original = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        out = original(*args, **kwargs)
+        read.append(out is not None)
+        return out
+
+    monkeypatch.setattr(owner, name, counted)
+    return read
+
+
+@pytest.mark.parametrize("reader", ["pages", "connectorx", "sqlite3"])
 def test_emit_nvtx_ranges_are_named_by_their_op(tmp_path, monkeypatch, reader):
     # A long emit_nvtx capture has one distinct text per range: a 3.7 GB export 28 M of them, which as
     # names took 4x the file's size in memory (0.5 GB export: 38.6-38.8 s and 2.06-2.17 GB peak RSS
     # before, 7.4-7.9 s and 0.94-0.99 GB now). Each is named by its op; the names that were ops are
-    # listed in attrs["nvtx_ops"].
-    from advisor.trace import nsys as trace_nsys
-
-    if reader == "sqlite3":
-        monkeypatch.setattr(trace_nsys, "_cx", None)
-    elif trace_nsys._cx is None:
-        pytest.skip("connectorx is not installed here: only the row reader runs")
-    read = []
-    columnar = trace_nsys._columnar
-    monkeypatch.setattr(trace_nsys, "_columnar", lambda *args: read.append(out := columnar(*args)) or out)
+    # listed in attrs["nvtx_ops"]. The page reader cuts the texts in C as SQLite's expression does.
+    read = _use_reader(monkeypatch, reader)
     texts = _emit_nvtx_export(tmp_path / "ops.sqlite", 2000)
     df = load_nsys_sqlite(tmp_path / "ops.sqlite")
-    assert [out is not None for out in read] == [reader == "connectorx"]  # connectorx read it all
+    assert read == [reader != "sqlite3"]  # the one table, read by that reader (connectorx declines for sqlite3)
     names = df["name"].astype(str).tolist()
     want = [m.group(1) if (m := NVTX_OP_RE.match(t)) else t for t in texts]
     assert names == want
@@ -511,28 +537,27 @@ def test_odd_file_names_load(tmp_path, name):
 
 
 @pytest.mark.parametrize("file", WITH_TABLES)
-def test_the_columnar_and_the_row_reader_give_the_same_table(file, monkeypatch):
-    # connectorx is an optional speed-up (requirements.txt installs it; an image may lack it): without
-    # it sqlite3's rows give the same table, categories and attrs included.
-    from advisor.trace import nsys as trace_nsys
-
-    if trace_nsys._cx is None:
-        pytest.skip("connectorx is not installed here: only the row reader runs")
-    read = []
-    columnar = trace_nsys._columnar
-
-    def counted(*args, **kwargs):
-        out = columnar(*args, **kwargs)
-        read.append(out is not None)
-        return out
-
-    monkeypatch.setattr(trace_nsys, "_columnar", counted)
-    fast = load_nsys_sqlite(NSYS / file)
-    assert read and all(read)  # every table went through connectorx
-    monkeypatch.setattr(trace_nsys, "_cx", None)
-    slow = load_nsys_sqlite(NSYS / file)
-    pd.testing.assert_frame_equal(fast, slow)
-    assert fast.attrs == slow.attrs
+def test_the_page_columnar_and_row_readers_give_the_same_table(file, monkeypatch):
+    # The page reader (C, compiled on first use) and connectorx are speed-ups a machine may lack
+    # (no compiler, an image without connectorx): each, and sqlite3's rows, give the same table,
+    # categories and attrs included, each table read by that reader alone.
+    with closing(sqlite3.connect(NSYS / file)) as db:
+        names = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
+    read_here = len(names & {*READ_TABLES})
+    tables = {}
+    for reader in ("pages", "connectorx", "sqlite3"):
+        with monkeypatch.context() as m:
+            try:
+                read = _use_reader(m, reader)
+            except pytest.skip.Exception:
+                continue
+            tables[reader] = load_nsys_sqlite(NSYS / file)
+            assert read == [reader != "sqlite3"] * read_here  # connectorx declines each table for sqlite3
+    if len(tables) < 2:
+        pytest.skip("only the row reader runs here: no C compiler and no connectorx")
+    for reader, table in tables.items():
+        pd.testing.assert_frame_equal(table, tables["sqlite3"], obj=reader)
+        assert table.attrs == tables["sqlite3"].attrs
 
 
 def test_odd_file_names_and_bad_values_fall_back_to_the_row_reader(tmp_path):
@@ -547,3 +572,21 @@ def test_odd_file_names_and_bad_values_fall_back_to_the_row_reader(tmp_path):
     # Whichever reader meets it first, the text in an integer column is named.
     with pytest.raises(TraceError, match="column streamId of table CUPTI_ACTIVITY_KIND_KERNEL holds non-integer"):
         load_nsys_sqlite(bad)
+
+
+def test_without_a_c_compiler_the_page_reader_steps_aside(tmp_path, monkeypatch):
+    # A machine with no cc: the reader cannot be built (nothing cached yet), and the export loads
+    # through SQLite, the same table.
+    from advisor.trace import pages
+
+    want = load_nsys_sqlite(NSYS / "pipit_cloverleaf_cuda.sqlite")
+    monkeypatch.setenv("ADVISOR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    pages.library.cache_clear()
+    try:
+        assert pages.library() is None
+        pd.testing.assert_frame_equal(load_nsys_sqlite(NSYS / "pipit_cloverleaf_cuda.sqlite"), want)
+        assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
+    finally:
+        pages.library.cache_clear()

@@ -27,11 +27,8 @@ traces on for a Unified Memory run.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import re
-import shutil
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
@@ -39,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from advisor.cbuild import build_shared
 from advisor.errors import AdvisorError, Refused
 
 SOURCE = Path(__file__).with_name("csrc") / "um_alloc.c"
@@ -52,10 +50,6 @@ PAGE_FAULTS_NOTE = (
     "NVML exposes no Unified Memory fault or migration counters; profile with --nsys, which records CPU and "
     "GPU page faults of a Unified Memory run (" + " ".join(NSYS_UM_FLAGS) + ")"
 )
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("ADVISOR_CACHE", Path.home() / ".cache" / "advisor"))
 
 
 def loaded_cudart() -> Path | None:
@@ -95,10 +89,7 @@ def _header_major(include: Path) -> int | None:
 def build_allocator(*, stub: bool = False, cudart: Path | None = None, out_dir: Path | None = None) -> Path:
     """Compile ``um_alloc.c`` into a shared library (cached by source and flags); returns its path.
     ``stub`` builds the CPU-test version (malloc/free). AdvisorError names what is missing."""
-    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if cc is None:
-        raise AdvisorError("--unified-memory builds a small C allocator and needs a C compiler (cc or gcc) on the PATH")
-    flags = ["-O2", "-shared", "-fPIC", "-Wall"]
+    flags: list[str] = []
     libs = ["-lpthread"]
     if stub:
         flags.append("-DUM_STUB")
@@ -117,18 +108,8 @@ def build_allocator(*, stub: bool = False, cudart: Path | None = None, out_dir: 
             flags.append("-DUM_NO_HINTS")  # headers of another release: no advice calls whose ABI may differ
         flags.append(f"-I{include}")
         libs = [str(cudart), f"-Wl,-rpath,{cudart.parent}", *libs]
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags + libs).encode()).hexdigest()[:16]
-    out_dir = out_dir or cache_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lib = out_dir / f"um_alloc-{'stub-' if stub else ''}{key}.so"
-    if lib.is_file():
-        return lib
-    tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-    proc = subprocess.run([cc, *flags, str(SOURCE), "-o", str(tmp), *libs], capture_output=True, text=True)
-    if proc.returncode:
-        raise AdvisorError(f"--unified-memory: compiling {SOURCE.name} failed: {proc.stderr.strip()[-600:]}")
-    os.replace(tmp, lib)
-    return lib
+    stem = "um_alloc-stub" if stub else "um_alloc"
+    return build_shared(SOURCE, flags, libs, stem=stem, purpose="--unified-memory", out_dir=out_dir)
 
 
 class ManagedAllocator:

@@ -3,8 +3,10 @@
 Reads, where the export has them (exports omit empty tables): CUDA kernels, memcpys and memsets,
 CUDA runtime/driver API calls, NVTX ranges and CUDA synchronization records. Only the columns the
 event table needs are selected, and only those the table has (the schema gains columns across nsys
-versions: greenContextId, graphId, cluster*...); rows are fetched in blocks into numpy arrays, and
-names stay integer codes into one category list, so memory grows with the compact columns only.
+versions: greenContextId, graphId, cluster*...) into numpy arrays, and names stay integer codes into
+one category list, so memory grows with the compact columns only. Three readers give the same table,
+fastest first: the C page reader (advisor.trace.pages: the file's B-tree pages parsed with no SQL
+engine, where a C compiler built it), connectorx (Rust, over SQLite), and sqlite3's rows in blocks.
 
 Conventions of the export that the loader relies on (checked on exports of nsys 2024.5 and 2026.2):
 
@@ -28,11 +30,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from advisor.errors import AdvisorError, TraceError
+from advisor.trace import pages
 from advisor.trace.table import COLUMNS, COPY_KINDS, HOST_MEM, make_table, unique_first, unique_inverse
 
 try:  # an optional speed-up: reads a table's columns in Rust, 4-6x faster than sqlite3's row tuples
@@ -44,6 +48,9 @@ try:  # an optional speed-up: reads a table's columns in Rust, 4-6x faster than 
 except ImportError:  # the same rows through the standard library, slower
     _cx = None
 
+USE_PAGES = True
+"""Read tables through the C page reader (advisor.trace.pages) where it applies; tests turn it off to
+check the SQLite readers give the same table."""
 DEFAULT_MAX_BYTES = 2 * 2**30
 FETCH_ROWS = 200_000  # rows per fetch: ~ a few tens of MiB of Python tuples at most
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -452,18 +459,23 @@ def _read(
     table: str,
     ints: dict[str, int],
     texts: dict[str, Callable[[tuple], np.ndarray]] | None = None,
-    where: str = "",
+    where: _Where | None = None,
 ) -> dict[str, np.ndarray]:
     """Columns of ``table`` as int64 arrays, fetched in blocks. ``ints`` maps integer columns to the
     value that stands for NULL and for a column the table lacks; ``texts`` maps text columns to a
     function turning one block of values into int64 codes (-1 for a missing column), so the strings
     of a block are dropped as soon as it is coded."""
     texts = texts or {}
+    where = where or _Where()
     sql, keep = _query(conn, file, table, ints, tuple(texts), where)
     pending = (getattr(conn, "prefetched", None) or {}).pop(sql, None)
-    raw = pending.result() if pending is not None else _columnar(getattr(conn, "path", None), sql, keep, ints, texts)
+    if pending is not None:
+        raw = pending.result()
+    else:
+        paged = _page_plan(conn, table, ints, tuple(texts), where)
+        raw = _fetch(paged, getattr(conn, "path", None), sql, keep, ints, texts)
     if raw is not None:
-        out = {c: texts[c](v) if c in texts else v for c, v in raw.items()}
+        out = {c: _coded(texts[c], v) if c in texts else v for c, v in raw.items()}
     else:
         out = _read_rows(conn, file, table, sql, keep, texts)
     n = out["start"].size
@@ -473,8 +485,51 @@ def _read(
     return out
 
 
+def _coded(code: Callable[..., np.ndarray], values: np.ndarray | pages.Coded) -> np.ndarray:
+    """int64 codes of a text column: ``code`` applied to its values, or to the distinct values of one
+    the page reader coded (and spread over its rows)."""
+    if isinstance(values, pages.Coded):
+        return np.append(code(values.distinct), -1)[values.codes]  # -1 (NULL, empty) stays -1
+    return code(values)
+
+
+class _Where(NamedTuple):
+    """The rows a read keeps: those where ``not_null`` is not NULL and ``within[0]`` holds one of
+    ``within[1]``; one statement for SQLite and the page reader."""
+
+    not_null: str | None = None
+    within: tuple[str, tuple[int, ...]] | None = None
+
+    def sql(self) -> str:
+        terms = [f'"{self.not_null}" IS NOT NULL'] if self.not_null else []
+        if self.within:
+            terms.append(f'"{self.within[0]}" IN ({", ".join(map(str, self.within[1]))})')
+        return f"WHERE {' AND '.join(terms)}" if terms else ""
+
+
+def _page_plan(
+    conn: sqlite3.Connection, table: str, ints: dict[str, int], texts: tuple[str, ...], where: _Where
+) -> pages.Plan | None:
+    """The page reader's plan of this read, on the calling thread; None where it does not apply."""
+    path = getattr(conn, "path", None)
+    if not USE_PAGES or path is None or len(texts) > 1:
+        return None
+    text = texts[0] if texts else None
+    cut = (table, text) in _TEXT_SQL
+    return pages.plan(conn, path, table, ints, text=text, cut_ops=cut, not_null=where.not_null, within=where.within)
+
+
+def _fetch(
+    paged: pages.Plan | None, path: Path | None, sql: str, keep: list[str], ints: dict[str, int], texts: dict
+) -> dict | None:
+    """A table's columns read by the page reader, else by connectorx; None where neither could (the
+    standard library's row reader then reads it). Safe on any thread."""
+    raw = pages.read(paged) if paged is not None else None
+    return raw if raw is not None else _columnar(path, sql, keep, ints, texts)
+
+
 def _query(
-    conn: sqlite3.Connection, file: str, table: str, ints: dict[str, int], texts: tuple[str, ...], where: str
+    conn: sqlite3.Connection, file: str, table: str, ints: dict[str, int], texts: tuple[str, ...], where: _Where
 ) -> tuple[str, list[str]]:
     """The SELECT of ``table``'s columns that _read reads, and the columns it has of those asked for."""
     have = _columns(conn, table)
@@ -483,15 +538,16 @@ def _query(
             raise TraceError(f"{file}: table {table} has no column {required!r}; expected an nsys export's schema")
     keep = [c for c in [*ints, *texts] if c in have]
     exprs = [f'COALESCE("{c}", {ints[c]})' if c in ints else _TEXT_SQL.get((table, c), f'"{c}"') for c in keep]
-    return f'SELECT {", ".join(exprs)} FROM "{table}" {where}', keep
+    return f'SELECT {", ".join(exprs)} FROM "{table}" {where.sql()}', keep
 
 
 def _prefetch(conn: sqlite3.Connection, file: str, tables: set[str], pool: ThreadPoolExecutor) -> None:
-    """Start reading every table _load will read, on ``pool``'s threads: connectorx releases the GIL, so
-    two tables read at once on two cores (1.65x on a 3.7 GB export's three largest tables). _read takes
-    each result by its SELECT; the coding of names stays on the calling thread, in _load's order."""
+    """Start reading every table _load will read, on ``pool``'s threads: the page reader and connectorx
+    release the GIL, so two tables read at once on two cores (1.65x on a 3.7 GB export's three largest
+    tables through connectorx). _read takes each result by its SELECT; the coding of names stays on the
+    calling thread, in _load's order."""
     path = getattr(conn, "path", None)
-    if _cx is None or path is None:
+    if path is None or (_cx is None and (not USE_PAGES or pages.library() is None)):
         return
     prefetched = {}
     # The largest table first: one thread reads it while the other reads the rest, and the calling thread
@@ -502,7 +558,8 @@ def _prefetch(conn: sqlite3.Connection, file: str, tables: set[str], pool: Threa
             sql, keep = _query(conn, file, table, ints, texts, where)
         except TraceError:
             continue  # _read raises it again, in order
-        prefetched[sql] = pool.submit(_columnar, path, sql, keep, ints, dict.fromkeys(texts))
+        paged = _page_plan(conn, table, ints, texts, where)
+        prefetched[sql] = pool.submit(_fetch, paged, path, sql, keep, ints, dict.fromkeys(texts))
     conn.prefetched = prefetched
 
 
@@ -593,30 +650,29 @@ def _process(global_id: np.ndarray) -> np.ndarray:
 _DEVICE_COLS = {"start": 0, "end": 0, "deviceId": -1, "streamId": -1, "correlationId": -1, "globalPid": -1}
 
 
-def _plans(conn: sqlite3.Connection, tables: set[str]) -> dict[str, tuple[dict[str, int], tuple[str, ...], str]]:
+def _plans(conn: sqlite3.Connection, tables: set[str]) -> dict[str, tuple[dict[str, int], tuple[str, ...], _Where]]:
     """What _load reads of each table it reads: (integer columns with their NULL value, text columns,
     WHERE clause); the one place that says it, for the readers and _prefetch alike."""
     plans = {
-        "CUPTI_ACTIVITY_KIND_KERNEL": ({**_DEVICE_COLS, "demangledName": -1, "shortName": -1}, (), ""),
+        "CUPTI_ACTIVITY_KIND_KERNEL": ({**_DEVICE_COLS, "demangledName": -1, "shortName": -1}, (), _Where()),
         "CUPTI_ACTIVITY_KIND_MEMCPY": (
             {**_DEVICE_COLS, "bytes": 0, "copyKind": 0, "srcKind": -1, "dstKind": -1},
             (),
-            "",
+            _Where(),
         ),
-        "CUPTI_ACTIVITY_KIND_MEMSET": ({**_DEVICE_COLS, "bytes": 0, "memKind": -1}, (), ""),
+        "CUPTI_ACTIVITY_KIND_MEMSET": ({**_DEVICE_COLS, "bytes": 0, "memKind": -1}, (), _Where()),
         "CUPTI_ACTIVITY_KIND_RUNTIME": (
             {"start": 0, "end": 0, "globalTid": -1, "correlationId": -1, "nameId": -1},
             (),
-            "",
+            _Where(),
         ),
     }
     if "NVTX_EVENTS" in tables:
-        where = 'WHERE "end" IS NOT NULL'
-        if "eventType" in _columns(conn, "NVTX_EVENTS"):
-            where += f" AND eventType IN ({', '.join(map(str, _NVTX_RANGE_TYPES))})"
+        typed = "eventType" in _columns(conn, "NVTX_EVENTS")
+        where = _Where("end", ("eventType", _NVTX_RANGE_TYPES) if typed else None)
         plans["NVTX_EVENTS"] = ({"start": 0, "end": 0, "globalTid": -1, "textId": -1}, ("text",), where)
     if _SYNC_TABLE in tables:
-        plans[_SYNC_TABLE] = ({**_DEVICE_COLS, _sync_column(conn): 0}, (), "")
+        plans[_SYNC_TABLE] = ({**_DEVICE_COLS, _sync_column(conn): 0}, (), _Where())
     return {t: plan for t, plan in plans.items() if t in tables}
 
 
