@@ -172,6 +172,12 @@ def test_what_it_declines_instead_of_misreading(tmp_path):
     data[4096 * (leaves[len(leaves) // 2] - 1)] = 0x42  # a middle leaf's page type (MIN/MAX(rowid) never read it)
     damaged.write_bytes(bytes(data))
     assert _read(damaged, {"a": 0, "b": 0}) is None
+    # The walk to the leaves reads only an interior page's first child and takes the rest as leaves
+    # (SQLite's B-trees are balanced); a later child that is not a leaf is caught when it is parsed.
+    data = bytearray(plain.read_bytes())
+    data[4096 * (leaves[-2] - 1)] = 0x05  # a leaf made an interior page (not the last: MAX(rowid) reads that)
+    damaged.write_bytes(bytes(data))
+    assert _read(damaged, {"a": 0, "b": 0}) is None
     wal = Path(f"{plain}-wal")
     wal.write_bytes(b"\0" * 32)  # pages that may be newer than the file's: SQLite reads them
     with closing(sqlite3.connect(f"file:{plain}?mode=ro", uri=True)) as db:
