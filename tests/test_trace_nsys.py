@@ -590,3 +590,46 @@ def test_without_a_c_compiler_the_page_reader_steps_aside(tmp_path, monkeypatch)
         assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
     finally:
         pages.library.cache_clear()
+
+
+def _cached_pages(path) -> tuple[int, int]:
+    """(pages of ``path`` in the page cache, its pages), from mincore on a mapping of it."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as m:
+        pages = -(-len(m) // mmap.PAGESIZE)
+        vec = ctypes.create_string_buffer(pages)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        assert libc.mincore(address, len(m), vec) == 0, os.strerror(ctypes.get_errno())
+        resident = sum(b & 1 for b in vec.raw)
+        del address
+    return resident, pages
+
+
+def test_a_load_leaves_the_page_cache_as_it_found_the_file(tmp_path):
+    # A multi-GB export read once should not push the machine's cached files out (nor, on a VM whose
+    # host backs memory on demand, take the memory the event table then needs): the page reader drops
+    # the pages it brought in; a file that was cached stays cached.
+    from advisor.trace import pages
+
+    if pages.library() is None or not hasattr(os, "posix_fadvise"):
+        pytest.skip("no page reader here (no C compiler) or no posix_fadvise: the cache is SQLite's to fill")
+    export = tmp_path / "export.sqlite"
+    shutil.copy(NSYS / "nsysai_mfu_2gpu_before.sqlite", export)
+    with open(export, "rb+") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    resident, total = _cached_pages(export)
+    if resident:
+        pytest.skip(f"this file system keeps {resident} of {total} pages cached after POSIX_FADV_DONTNEED (tmpfs)")
+    want = load_nsys_sqlite(NSYS / "nsysai_mfu_2gpu_before.sqlite")
+    pd.testing.assert_frame_equal(load_nsys_sqlite(export), want)
+    resident, total = _cached_pages(export)
+    assert total > 600 and resident == 0, (resident, total)
+    export.read_bytes()  # now the file is cached before the load: it stays so
+    assert _cached_pages(export)[0] == total
+    pd.testing.assert_frame_equal(load_nsys_sqlite(export), want)
+    assert _cached_pages(export) == (total, total)

@@ -156,11 +156,16 @@ def load_nsys_sqlite(
     id belongs) or lie out of range. ``check()`` runs before each table is read and stops the load by raising.
     """
     path = Path(path)
-    _check_file(path, max_bytes)
+    # The file's pages as the page cache holds them before any read: the page reader hands back those
+    # it brings in as it parses them, _load the rest once the tables are read, and close() what the
+    # metadata's reads brought in (pages.CachedBefore).
+    cached = pages.CachedBefore(path) if USE_PAGES else None
     try:
+        _check_file(path, max_bytes)
         with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, factory=_Connection)) as conn:
             conn.path = path.absolute()
             conn.check = check
+            conn.cached = cached
             return _load(conn, path.name)
     except sqlite3.DatabaseError as err:
         raise TraceError(f"{path.name} is a damaged SQLite database ({err}); expected an intact nsys export") from None
@@ -168,6 +173,9 @@ def load_nsys_sqlite(
         raise
     except (TypeError, ValueError, OverflowError) as err:  # a value of a type no export writes
         raise TraceError(f"{path.name}: a value of an unexpected type in the export ({err})") from None
+    finally:
+        if cached is not None:
+            cached.close()
 
 
 def _check_file(path: Path, max_bytes: int) -> None:
@@ -225,6 +233,8 @@ def _load(conn: sqlite3.Connection, file: str) -> pd.DataFrame:
             for pending in (conn.prefetched or {}).values():
                 pending.cancel()
             conn.prefetched = None
+    if conn.cached is not None:  # the pool has waited for every read: the rest of what they brought in
+        conn.cached.drop()  # before the table is built, whose arrays may take these pages
     return _table(conn, file, tables, present, parts)
 
 
@@ -341,6 +351,7 @@ class _Connection(sqlite3.Connection):
     path: Path | None = None
     prefetched: dict | None = None
     check: Callable[[], None] | None = None
+    cached: pages.CachedBefore | None = None
 
 
 class _Names:
@@ -517,7 +528,17 @@ def _page_plan(
         return None
     text = texts[0] if texts else None
     cut = (table, text) in _TEXT_SQL
-    return pages.plan(conn, path, table, ints, text=text, cut_ops=cut, not_null=where.not_null, within=where.within)
+    return pages.plan(
+        conn,
+        path,
+        table,
+        ints,
+        text=text,
+        cut_ops=cut,
+        not_null=where.not_null,
+        within=where.within,
+        cached=getattr(conn, "cached", None),
+    )
 
 
 def _fetch(

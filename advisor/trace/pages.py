@@ -57,6 +57,7 @@ class Plan(NamedTuple):
     not_null: int
     within: int
     within_values: tuple[int, ...]
+    cached: int | None = None  # a CachedBefore's handle: pages read that it lacks are dropped after
 
 
 @functools.cache
@@ -85,8 +86,12 @@ def library() -> ctypes.CDLL | None:
         ctypes.c_int,
         _I64P,
         ctypes.c_int,
+        ctypes.c_void_p,
     ]
     lib.sp_dict_new.restype = ctypes.c_void_p
+    lib.sp_cached_new.restype, lib.sp_cached_new.argtypes = ctypes.c_void_p, [ctypes.c_char_p]
+    lib.sp_cached_drop.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.sp_cached_free.argtypes = [ctypes.c_void_p]
     for name in ("sp_dict_size", "sp_dict_bytes"):
         getattr(lib, name).restype = ctypes.c_int64
         getattr(lib, name).argtypes = [ctypes.c_void_p]
@@ -105,11 +110,13 @@ def plan(
     cut_ops: bool = False,
     not_null: str | None = None,
     within: tuple[str, tuple[int, ...]] | None = None,
+    cached: CachedBefore | None = None,
 ) -> Plan | None:
     """The read of ``table``'s ``ints`` columns (those it has; NULL read as the value given) and its
     ``text`` column, keeping rows where ``not_null`` is not NULL and ``within[0]`` holds one of
     ``within[1]``; None where the page reader does not apply. ``conn``: an open sqlite3 connection to
-    ``path``, on the calling thread."""
+    ``path``, on the calling thread. ``cached``: the file's page cache as the caller found it, which
+    the read leaves it as (see :class:`CachedBefore`)."""
     if library() is None or not _plain_file(path):
         return None
     with path.open("rb") as f:
@@ -158,7 +165,37 @@ def plan(
         not_null=position[not_null] if not_null else -1,
         within=position[within[0]] if within else -1,
         within_values=tuple(within[1]) if within else (),
+        cached=cached.handle if cached is not None else None,
     )
+
+
+class CachedBefore:
+    """Which of a file's pages the page cache holds now (``mincore``), so that reads of it leave the
+    cache as they found it: each :func:`read` of a plan made with it drops the pages it brought in
+    once parsed (``POSIX_FADV_DONTNEED``), and :meth:`drop` the rest, which the kernel read ahead or
+    SQLite read. A multi-GB export read once then pushes no other cached file out, and on a VM whose
+    host backs guest memory on demand the freed pages go on to hold the event table instead of the
+    host backing both (bench/results/analyze_speed.md, 2026-12-07 afternoon). A file that was in the
+    cache stays there. Where residency cannot be read (no C compiler, no mmap, no posix_fadvise:
+    macOS) nothing is dropped."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = os.fsencode(path)
+        lib = library()
+        self.handle: int | None = (lib.sp_cached_new(self.path) or None) if lib is not None else None
+
+    def drop(self) -> None:
+        """Drop every page of the file that was not cached when this was made; call it while no read
+        made with it runs."""
+        if self.handle:
+            library().sp_cached_drop(self.handle, self.path)
+
+    def close(self) -> None:
+        """:meth:`drop`, then forget the residency: plans made with this must not be read after."""
+        self.drop()
+        handle, self.handle = self.handle, None
+        if handle:
+            library().sp_cached_free(handle)
 
 
 def _plain_file(path: Path) -> bool:
@@ -201,6 +238,7 @@ def read(p: Plan) -> dict[str, np.ndarray | Coded] | None:
             p.within,
             within.ctypes.data_as(_I64P),
             len(p.within_values),
+            p.cached,
         )
         if n < 0:
             return None

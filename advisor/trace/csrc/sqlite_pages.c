@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define SP_CAPACITY -2 /* more rows than the caller's capacity */
@@ -98,6 +99,81 @@ static int push_leaf(reader_t *r, int64_t page, int64_t **leaves, int64_t *n, in
     }
     (*leaves)[(*n)++] = page;
     return 0;
+}
+
+/* Which of a file's pages the page cache held at one moment: one byte per OS page (mincore). */
+typedef struct {
+    int64_t os_page, os_pages;
+    unsigned char *vec;
+} sp_cached;
+
+/* The page cache's hold on the file at `path` now; NULL where that cannot be known (then nothing
+ * is dropped). */
+sp_cached *sp_cached_new(const char *path) {
+#ifndef POSIX_FADV_DONTNEED /* macOS: no posix_fadvise, so nothing could be dropped */
+    (void)path;
+    return NULL;
+#endif
+    long os_page = sysconf(_SC_PAGESIZE);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    off_t size = lseek(fd, 0, SEEK_END);
+    sp_cached *c = os_page > 0 && size > 0 ? calloc(1, sizeof *c) : NULL;
+    void *map = c ? mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (map != MAP_FAILED) {
+        c->os_page = os_page, c->os_pages = ((int64_t)size + os_page - 1) / os_page;
+        c->vec = malloc((size_t)c->os_pages);
+        if (c->vec && mincore(map, (size_t)size, (void *)c->vec) != 0) {
+            free(c->vec);
+            c->vec = NULL;
+        }
+        munmap(map, (size_t)size);
+    }
+    close(fd);
+    if (c && !c->vec) {
+        free(c);
+        c = NULL;
+    }
+    return c;
+}
+
+void sp_cached_free(sp_cached *c) {
+    if (!c) return;
+    free(c->vec);
+    free(c);
+}
+
+/* Hand back to the kernel the pages of bytes [off, off + len) of the file open as `fd` that were not
+ * in the page cache when `c` was taken, keeping those that were: a multi-GB export read once does not
+ * push the machine's cached files out, and on a VM whose host backs guest memory on demand the page
+ * cache's pages go on to hold the event table instead of the host backing both
+ * (bench/results/analyze_speed.md). A file that was cached stays cached. */
+static void drop_read(const sp_cached *c, int fd, int64_t off, int64_t len) {
+    if (!c || len <= 0) return;
+    int64_t first = off / c->os_page, last = (off + len - 1) / c->os_page;
+    if (last >= c->os_pages) last = c->os_pages - 1;
+    for (int64_t p = first; p <= last;) {
+        if (c->vec[p] & 1) {
+            p++;
+            continue;
+        }
+        int64_t q = p;
+        while (q < last && !(c->vec[q + 1] & 1)) q++;
+#ifdef POSIX_FADV_DONTNEED
+        posix_fadvise(fd, (off_t)(p * c->os_page), (off_t)((q - p + 1) * c->os_page), POSIX_FADV_DONTNEED);
+#endif
+        p = q + 1;
+    }
+}
+
+/* Everything of the file at `path` that was not cached when `c` was taken, handed back: what the
+ * kernel's read-ahead brought in beside the pages each read dropped (tables' pages interleave). */
+void sp_cached_drop(const sp_cached *c, const char *path) {
+    if (!c) return;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    drop_read(c, fd, 0, c->os_pages * c->os_page);
+    close(fd);
 }
 
 /* Leaf pages of the B-tree under `page`, left to right (rowid order), appended to *leaves. SQLite's
@@ -292,10 +368,12 @@ static int int_value(const uint8_t *body, const field_t *f, int64_t *v) {
  * is `root` into out[j][row] (int64, NULL read as nulls[j]), keeping the rows where column
  * `notnull` (-1: none) is not NULL and column `within` (-1: none) holds one of within_vals. Column
  * `text` (-1: none) is coded into codes[row] (-1 for NULL or empty), through *dict; `cut_ops`
- * applies cut() first. Returns the rows kept, or a negative SP_* code. */
+ * applies cut() first. The leaf pages it reads that `cached` (NULL: none) says were not in the
+ * page cache are dropped from it once parsed. Returns the rows kept, or a negative SP_* code. */
 int64_t sp_read(const char *path, int64_t page_size, int64_t usable, int64_t npages, int64_t root, int ncols,
                 const int *cols, const int64_t *nulls, int64_t **out, int64_t capacity, int text, int cut_ops,
-                int64_t *codes, sp_dict *dict, int notnull, int within, const int64_t *within_vals, int nwithin) {
+                int64_t *codes, sp_dict *dict, int notnull, int within, const int64_t *within_vals, int nwithin,
+                const sp_cached *cached) {
     reader_t r = {.page_size = page_size, .usable = usable, .npages = npages};
     int64_t *leaves = NULL, nleaves = 0, cap = 0, rows = 0;
     int last = text > notnull ? text : notnull, rc = 0;
@@ -313,6 +391,7 @@ int64_t sp_read(const char *path, int64_t page_size, int64_t usable, int64_t npa
         int64_t k = 1;
         while (i + k < nleaves && k < RUN_PAGES && leaves[i + k] == leaves[i] + k) k++;
         rc = read_pages(&r, r.run, leaves[i], k);
+        if (rc == 0) drop_read(cached, r.fd, (leaves[i] - 1) * page_size, k * page_size);
         for (int64_t q = 0; rc == 0 && q < k; q++) {
             const uint8_t *page = r.run + q * page_size, *h = page + (leaves[i + q] == 1 ? 100 : 0);
             const uint8_t *end = page + usable;
