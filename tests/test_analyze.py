@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from advisor.analysis.breakdown import launch_stats, memcpy_summary
+from advisor.analysis.breakdown import launch_stats, memcpy_summary, phase_breakdown
 from advisor.analysis.roofline import UNKNOWN_SIZE, trace_roofline
 from advisor.analysis.summary import analyze, format_report, load_trace
 from advisor.cli import main
@@ -395,6 +395,44 @@ def test_kernels_of_a_cuda_graph_stay_out_of_the_launch_delay():
     assert row.launch_delay_mean_us == pytest.approx(5.0) and row.launch_delay_p95_us == pytest.approx(5.0)
     assert row.launch_call_mean_us == pytest.approx(5.0)
     assert row.kernel_mean_us == pytest.approx(50.0)  # every kernel still counts as a kernel
+
+
+def _ranges(names: list[str], kinds: list[str], devices: list[int], ranks: list[int]):
+    n = len(names)
+    return make_table(
+        {
+            "rank": np.array(ranks, dtype=np.int32),
+            "kind": kinds,
+            "name": names,
+            "start_ns": np.arange(n, dtype=np.int64) * 1000,
+            "dur_ns": (np.arange(n, dtype=np.int64) + 1) * 10,  # row i lasts 10 * (i + 1) ns
+            "device": devices,
+        }
+    )
+
+
+def test_phases_are_the_host_ranges_named_as_phases():
+    # Rows (duration): 0 step (10), 1 forward (20), 2 the GPU copy of forward (30), 3 a kernel named
+    # step (40), 4 step on rank 1 (50), 5 ProfilerStep#1 (60), 6 optimizer (70), 7 forward on rank 0 (80).
+    names = ["step", "forward", "forward", "step", "step", "ProfilerStep#1", "optimizer", "forward"]
+    kinds = ["annotation", "annotation", "annotation", "kernel", "annotation", "annotation", "annotation", "annotation"]
+    table = _ranges(names, kinds, [-1, -1, 0, 0, -1, -1, -1, -1], [0, 0, 0, 0, 1, 0, 1, 0])
+    got = phase_breakdown(table)
+    # The trace has step ranges of its own: ProfilerStep#1 is not a step; the GPU copy and the kernel
+    # are not host ranges.
+    assert got[["rank", "phase", "count", "total_ns"]].values.tolist() == [
+        [0, "forward", 2, 100],
+        [0, "step", 1, 10],
+        [1, "optimizer", 1, 70],
+        [1, "step", 1, 50],
+    ]
+    # No host range named step (a kernel is): ProfilerStep#N ranges are the steps, and a name that only
+    # looks like one is not (a trailing newline, no number).
+    names = ["ProfilerStep#1", "step", "ProfilerStep#12", "ProfilerStep#3\n", "ProfilerStep#x", "backward"]
+    kinds = ["annotation", "kernel", "annotation", "annotation", "annotation", "annotation"]
+    got = phase_breakdown(_ranges(names, kinds, [-1, 0, -1, -1, -1, -1], [0, 0, 0, 0, 0, 0]))
+    assert got[["rank", "phase", "count", "total_ns"]].values.tolist() == [[0, "backward", 1, 60], [0, "step", 2, 40]]
+    assert got["mean_ns"].tolist() == [60.0, 20.0]
 
 
 def test_copies_of_unknown_size_have_an_unknown_bandwidth(tmp_path):
