@@ -157,7 +157,7 @@ def load_nsys_sqlite(
     """
     path = Path(path)
     # The file's pages as the page cache holds them before any read: the page reader hands back those
-    # it brings in as it parses them, _load the rest once the tables are read, and close() what the
+    # it brings in as it reads them, _load the rest once the tables are read, and close() what the
     # metadata's reads brought in (pages.CachedBefore).
     cached = pages.CachedBefore(path) if USE_PAGES else None
     try:

@@ -172,7 +172,7 @@ def plan(
 class CachedBefore:
     """Which of a file's pages the page cache holds now (``mincore``), so that reads of it leave the
     cache as they found it: each :func:`read` of a plan made with it drops the pages it brought in
-    once parsed (``POSIX_FADV_DONTNEED``), and :meth:`drop` the rest, which the kernel read ahead or
+    as soon as it has copied them (``POSIX_FADV_DONTNEED``), and :meth:`drop` the rest, which the kernel read ahead or
     SQLite read. A multi-GB export read once then pushes no other cached file out, and on a VM whose
     host backs guest memory on demand the freed pages go on to hold the event table instead of the
     host backing both (bench/results/analyze_speed.md, 2026-12-07 afternoon). A file that was in the

@@ -369,7 +369,8 @@ static int int_value(const uint8_t *body, const field_t *f, int64_t *v) {
  * `notnull` (-1: none) is not NULL and column `within` (-1: none) holds one of within_vals. Column
  * `text` (-1: none) is coded into codes[row] (-1 for NULL or empty), through *dict; `cut_ops`
  * applies cut() first. The leaf pages it reads that `cached` (NULL: none) says were not in the
- * page cache are dropped from it once parsed. Returns the rows kept, or a negative SP_* code. */
+ * page cache are dropped from it as soon as each run is in the reader's buffer. Returns the rows
+ * kept, or a negative SP_* code. */
 int64_t sp_read(const char *path, int64_t page_size, int64_t usable, int64_t npages, int64_t root, int ncols,
                 const int *cols, const int64_t *nulls, int64_t **out, int64_t capacity, int text, int cut_ops,
                 int64_t *codes, sp_dict *dict, int notnull, int within, const int64_t *within_vals, int nwithin,
