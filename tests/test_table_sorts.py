@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from advisor.analysis.breakdown import _sweep, union_ns
-from advisor.trace.table import grouped_lexsort, unique_first, unique_inverse
+from advisor.trace.table import grouped_lexsort, kind_mask, make_table, unique_first, unique_inverse
 
 
 def test_grouped_lexsort_orders_by_group_then_start():
@@ -70,3 +70,15 @@ def test_union_and_sweep():
         s = rng.integers(0, 100, n)
         e = s + rng.integers(-5 if n % 3 == 0 else 0, 30, n)  # some reversed intervals: the sweep decides
         assert union_ns(s, e) == (int(_sweep(s, e, np.zeros(n, dtype=np.int64), 1)[1]) if n else 0)
+
+
+def test_kind_mask_of_all_rows_or_of_some():
+    kinds = ["kernel", "annotation", "runtime", "annotation", "memcpy"]
+    table = make_table({"rank": 0, "kind": kinds, "name": "x", "start_ns": np.arange(5), "dur_ns": 1})
+    plain = table.assign(kind=table["kind"].astype(object))  # a table whose kinds are plain strings
+    rows = np.array([4, 1, 3, 0])
+    for df in (table, plain):
+        assert kind_mask(df, "annotation", "memcpy").tolist() == [False, True, False, True, True]
+        assert kind_mask(df, "annotation", rows=rows).tolist() == [False, True, True, False]  # in rows' order
+        assert kind_mask(df, "sync", rows=rows).tolist() == [False] * 4  # a kind the table lacks
+        assert kind_mask(df, "kernel", rows=rows[:0]).tolist() == []

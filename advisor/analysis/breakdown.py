@@ -657,15 +657,7 @@ PARENT_ROUNDS = 256  # pointer-jumping rounds of _parents before the walk decide
 
 def _host_ranges(df: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """Those of ``rows`` (positions) that are host annotations (device -1)."""
-    kind = df["kind"]
-    if isinstance(kind.dtype, pd.CategoricalDtype):
-        categories = kind.cat.categories
-        if "annotation" not in categories:
-            return rows[:0]
-        annotation = kind.array.codes[rows] == categories.get_loc("annotation")
-    else:
-        annotation = kind.to_numpy()[rows] == "annotation"
-    return rows[annotation & (df["device"].to_numpy()[rows] == -1)]
+    return rows[kind_mask(df, "annotation", rows=rows) & (df["device"].to_numpy()[rows] == -1)]
 
 
 def launch_stats(
