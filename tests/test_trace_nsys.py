@@ -602,10 +602,10 @@ def _cached_pages(path) -> tuple[int, int]:
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as m:
         pages = -(-len(m) // mmap.PAGESIZE)
         vec = ctypes.create_string_buffer(pages)
+        # The c_char over the mapping is a temporary: gone before the mapping closes, which it would block.
         address = ctypes.addressof(ctypes.c_char.from_buffer(m))
         assert libc.mincore(address, len(m), vec) == 0, os.strerror(ctypes.get_errno())
         resident = sum(b & 1 for b in vec.raw)
-        del address
     return resident, pages
 
 
