@@ -241,7 +241,9 @@ class Transformer(nn.Module):
             if getattr(module, "bias", None) is not None and module.bias.device.type != "meta":
                 nn.init.zeros_(module.bias)
 
-    def _rope_for(self, s: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def rope_for(self, s: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The RoPE (cos, sin) tables for ``s`` positions (None without RoPE), cached on the model and
+        rebuilt only for a longer sequence or another device."""
         if self.spec.position != "rope":
             return None
         if self._rope is None or self._rope[0].shape[0] < s or self._rope[0].device != device:
@@ -260,7 +262,7 @@ class Transformer(nn.Module):
             x = self.embed(tokens)
             if self.pos is not None:
                 x = x + self.pos(torch.arange(s, device=tokens.device))
-        rope = self._rope_for(s, tokens.device)
+        rope = self.rope_for(s, tokens.device)
         for i, block in enumerate(self.blocks):
             forward = partial(self._block_forward, i, block, x, rope)
             x = self.block_runner(i)(forward) if self.block_runner is not None and self.training else forward()

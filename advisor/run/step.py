@@ -351,6 +351,10 @@ def build_trainer(
     else:
         optimizer = build_optimizer(params, t.optimizer, optimizer_impl)
     if compile_model:
+        # The first forward caches the RoPE tables on the model: made before compiling, the cache is
+        # there from the first call, so the second step does not fail a guard on it and compile the
+        # whole model again (its first timed step took twice the steady step on the CPU).
+        model.rope_for(t.seq_len, device)
         model = torch.compile(model)
     dtype = _DTYPES[t.precision]
     scaler = torch.amp.GradScaler(device.type) if t.precision == "fp16" else None
