@@ -4,6 +4,7 @@ import functools
 import gzip
 import json
 import os
+import platform
 import signal
 from pathlib import Path
 
@@ -76,6 +77,8 @@ def test_profiled_run_through_the_child_is_complete(tmp_path):
     assert m["peak_memory_bytes"] < m["host_peak_rss_bytes"] <= PROCESS_HOST_BYTES
     assert m["nvml"]["nvml_available"] is False and "CPU" in m["nvml"]["nvml_reason"]
     assert run.record["environment"]["torch"] == torch.__version__
+    # The child keeps the memory its steps free (glibc's mallopt), so its steps reuse warm pages.
+    assert run.record["environment"]["freed_memory_kept"] is (platform.libc_ver()[0] == "glibc")
     # The run's own trace is analysed into the same metrics: top ops by self time, one rank.
     assert m["n_ranks"] == 1 and m["top_ops"] and all(op["name"].startswith("aten::") for op in m["top_ops"][:3])
     assert "--capture-range=cudaProfilerApi" in run.record["nsys_command"]
