@@ -168,12 +168,12 @@ def reuse_freed_memory() -> bool:
     bench/fresh_memory.py). With mmap off and no trimming, freed blocks are reused in place: the 3.7 GB
     dense export's analyses took 36-39 s instead of 63-70 s side by side (bench/results/analyze_speed.md).
 
-    For a process that analyses one trace and exits (the CLI's ``analyze``, the app's analysis child),
+    For a process that analyses one trace and exits (the CLI's ``analyze``, the app's analysis child)
     or runs one profiled step and exits (``advisor.run.launcher``'s child, recorded in its run's
-    environment as ``freed_memory_kept``): its resident memory never shrinks afterwards. Set before the load, with ``share_one_heap`` (its
-    figures): the analyses then run in the memory the load freed. Without one heap the loader's threads
-    kept what they freed in heaps of their own, and the 3.7 GB dense export's peak read 2.08x the file;
-    with it, 1.46-1.58x (bench/results/analyze_speed.md).
+    environment as ``freed_memory_kept``): its resident memory never shrinks afterwards. Set before the
+    load, with ``share_one_heap`` (its figures): the analyses then run in the memory the load freed.
+    Without one heap the loader's threads kept what they freed in heaps of their own, and the 3.7 GB
+    dense export's peak read 2.08x the file; with it, 1.46-1.58x (bench/results/analyze_speed.md).
     glibc only; elsewhere (musl, macOS) nothing changes. Returns whether it took effect."""
     mallopt = _mallopt()
     # mallopt's parameters (malloc.h): M_TRIM_THRESHOLD -1, M_MMAP_MAX -4; it returns 1 on success.

@@ -570,12 +570,12 @@ def _child_run(run_dir: Path) -> int:
     from advisor.analysis.summary import reuse_freed_memory
 
     # The step's CPU tensors come from glibc's malloc, which hands every freed block over its mmap
-    # threshold back to the kernel: each step's activations then came from fresh pages that the kernel
-    # zeroes. The 8-layer tiny model at seq 512 x 8 took 164-191 K page faults and 271-351 ms of system
-    # time a step of 1.0-1.3 s on 2 cores of our EPYC VM, and the profiled steps' small ops the most.
-    # A GPU's caching allocator keeps what it frees, and the CPU step stands in for a GPU step: so keeps
-    # the child (0-15 faults and 0-16 ms of system time a step after the first two): the seq-512 step
-    # took 795-798 ms against 933-1,124 ms side by side, its profiled steps 1.3-1.9x that against 2.1-3.2x.
+    # threshold back to the kernel, so each step's activations came from fresh pages that the kernel
+    # zeroes: the 8-layer tiny model at seq 512 x 8 took 164-191 K page faults and 271-351 ms of system
+    # time in a 1.0-1.3 s step on 2 cores of our EPYC VM, most of it in the profiled steps' small ops.
+    # A GPU's caching allocator keeps what it frees, and the CPU step stands in for a GPU step, so the
+    # child keeps it too: 0-15 faults and 0-16 ms of system time a step after the first two; side by
+    # side the step took 795-798 ms against 933-1,124 ms, its profiled steps 1.3-1.9x that, not 2.1-3.2x.
     kept = reuse_freed_memory()
     import torch
 
