@@ -308,10 +308,11 @@ def test_real_sweep_runs_feed_the_records(tmp_path):
     assert [s.run.status for s in sweep] == ["ok"] * 3, [s.run.record["message"] for s in sweep]
     finished = [p for p in progress if not p[2].startswith("run ")]
     assert [p[:2] for p in finished] == [(1, 3), (2, 3), (3, 3)] and "tiny seq 64 x 1 x 2 bf16" in finished[2][2]
-    # While each runs: which run, which step (one step: warm-up, timed, profiled = 3 steps).
+    # While each runs: which run, which step (one step: warm-up, profiler rehearsal, timed, profiled = 4).
     during = [p for p in progress if p[2].startswith("run ")]
-    assert during[0] == (0, 3, "run 1 of 3, tiny seq 64 x 1 x 1 bf16: step 1/3 (warm-up)")
-    assert [p[:2] for p in during] == [(0, 3)] * 3 + [(1, 3)] * 3 + [(2, 3)] * 3
+    assert during[0] == (0, 3, "run 1 of 3, tiny seq 64 x 1 x 1 bf16: step 1/4 (warm-up)")
+    assert during[1][2].endswith("step 2/4 (profiler rehearsal 1/1)")
+    assert [p[:2] for p in during] == [(0, 3)] * 4 + [(1, 3)] * 4 + [(2, 3)] * 4
     records = training_records(store, device_key_for(on_this_machine(real[0], "cpu")))
     assert len(records) == 3
     by_id = records.set_index("run_id")

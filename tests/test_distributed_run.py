@@ -37,8 +37,10 @@ def test_two_processes_file_one_run_with_every_ranks_trace(fsdp_run):
     assert m["step_time_ms"] == pytest.approx(max(m["rank_step_time_ms"]))
     # The trace analysis merged both ranks: two ranks, a skew between them.
     assert m["n_ranks"] == 2 and m["step_skew_pct"] is not None
-    # One warm-up, one timed, one active step: three losses, a tiny model's near ln(8192) = 9.01.
-    assert len(m["losses"]) == 3 and all(8.5 < x < 9.5 for x in m["losses"])
+    # One warm-up, one profiler rehearsal (a CPU run), one timed, one active step: four losses, a tiny
+    # model's near ln(8192) = 9.01.
+    assert m["profiler_rehearsal_steps"] == 1
+    assert len(m["losses"]) == 4 and all(8.5 < x < 9.5 for x in m["losses"])
     # Global batch = micro-batch x dp = 4 sequences of 64 tokens.
     assert m["tokens_per_step"] == 4 * 64
     assert store.list_runs()[1] == []  # nothing damaged

@@ -123,8 +123,11 @@ def _wait_for(cond, timeout_s: float = 60) -> None:
         time.sleep(0.1)
 
 
+# The parent takes Ctrl-C as a terminal's CLI does: a shell that starts the test runner in the background
+# hands it SIGINT ignored, and the parent would inherit that and never stop.
 PARENT = (
-    "import sys; from advisor.run.launcher import profile_run; from advisor.spec.options import RunOptions; "
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from advisor.run.launcher import profile_run; from advisor.spec.options import RunOptions; "
     "from advisor.spec.setup import make_setup; from advisor.store.runstore import RunStore; "
     "profile_run(make_setup(model='tiny', gpu='cpu', seq=64), RunOptions(device='cpu', steps=1, warmup=0, "
     "inject=sys.argv[2]), RunStore(sys.argv[1]))"

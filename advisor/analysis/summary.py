@@ -159,7 +159,7 @@ def _mallopt():
     return mallopt
 
 
-def reuse_freed_memory() -> bool:
+def reuse_freed_memory(*, trim: bool = True) -> bool:
     """Make this process keep the memory it frees for its next arrays: glibc hands every block over
     its mmap threshold (at most 32 MiB) back to the kernel when freed, so each of the analyses' arrays
     over a large table (48.6 M rows at 3.7 GB: 389 MB a column) comes from fresh pages, which the
@@ -174,10 +174,15 @@ def reuse_freed_memory() -> bool:
     load, with ``share_one_heap`` (its figures): the analyses then run in the memory the load freed.
     Without one heap the loader's threads kept what they freed in heaps of their own, and the 3.7 GB
     dense export's peak read 2.08x the file; with it, 1.46-1.58x (bench/results/analyze_speed.md).
-    glibc only; elsewhere (musl, macOS) nothing changes. Returns whether it took effect."""
+    glibc only; elsewhere (musl, macOS) nothing changes. Returns whether it took effect.
+
+    A free top of the heap over 1 GiB still goes back to the kernel; with ``trim=False`` none does
+    (the profiling child: its profiler rehearsal grows the heap by what the profiled steps will need,
+    advisor.run.child.rehearsal_steps)."""
     mallopt = _mallopt()
-    # mallopt's parameters (malloc.h): M_TRIM_THRESHOLD -1, M_MMAP_MAX -4; it returns 1 on success.
-    return mallopt is not None and bool(mallopt(-1, 2**30)) and bool(mallopt(-4, 0))
+    # mallopt's parameters (malloc.h): M_TRIM_THRESHOLD -1, M_MMAP_MAX -4; it returns 1 on success. A
+    # threshold of -1 (SIZE_MAX as glibc stores it) never trims.
+    return mallopt is not None and bool(mallopt(-1, 2**30 if trim else -1)) and bool(mallopt(-4, 0))
 
 
 def _no_check() -> None:

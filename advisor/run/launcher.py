@@ -576,7 +576,8 @@ def _child_run(run_dir: Path) -> int:
     # A GPU's caching allocator keeps what it frees, and the CPU step stands in for a GPU step, so the
     # child keeps it too: 0-15 faults and 0-16 ms of system time a step after the first two; side by
     # side the step took 795-798 ms against 933-1,124 ms, its profiled steps 1.3-1.9x that, not 2.1-3.2x.
-    kept = reuse_freed_memory()
+    # Nothing is trimmed either: the profiler rehearsal's heap is the room the profiled steps need.
+    kept = reuse_freed_memory(trim=False)
     import torch
 
     from advisor.run.child import environment, run_profile

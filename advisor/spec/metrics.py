@@ -49,6 +49,16 @@ class StepMetrics:
     step_time_max_ms: float | None = None
     profiled_step_time_ms: float | None = None
     """Median step time under the profiler (its overhead shows against step_time_ms)."""
+    profiler_rehearsal_steps: int | None = None
+    """Steps run under a profiler whose trace was discarded before the timed steps (on a CPU device,
+    so the profiled steps do not take fresh pages: advisor.run.child.rehearsal_steps); None in runs
+    from before it."""
+    page_faults_per_step: float | None = None
+    """Median page faults (minor: fresh pages the kernel hands out) the host process took in a timed
+    step, the busiest rank's."""
+    profiled_page_faults_per_step: float | None = None
+    """The same in a profiled step: far above page_faults_per_step, the profiled steps paid for fresh
+    pages that the timed ones did not, in the ops that allocate."""
     data_ms: float | None = None
     forward_ms: float | None = None
     backward_ms: float | None = None
