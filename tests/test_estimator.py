@@ -1178,3 +1178,28 @@ def test_the_per_setup_memo_answers_only_for_its_own_setup():
     assert estimate(a).memory != estimate(b).memory
     # An equal but distinct setup object is answered afresh, the same.
     assert estimate(replace(a, train=replace(a.train))).memory == alone[id(a)].memory
+
+
+def test_a_cpus_attention_is_priced_at_its_measured_share_of_the_matmul_rate(monkeypatch):
+    """On a CPU fused attention (SDPA) runs at 0.145 of the matmul rate in bf16 and unfused attention,
+    its score traffic included, at 0.205 (bench/results/cpu_attention.md, an AVX512-BF16 EPYC). By hand
+    for the tiny model (4 layers, 8 heads of 32) at seq 1,024 x 2 in bf16 on 2 such cores: matmul rate
+    2 x 96 GFLOP/s x 3.5 (bf16) x 0.5 = 336 GFLOP/s; attention forward over the whole square
+    4 x 2,048 tokens x 1,024 x 256 x 4 layers = 8.59 GFLOP. Unfused: 3 x 8.59 / (336 x 0.205) = 374.2 ms;
+    fused does half of it: 3 x 4.29 / (336 x 0.145) = 264.5 ms; 109.7 ms apart, the only difference."""
+    from advisor.estimate.estimator import CPU_ATTENTION_EFFICIENCY_FRAC, CPU_UNFUSED_ATTENTION_EFFICIENCY_FRAC
+    from advisor.spec import presets
+
+    assert CPU_ATTENTION_EFFICIENCY_FRAC["bf16"] == 0.145 and CPU_UNFUSED_ATTENTION_EFFICIENCY_FRAC["bf16"] == 0.205
+    monkeypatch.setattr(presets, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+    monkeypatch.setattr(presets, "cpu_cores", lambda: 2)
+
+    def step_ms(flash: bool) -> float:
+        setup = make_setup(model="tiny", gpu="cpu", seq=1024, micro_batch=2, precision="bf16", flash_attention=flash)
+        return estimate(replace(setup, hardware=presets.cpu_host())).step_time_ms
+
+    full = 4 * 2048 * 1024 * 256 * 4
+    rate = 2 * 96e9 * 3.5 * 0.5
+    unfused_ms, fused_ms = 3 * full / (rate * 0.205) * 1e3, 3 * full / 2 / (rate * 0.145) * 1e3
+    assert (unfused_ms, fused_ms) == (pytest.approx(374.2, abs=0.1), pytest.approx(264.5, abs=0.1))
+    assert step_ms(False) - step_ms(True) == pytest.approx(unfused_ms - fused_ms, rel=1e-3)

@@ -60,8 +60,17 @@ COLLECTIVE_LATENCY_S = 20e-6
 # QKV, RoPE, attention, projection, residual, norm, MLP in, activation, MLP out, residual (about 12),
 # backward twice as many; eager PyTorch launches ``eager_kernel_factor`` times as many.
 KERNELS_PER_BLOCK = 36
-# A CPU's attention at half its matmul rate (its calibration corrects both).
-CPU_ATTENTION_EFFICIENCY_FRAC = 0.50
+# A CPU's attention as a share of its matmul rate, by dtype: fused (SDPA, causal) per FLOP it does
+# (the half of the scores causal attention computes), unfused (scores materialised, softmax and mask
+# in memory: its score traffic is in this share, not in the memory-bound time) per FLOP of the whole
+# square. Measured by bench/cpu_attention.py on 2 cores of an AVX512-BF16 EPYC, torch 2.13: the median
+# over four shapes (head dim 32 and 64, sequence 512 to 2,048), the mean of two runs
+# (bench/results/cpu_attention.md). bf16: fused 0.08-0.16 of the matmuls' 805-901 GFLOP/s (medians
+# 0.145, 0.145), unfused 0.19-0.34 (0.21, 0.20); fp32: fused 0.33-0.57 of 193-212 GFLOP/s (0.50,
+# 0.47), unfused 0.35-0.66 (0.43, 0.395). fp16 (no fast CPU path) takes fp32's. Not measured on AMX or
+# AVX2-only CPUs: the calibration corrects what differs there.
+CPU_ATTENTION_EFFICIENCY_FRAC = {"bf16": 0.145, "fp32": 0.485, "fp16": 0.485}
+CPU_UNFUSED_ATTENTION_EFFICIENCY_FRAC = {"bf16": 0.205, "fp32": 0.41, "fp16": 0.41}
 # Elementwise traffic per saved activation byte: written and read in forward, read and its gradient
 # written in backward.
 ELEMENTWISE_TRAFFIC_PER_SAVED_BYTE = 4
@@ -320,11 +329,11 @@ def _rates_by_value(
     the blocks' GEMMs run at the fp8 peak and ``fp8_gemm_frac``; the head, the router and attention stay
     16-bit (TransformerEngine and torchao convert the blocks' linears only)."""
     if hw.kind != "gpu":
-        # A CPU keeps one matmul share and half of it for attention: its calibration
-        # (``advisor.advice.calibrate``) fits this machine's real rates.
-        peak = hw.peak_flops(precision)
-        rate = peak * hw.matmul_efficiency_frac
-        return rate, peak * CPU_ATTENTION_EFFICIENCY_FRAC if flash else rate
+        # A CPU keeps one matmul share, and attention at its measured share of it (fused or not): its
+        # calibration (``advisor.advice.calibrate``) fits this machine's real rates.
+        rate = hw.peak_flops(precision) * hw.matmul_efficiency_frac
+        shares = CPU_ATTENTION_EFFICIENCY_FRAC if flash else CPU_UNFUSED_ATTENTION_EFFICIENCY_FRAC
+        return rate, rate * shares.get(precision, shares["fp32"])
     h, hd = m.hidden, m.head_dim
     q = m.q_dim // t
     kv = max(m.n_kv_heads // t, 1) * hd
@@ -424,9 +433,10 @@ def _memory_bound_s(
         elementwise_bytes *= params.memory_bound_scale
         if tr.framework == "pytorch" and not tr.compile:
             elementwise_bytes *= params.eager_memory_factor
-    if not tr.flash_attention:
+    if not tr.flash_attention and hw.kind == "gpu":
         # Softmax over the s x s scores: written by QK^T, read and written by softmax, read by AV,
-        # and as many passes again backward; once more forward where full recompute replays it.
+        # and as many passes again backward; once more forward where full recompute replays it. (A
+        # CPU's unfused attention rate, CPU_UNFUSED_ATTENTION_EFFICIENCY_FRAC, was measured with it.)
         scores_tok = m.n_heads / t * (s / cp) * e
         passes = 8 + (2 * recompute_share if tr.recompute == "full" else 0)
         elementwise_bytes += passes * scores_tok * layers_stage * tokens_mb * mb
