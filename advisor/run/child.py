@@ -216,16 +216,18 @@ def rehearsal_steps(options: RunOptions, device_type: str) -> int:
     """Steps run under a profiler whose trace is discarded, after the warm-up step: ``steps`` on a CPU
     device, none on a GPU.
 
-    On a CPU the step's tensors share glibc's heap with the profiler's records. The first profiled
-    steps' records land in the blocks the step freed and split them, so each step's tensors took fresh
-    pages from the top of the heap. Measured in one process, the 1-layer tiny model with unfused
-    attention at seq 1,024 x 2 on 2 cores of our EPYC VM took 213-295 K page faults, 0.3-0.5 s of
-    system time and about 1 GiB more resident memory per profiled step: 478-624 ms against 279-294 ms
-    unprofiled. The profile read the ops that allocate (copies, products, softmax: the memory-bound ops
-    the fusion rule prices) at 2-3x. A second profiler session of as many steps took 0-3 faults a step,
-    at 281-328 ms: the first session's freed records leave the heap room for the next session's. The
-    rehearsal is that first session. A GPU step's tensors live in the caching allocator, apart from the
-    records."""
+    The profiler keeps a weak reference to every tensor its records name, which pins each tensor's
+    ``TensorImpl`` until it stops. On a CPU those small objects share glibc's heap with the tensors'
+    data: the first profiled steps' pinned objects split the blocks the step freed, so each step's
+    tensors took fresh pages from the top of the heap. Measured in one process, the 1-layer tiny model
+    with unfused attention at seq 1,024 x 2 on 2 cores of our EPYC VM took 213-295 K page faults,
+    0.3-0.5 s of system time and about 1 GiB more resident memory per profiled step: 478-624 ms against
+    279-294 ms unprofiled. The profile read the ops that allocate (copies, products, softmax: the
+    memory-bound ops the fusion rule prices) at 2-3x. A second profiler session of as many steps took
+    0-2 faults a step, at 284-306 ms, provided the first session's profiler was collected and the heap
+    it grew was kept (``reuse_freed_memory(trim=False)`` in the child): that room is what the next
+    session needs. The rehearsal is that first session. A GPU step's tensors live in the caching
+    allocator, apart from the pinned objects."""
     return options.steps if device_type == "cpu" else 0
 
 
