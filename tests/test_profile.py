@@ -50,8 +50,9 @@ def test_a_childs_peak_rss_is_its_own_not_its_parents():
 @pytest.mark.slow  # starts a child process
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the child keeps freed memory through glibc's mallopt")
 def test_the_profiled_steps_take_no_fresh_pages_the_timed_steps_do_not(tmp_path):
-    """The profiler pins every tensor its records name until it stops, so the first profiled steps
-    took fresh pages for their tensors. Measured on our EPYC VM for this step: 213-295 K page faults a
+    """The profiler pins a small object for every tensor its records name (its TensorImpl) until it
+    stops; on a CPU those split the heap's freed blocks, so the first profiled steps took fresh pages
+    for their tensors. Measured on our EPYC VM for this step: 213-295 K page faults a
     profiled step against 0-2 a timed one, the profiled step 1.6-6x the timed one, with the profile's
     memory-bound ops read at 2-3x. The CPU child rehearses the profiled steps first; after it the
     profiled steps took 0-2 faults. A fresh page is 4 KiB: 1,000 faults are 4 MiB, where one step
