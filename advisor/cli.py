@@ -768,6 +768,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         _existing_store(args.traces),
         on_progress=_stderr_progress(args),
         baseline=not args.no_baseline,
+        pairs=args.pairs,
     )
     if args.json:
         print(json.dumps(v.as_dict(), indent=2))
@@ -779,10 +780,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(
             f"  baseline: the original setup re-ran as {v.baseline_run_id} just before (stored run: {v.stored_before:,.4g})"
         )
+    if v.pairs > 1:
+        gains = ", ".join(f"{g:+.1f} %" for g in v.pair_gains_pct)
+        print(f"  {v.pairs} pairs in alternating order; before and measured are their means (each pair: {gains})")
     print(f"  {v.target}: before {v.before:,.4g}, predicted {v.predicted_after:,.4g}, measured {v.measured_after:,.4g}")
     predicted, measured = gain_phrase(v.target, v.predicted_gain_pct), gain_phrase(v.target, v.measured_gain_pct)
     print(f"  predicted {predicted}{bound}; measured {measured}")
-    spread = "" if v.noise_pct is None else f" (baseline step-to-step spread {v.noise_pct:.1f} %)"
+    what = "spread over its steps and re-runs" if v.pairs > 1 else "step-to-step spread"
+    spread = "" if v.noise_pct is None else f" (baseline {what} {v.noise_pct:.1f} %)"
     print(f"  verdict: {v.verdict}{spread}")
     print(f"  basis: {v.basis}")
     return 0
@@ -995,6 +1000,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compare with the stored run's figure instead of re-running it first (half the time; "
         "exposed to the machine's drift since that run)",
+    )
+    ver.add_argument(
+        "--pairs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="re-run the original setup and the change N times each, in alternating order, and compare "
+        "their means (for a change smaller than the machine's run-to-run noise; 1 to 10, default 1)",
     )
     ver.add_argument("--traces", default=None)
     ver.add_argument("--json", action="store_true")

@@ -5,11 +5,13 @@ For each scenario: profile the setup (a real step in a child process), advise on
 recommendation that can be re-run on this machine, re-run with its action applied (advisor.advice.verify),
 and set predicted beside measured on the rule's target figure (step time, peak memory or tokens/s).
 
-    .venv/bin/python bench/advice_scenarios.py [--store DIR] [--calibration FILE] [--only NAME ...]
+    .venv/bin/python bench/advice_scenarios.py [--store DIR] [--calibration FILE] [--pairs N] [--only NAME ...]
 
 Targets (issue 5): the top recommendation improves its measured target in at least 9 of 10 scenarios;
 predicted gain within 35 % of the measured gain on average (mean of |predicted - measured| / |measured|).
-The store defaults to a temporary folder (the repo's traces/ is left alone).
+The store defaults to a temporary folder (the repo's traces/ is left alone). ``--pairs N`` has each
+verification re-run both sides N times in alternating order (``advisor.advice.verify``): a gain of a
+few per cent is otherwise inside this machine's run-to-run noise.
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ def _fmt(target: str, value: float) -> str:
     return f"{value:,.1f} ms"
 
 
-def run_scenario(sc: Scenario, store: RunStore, steps: int) -> dict:
+def run_scenario(sc: Scenario, store: RunStore, steps: int, pairs: int = 1) -> dict:
     setup = make_setup(gpu="cpu", **sc.setup)
     opts = dict(device="cpu", steps=steps, **sc.options)
     if sc.budget_frac:
@@ -155,7 +157,7 @@ def run_scenario(sc: Scenario, store: RunStore, steps: int) -> dict:
     row = {"scenario": sc.name, "what": sc.what, "designed_for": sc.designed_for, "fired": fired}
     if top is None:
         return row | {"error": "no recommendation can be re-run here"}
-    v = verify(base.run_id, top.rule.id, store)
+    v = verify(base.run_id, top.rule.id, store, pairs=pairs)
     rel = abs(v.predicted_gain_pct - v.measured_gain_pct) / abs(v.measured_gain_pct) if v.measured_gain_pct else None
     return row | {
         "top": v.rule_id,
@@ -168,26 +170,33 @@ def run_scenario(sc: Scenario, store: RunStore, steps: int) -> dict:
         "improved": v.measured_gain_pct > 0,
         "gain_rel_error": rel,
         "basis": v.basis,
-        "runs": [base.run_id, v.new_run_id],
+        "noise_pct": v.noise_pct,
+        "pair_gains_pct": list(v.pair_gains_pct),
+        "runs": [base.run_id, *(r for pair in v.pair_run_ids for r in pair)],
     }
 
 
 def table(rows: list[dict]) -> str:
     out = [
-        "| scenario | top recommendation | target | before | predicted after | measured after | predicted gain | measured gain | improved | gain error |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|---:|",
+        "| scenario | top recommendation | target | before | predicted after | measured after | predicted gain | measured gain | improved | gain error | each pair |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---:|---|",
     ]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['scenario']} | error: {r['error']} | | | | | | | | |")
+            out.append(f"| {r['scenario']} | error: {r['error']} | | | | | | | | | |")
             continue
+        each = (
+            " / ".join(f"{g:+.1f}" for g in r.get("pair_gains_pct") or [])
+            if len(r.get("pair_gains_pct") or []) > 1
+            else "-"
+        )
         t = r["target"]
         err = "-" if r["gain_rel_error"] is None else f"{100 * r['gain_rel_error']:.0f} %"
         top = r["top"] + ("" if r["top"] == r["designed_for"] else f" (built for {r['designed_for']})")
         out.append(
             f"| {r['scenario']} | {top} | {t} | {_fmt(t, r['before'])} | {_fmt(t, r['predicted_after'])} | "
             f"{_fmt(t, r['measured_after'])} | {r['predicted_gain_pct']:+.1f} % | {r['measured_gain_pct']:+.1f} % | "
-            f"{'yes' if r['improved'] else 'NO'} | {err} |"
+            f"{'yes' if r['improved'] else 'NO'} | {err} | {each} |"
         )
     done = [r for r in rows if "error" not in r]
     improved = sum(r["improved"] for r in done)
@@ -208,6 +217,7 @@ def main() -> int:
     ap.add_argument("--calibration", help="a calibration JSON to copy into the store (gains then use it)")
     ap.add_argument("--only", nargs="*", help="scenario names")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=1, help="re-run pairs per verification (default 1)")
     ap.add_argument("--json", help="also write the rows as JSON here")
     args = ap.parse_args()
     tmp = None if args.store else tempfile.mkdtemp(prefix="advice-scenarios-")
@@ -223,7 +233,7 @@ def main() -> int:
     try:
         for sc in chosen:
             try:
-                row = run_scenario(sc, store, args.steps)
+                row = run_scenario(sc, store, args.steps, args.pairs)
             except AdvisorError as err:
                 row = {"scenario": sc.name, "error": str(err)}
             rows.append(row)

@@ -443,6 +443,12 @@ def test_verify_view_without_a_run_or_with_an_unknown_rule(store):
     assert advice_tab.verify_view(None, None)[0].startswith("Verification re-runs a stored run")
     msg, table, categories, changes = advice_tab.verify_view("20261130-165248-tiny-6bcb2f", "no-such-rule")
     assert msg.startswith("### Cannot") and table.empty and categories.empty and changes.empty
+    # The slider's pairs: a whole number from 1 to 10 (its float arrives as an int); anything else is
+    # refused by name before a run starts.
+    for bad in (2.5, 0, 11):
+        msg, table, *_ = advice_tab.verify_view("20261130-165248-tiny-6bcb2f", None, bad)
+        assert msg.startswith("### Cannot verify\npairs must be a whole number from 1 to 10, got"), msg
+        assert table.empty
 
 
 def test_plan_tab_ranks_layouts_and_rejects_bad_input():

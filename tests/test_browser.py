@@ -407,9 +407,15 @@ def _advise_apply_and_rerun(page):
     )
     page.locator("#advice-apply").click()
     expect(page.locator("#advice-apply-result")).to_contain_text("train.precision = bf16")
+    # Two pairs, alternating: the real path of a multi-pair re-run (four runs of the sample's tiny model).
+    pairs = page.locator("#advice-pairs input[type='number']")
+    expect(pairs).to_have_value("1")
+    pairs.fill("2")
+    pairs.press("Enter")
     page.locator("#advice-verify").click()
     result = page.locator("#advice-verify-result")
     expect(result).to_contain_text("Re-ran with train.precision = bf16", timeout=LONG_MS)
+    expect(result).to_contain_text("the means of 2 pairs re-run just now in alternating order")
     _shot(page, "advice")
     if "no longer recommends it" in result.inner_text():
         # Refuted on this CPU (an AVX2-only EPYC runs bf16 matmuls 30x slower than fp32; the server shows

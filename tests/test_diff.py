@@ -317,7 +317,7 @@ def test_the_rerun_view_shows_the_before_and_after_diff(tmp_path, monkeypatch):
         shutil.copytree(ROOT / "traces" / run, tmp_path / run)
     store = RunStore(tmp_path)
     monkeypatch.setattr(common, "store", lambda: store)
-    monkeypatch.setattr(advice_tab, "verify", lambda run_id, rule_id, s, on_progress: _verification(SAMPLE_B))
+    monkeypatch.setattr(advice_tab, "verify", lambda run_id, rule_id, s, on_progress, pairs=1: _verification(SAMPLE_B))
     msg, table, categories, changes = advice_tab.verify_view(SAMPLE_A, None, progress=lambda *a, **k: None)
     assert table.iloc[0]["re-run"] == SAMPLE_B
     (step_a, _), (step_b, _) = _raw_steps(SAMPLE_A), _raw_steps(SAMPLE_B)

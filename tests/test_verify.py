@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -124,6 +125,8 @@ def test_slow_loading_is_advised_and_the_rerun_measures_it(slow_data_run, monkey
     assert v.predicted_after == pytest.approx(g.after / g.before * v.before) and v.predicted_gain_pct == g.gain_pct
     spread = 100 * (base["step_time_max_ms"] - base["step_time_min_ms"]) / base["step_time_ms"]
     assert v.noise_pct == pytest.approx(spread) and v.calibrated is False
+    assert v.pairs == 1 and v.pair_run_ids == ((v.baseline_run_id, v.new_run_id),)
+    assert v.pair_gains_pct == pytest.approx((v.measured_gain_pct,))
     pairs = list((store.root / VERIFY_DIR).glob("*.json"))
     assert len(pairs) == 1 and json.loads(pairs[0].read_text())["new_run_id"] == v.new_run_id
     runs, damaged = store.list_runs()
@@ -157,6 +160,7 @@ def test_cli_verify_json(slow_data_run, capsys, monkeypatch):
     assert out["new_run_id"] not in (None, run.run_id) and store.load(out["new_run_id"]).status == "ok"
     stored = json.loads((store.path(run.run_id) / "metrics.json").read_text())["step_time_ms"]
     assert out["baseline_run_id"] is None and out["before"] == pytest.approx(stored) == out["stored_before"]
+    assert out["pairs"] == 1 and out["pair_run_ids"] == [] and out["pair_gains_pct"] == []
     assert main(["verify", run.run_id, "--rule", "nope", "--traces", str(store.root)]) == 2
     # Without the flag the CLI asks verify() for a baseline.
     asked = {}
@@ -194,3 +198,78 @@ def test_a_demoted_rule_can_be_named_and_measured_again(tmp_path, monkeypatch):
     assert v.predicted_gain_pct == pytest.approx(-104.6)
     assert v.measured_gain_pct == pytest.approx(-110.0) and v.verdict == "refuted"
     assert v.baseline_run_id == "20261206-130000-tiny-cccccc" and v.new_run_id == "20261206-130010-tiny-dddddd"
+
+
+def test_pairs_alternate_and_compare_the_means(tmp_path, monkeypatch):
+    """Three pairs re-run as AB BA AB; before and after are the means of their sides, each pair's gain
+    is kept, and the noise is the larger of the first baseline's step spread and the baselines' spread."""
+    import shutil
+
+    from tests.sample_cpu import pin_sample_cpu
+    from tests.test_advise import REPO, SAMPLE_RUN
+
+    pin_sample_cpu(monkeypatch)
+    shutil.copytree(REPO / "traces", tmp_path / "traces")
+    store = RunStore(tmp_path / "traces")
+    values = {"as it was": iter([100.0, 110.0, 105.0]), "with the change": iter([90.0, 92.0, 97.0])}
+    order = []
+
+    def rerun(setup, options, store, on_progress, label):
+        order.append(label)
+        return _FakeRun(f"20261206-1300{len(order):02d}-tiny-{len(order):06x}", next(values[label.split(" (")[0]]))
+
+    monkeypatch.setattr(verify_module, "_rerun", rerun)
+    v = verify(SAMPLE_RUN, "prec-fp32-to-bf16", store, pairs=3)
+    a, b = "as it was (pair {} of 3)", "with the change (pair {} of 3)"
+    assert order == [a.format(1), b.format(1), b.format(2), a.format(2), a.format(3), b.format(3)]
+    ids = [f"20261206-1300{n:02d}-tiny-{n:06x}" for n in range(1, 7)]
+    assert v.pair_run_ids == ((ids[0], ids[1]), (ids[3], ids[2]), (ids[4], ids[5]))
+    assert v.baseline_run_id == ids[0] and v.new_run_id == ids[1] and v.pairs == 3
+    # Means: (100 + 110 + 105) / 3 = 105 before, (90 + 92 + 97) / 3 = 93 after: 12 / 105 = 11.43 % less.
+    assert v.before == pytest.approx(105.0) and v.measured_after == pytest.approx(93.0)
+    assert v.measured_gain_pct == pytest.approx(11.428571)
+    # Each pair alone: 10 / 100, 18 / 110, 8 / 105.
+    assert v.pair_gains_pct == pytest.approx((10.0, 16.363636, 7.619048))
+    # The baselines spread 100-110 ms over their 105 ms mean (9.52 %), more than a run's own 2 %
+    # (_FakeRun's steps spread +-1 %); 11.4 % is beyond it, so a verdict: it fell short of 80.6 %.
+    assert v.noise_pct == pytest.approx(9.523810) and v.verdict == "fell short"
+    filed = json.loads(next((store.root / VERIFY_DIR).glob(f"*--{ids[1]}.json")).read_text())
+    assert filed["pairs"] == 3 and filed["pair_run_ids"][1] == [ids[3], ids[2]]
+    assert filed["pair_gains_pct"] == pytest.approx([10.0, 16.363636, 7.619048])
+    from advisor.present.views import verify_message
+
+    msg = verify_message(v)
+    assert "the means of 3 pairs re-run just now in alternating order: 105.0 ms before" in msg
+    assert "each pair's gain: +10.0 %, +16.4 %, +7.6 %." in msg
+
+
+@pytest.mark.parametrize("pairs", [0, 11, 2.5, True, "2"])
+def test_pairs_out_of_range_are_refused_before_any_run(pairs):
+    with pytest.raises(AdvisorError, match=r"pairs must be a whole number from 1 to 10, got"):
+        verify("20261130-165248-tiny-6bcb2f", None, RunStore("/nonexistent"), pairs=pairs)
+
+
+def test_pairs_need_the_baseline():
+    with pytest.raises(AdvisorError, match="pairs = 2 needs the baseline re-runs"):
+        verify("20261130-165248-tiny-6bcb2f", None, RunStore("/nonexistent"), pairs=2, baseline=False)
+
+
+def test_cli_verify_pairs(monkeypatch, capsys, tmp_path):
+    asked = {}
+
+    def fake(*a, **kw):
+        asked.update(kw)
+        return replace(_verification(11.4, 9.5), pairs=3, pair_gains_pct=(10.0, 16.4, 7.6))
+
+    monkeypatch.setattr(verify_module, "verify", fake)
+    assert main(["verify", "20261130-165248-tiny-6bcb2f", "--pairs", "3", "--traces", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert asked["pairs"] == 3
+    assert (
+        "  3 pairs in alternating order; before and measured are their means (each pair: +10.0 %, +16.4 %, +7.6 %)\n"
+        in out
+    )
+    assert "  verdict: fell short (baseline spread over its steps and re-runs 9.5 %)\n" in out
+    monkeypatch.undo()  # the real verify refuses 0 pairs before it re-runs anything
+    assert main(["verify", "20261130-165248-tiny-6bcb2f", "--pairs", "0", "--traces", str(tmp_path)]) == 2
+    assert "pairs must be a whole number from 1 to 10, got 0" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import gradio as gr
 import pandas as pd
 
 from advisor.advice.advise import advice_markdown, advise, advise_run, advise_trace
-from advisor.advice.verify import verification_diff, verify
+from advisor.advice.verify import MAX_PAIRS, verification_diff, verify
 from advisor.errors import AdvisorError, shown_value
 from advisor.present.views import (
     ADVICE_COLUMNS,
@@ -106,15 +106,20 @@ def _empty_verify():
 
 
 @guarded("Cannot verify", "The re-run", _empty_verify)
-def verify_view(run_id: str | None, rule_id: str | None, progress=gr.Progress()):  # noqa: B008 (Gradio injects it)
-    """Re-run a stored run with a recommendation applied: (message, predicted vs measured table, the
-    trace diff of the before and after runs: step-time categories, top changed kernels and ops)."""
+def verify_view(run_id: str | None, rule_id: str | None, pairs=1, progress=gr.Progress()):  # noqa: B008 (Gradio injects it)
+    """Re-run a stored run with a recommendation applied (``pairs`` times each side, alternating):
+    (message, predicted vs measured table, the trace diff of the first before and after runs:
+    step-time categories, top changed kernels and ops)."""
     if not run_id:
         return "Verification re-runs a stored run: pick one first.", *_empty_verify()
     rule_id = (rule_id or "").strip() or None
+    if pairs is None:
+        pairs = 1
+    if isinstance(pairs, float) and pairs.is_integer():
+        pairs = int(pairs)  # a slider's value arrives as a float
     store = common.store()
     progress(0, desc=f"Re-running {run_id}: starting the child process (its steps follow once torch is loaded)")
-    v = verify(run_id, rule_id, store, on_progress=lambda d, t, m: progress((d, t), desc=m))
+    v = verify(run_id, rule_id, store, on_progress=lambda d, t, m: progress((d, t), desc=m), pairs=pairs)
     diff, note = verification_diff(v, store)
     tables = (diff_category_table(diff), diff_changes_table(diff)) if diff is not None else _empty_verify()[1:]
     return verify_message(v, diff, note), verify_table(v), *tables
@@ -142,6 +147,15 @@ def _inputs() -> dict:
         w["undo"] = gr.Button("Undo Apply", elem_id="advice-undo")
     gr.Markdown("#### Verify by re-running (stored runs)")
     w["rule"] = gr.Textbox(label="Rule id (empty: the top one that can re-run here)", max_lines=1)
+    w["pairs"] = gr.Slider(
+        1,
+        MAX_PAIRS,
+        value=1,
+        step=1,
+        label="Pairs: re-run as it was and with the change this many times each, alternating "
+        "(more tells a small change from the machine's run-to-run noise; each pair is two runs)",
+        elem_id="advice-pairs",
+    )
     w["verify"] = gr.Button("Re-run with the recommendation applied", elem_id="advice-verify")
     return w
 
@@ -194,7 +208,7 @@ def build_advice_tab(size_inputs: list) -> dict:
     ).then(apply_choices, parts["state"], parts["apply_choice"], api_visibility="undocumented")
     parts["verify"].click(
         verify_view,
-        [parts["runs"], parts["rule"]],
+        [parts["runs"], parts["rule"], parts["pairs"]],
         [parts[k] for k in ("verify_msg", "verify_table", "diff_categories", "diff_changes")],
         api_name="verify",
         concurrency_limit=1,

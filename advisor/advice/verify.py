@@ -6,7 +6,14 @@ from them too.
 The baseline is measured again because a shared machine's speed drifts between runs made at
 different times. The shipped fp32 sample run (65.1 ms a step) re-ran in bf16 at 2,362 ms while a
 test suite held both cores: a -3530 % "gain". Side by side on a quiet machine the same change measured
-66.7 -> 46.9 ms (+29.8 %). Times measured minutes apart say more about the machine than the change."""
+66.7 -> 46.9 ms (+29.8 %). Times measured minutes apart say more about the machine than the change.
+
+Side by side is not enough for a small change: each process has its own speed. Six alternating pairs
+of one CPU step (8-layer tiny model, seq 256 x 4, offloading 4 blocks' activations or not; a quiet
+2-core EPYC) measured per-pair gains from -8.6 % to +14.4 % around a mean of +6.6 %, while each run's
+own steps spread 1-16 %. ``pairs`` re-runs both sides that many times in alternating order (as it was,
+with the change, with the change, as it was, ...: a drift that is linear in time cancels), compares
+their means, and takes the spread between the baseline's re-runs as part of the noise."""
 
 from __future__ import annotations
 
@@ -25,6 +32,8 @@ from advisor.spec.specs import setup_from_dict
 from advisor.store.runstore import RunStore, check_run_id, write_json_atomic
 
 VERIFY_DIR = "verifications"
+MAX_PAIRS = 10
+"""The most re-run pairs one verification makes (each pair is two profiled runs)."""
 
 
 @dataclass(frozen=True)
@@ -50,12 +59,20 @@ class Verification:
     calibrated: bool = False
     """The prediction came from this machine's calibration (else the estimator alone)."""
     noise_pct: float | None = None
-    """The baseline's step-time spread (max - min over its timed steps), % of its median: a
-    measured change smaller than this is within noise."""
+    """The baseline's step-time spread (max - min over its timed steps), % of its median; with
+    several pairs the larger of the first baseline's and the spread between the baseline re-runs'
+    figures (max - min, % of their mean): a measured change smaller than this is within noise."""
     baseline_run_id: str | None = None
-    """The re-run of the original setup (None with ``baseline=False``)."""
+    """The (first) re-run of the original setup (None with ``baseline=False``)."""
     stored_before: float | None = None
     """The original run's own figure, measured when it was made."""
+    pairs: int = 1
+    """How many (baseline, change) pairs were re-run; ``before`` and ``measured_after`` are their means."""
+    pair_run_ids: tuple[tuple[str, str], ...] = ()
+    """(baseline re-run, re-run with the change) of every pair, in the order of ``pair_gains_pct``
+    (empty with ``baseline=False``)."""
+    pair_gains_pct: tuple[float, ...] = ()
+    """The measured gain of each pair on its own."""
 
     @property
     def verdict(self) -> str:
@@ -120,11 +137,20 @@ def verify(
     *,
     on_progress: ProgressFn | None = None,
     baseline: bool = True,
+    pairs: int = 1,
 ) -> Verification:
     """Re-run ``run_id`` as it was (``baseline``) and then with the action of ``rule_id`` (default: the
     top recommendation that can be re-run here), and file the predicted/measured pair. With
     ``baseline=False`` the change is measured against the original run's own figure (half the time,
-    but exposed to the machine's drift since). Raises AdvisorError when nothing can be re-run."""
+    but exposed to the machine's drift since). ``pairs`` > 1 re-runs both sides that many times in
+    alternating order and compares their means (a small change on a noisy machine). Raises
+    AdvisorError when nothing can be re-run or ``pairs`` is out of range."""
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or not 1 <= pairs <= MAX_PAIRS:
+        raise AdvisorError(f"pairs must be a whole number from 1 to {MAX_PAIRS}, got {pairs!r}")
+    if pairs > 1 and not baseline:
+        raise AdvisorError(
+            f"pairs = {pairs} needs the baseline re-runs: without them there is one stored figure to compare"
+        )
     store = store or RunStore()
     check_run_id(run_id)
     info = store.load(run_id)
@@ -156,16 +182,36 @@ def verify(
     # The original run's own measurement (a gain may restate it, e.g. per useful fp16 step).
     stored = _measured(original, target) if original.get(target) is not None else float(g.before)
     reference, base_run = original, None
+    bases, news = [], []
     if baseline:
         base_opts = {k: v for k, v in record.get("options", {}).items() if k in known}
-        base_run = _rerun(setup_from_dict(record["setup"]), RunOptions(**base_opts), store, on_progress, "as it was")
+        base_setup, base_options = setup_from_dict(record["setup"]), RunOptions(**base_opts)
+        for i in range(pairs):
+            of = f" (pair {i + 1} of {pairs})" if pairs > 1 else ""
+            # Alternating order (AB BA AB ...): a drift linear in time falls on both sides alike.
+            for side in ("base", "new") if i % 2 == 0 else ("new", "base"):
+                if side == "base":
+                    bases.append(_rerun(base_setup, base_options, store, on_progress, f"as it was{of}"))
+                else:
+                    news.append(_rerun(setup, options, store, on_progress, f"with the change{of}"))
+        base_run = bases[0]
         reference = base_run.metrics() or {}
-    new = _rerun(setup, options, store, on_progress, "with the change")
-    measured = _measured(new.metrics() or {}, target)
-    before = _measured(reference, target) if base_run is not None else stored
+    else:
+        news.append(_rerun(setup, options, store, on_progress, "with the change"))
+    new = news[0]
+    after_values = [_measured(r.metrics() or {}, target) for r in news]
+    before_values = [_measured(r.metrics() or {}, target) for r in bases]
+    # Without a baseline there is one re-run and no pair.
+    paired = list(zip(bases, news, strict=True)) if bases else []
+    paired_values = list(zip(before_values, after_values, strict=True)) if bases else []
+    measured = sum(after_values) / len(after_values)
+    before = sum(before_values) / len(before_values) if bases else stored
     spread = None
     if reference.get("step_time_max_ms") and reference.get("step_time_min_ms") and reference.get("step_time_ms"):
         spread = 100.0 * (reference["step_time_max_ms"] - reference["step_time_min_ms"]) / reference["step_time_ms"]
+    if len(before_values) > 1 and before > 0:
+        between = 100.0 * (max(before_values) - min(before_values)) / before
+        spread = between if spread is None else max(spread, between)
     result = Verification(
         run_id=run_id,
         rule_id=rec.rule.id,
@@ -183,6 +229,9 @@ def verify(
         noise_pct=spread if target != "peak_memory_bytes" else None,
         baseline_run_id=base_run.run_id if base_run is not None else None,
         stored_before=stored,
+        pairs=len(bases) or 1,
+        pair_run_ids=tuple((b.run_id, n.run_id) for b, n in paired),
+        pair_gains_pct=tuple(improvement_pct(target, b, a) for b, a in paired_values),
     )
     out = store.root / VERIFY_DIR / f"{run_id}--{rec.rule.id}--{new.run_id}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -389,13 +389,21 @@ def verify_message(v, diff=None, diff_note: str = "") -> str:
     trace ``diff`` of the before and after runs (``advisor.advice.verify.verification_diff``), its
     line, or ``diff_note`` where there is none."""
     if v.verdict == "inconclusive":
-        outcome = f"inconclusive: the change is within the baseline's step-to-step spread of {v.noise_pct:.1f} %"
+        what = "spread over its steps and its re-runs" if v.pairs > 1 else "step-to-step spread"
+        outcome = f"inconclusive: the change is within the baseline's {what} of {v.noise_pct:.1f} %"
     else:
         outcome = "improved" if v.measured_gain_pct > 0 else "did NOT improve"
     change = ", ".join(f"`{k} = {val}`" for k, val in v.changes.items())
     label = TARGET_LABELS.get(v.target, v.target.replace("_", " "))
     msg = f"### Re-ran with {change}: {label} {outcome} (measured {gain_phrase(v.target, v.measured_gain_pct)})"
-    if v.baseline_run_id and v.stored_before is not None:
+    if v.baseline_run_id and v.stored_before is not None and v.pairs > 1:
+        gains = ", ".join(f"{g:+.1f} %" for g in v.pair_gains_pct)
+        msg += (
+            f"\nBefore and after are the means of {v.pairs} pairs re-run just now in alternating order: "
+            f"{fmt_value(v.target, v.before)} before (the stored run measured "
+            f"{fmt_value(v.target, v.stored_before)}); each pair's gain: {gains}."
+        )
+    elif v.baseline_run_id and v.stored_before is not None:
         msg += (
             f"\nBefore is the original setup re-run just now, side by side with the change: "
             f"{fmt_value(v.target, v.before)} (the stored run measured {fmt_value(v.target, v.stored_before)})."
