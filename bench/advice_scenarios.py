@@ -214,7 +214,12 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--store", help="run store folder (default: a temporary folder, deleted afterwards)")
-    ap.add_argument("--calibration", help="a calibration JSON to copy into the store (gains then use it)")
+    ap.add_argument(
+        "--calibration",
+        help="a calibration JSON to copy into the store (gains then use it; re-runs refit it only once the "
+        "store holds as many runs as it was fitted on), or a calibrated store's folder: its runs and "
+        "calibration are copied in, and each verification refits on them and the bench's runs together",
+    )
     ap.add_argument("--only", nargs="*", help="scenario names")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--pairs", type=int, default=1, help="re-run pairs per verification (default 1)")
@@ -223,7 +228,14 @@ def main() -> int:
     tmp = None if args.store else tempfile.mkdtemp(prefix="advice-scenarios-")
     store = RunStore(args.store or tmp)
     store.root.mkdir(parents=True, exist_ok=True)
-    if args.calibration:
+    if args.calibration and Path(args.calibration).is_dir():
+        src = Path(args.calibration)
+        if not any((src / "calibration").glob("*.json")):
+            ap.error(f"--calibration {src}: a store folder needs a calibration/ with a calibration JSON in it")
+        for item in src.iterdir():
+            if item.is_dir() and not item.name.startswith(".") and not (store.root / item.name).exists():
+                shutil.copytree(item, store.root / item.name)
+    elif args.calibration:
         dest = store.root / "calibration" / Path(args.calibration).name
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(args.calibration, dest)

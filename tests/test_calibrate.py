@@ -423,3 +423,18 @@ def test_a_verification_refits_the_calibration_on_its_reruns(setups, tmp_path, m
     assert after.n_runs == before.n_runs + 2
     # The refitted correction moves the bf16 step towards the measurement.
     assert after.predict(bf16).step_time_ms > before.predict(bf16).step_time_ms
+    # Copied into a store without its runs, the calibration is not refitted on the fewer runs there
+    # (enough for a fit of their own): that would forget the sweep (a bench's copy predicted 68 ms for
+    # a 220-232 ms step after it).
+    other = RunStore(tmp_path / "other")
+    for s in setups[:MIN_RUNS]:
+        e = estimate(s)
+        _file_synthetic_run(other, s, e.step_time_ms * _true_time_factor(s), int(e.memory.total_bytes * MEMORY))
+    assert after.n_runs > MIN_RUNS
+    copied = calibration_path(other, key)
+    copied.parent.mkdir(parents=True)
+    copied.write_bytes(path.read_bytes())
+    assert refit_calibration(other, fp32) is False and copied.read_bytes() == path.read_bytes()
+    # A damaged file is replaced by a fit on what there is.
+    copied.write_text("{not json")
+    assert refit_calibration(other, fp32) is True and load_calibration(other, key).n_runs == MIN_RUNS

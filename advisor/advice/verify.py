@@ -243,9 +243,16 @@ def verify(
 def refit_calibration(store: RunStore, setup) -> bool:
     """Refit this device's stored calibration on every ok run, the re-runs just made among them, so the
     next advice's calibrated figures have learned from the measurement; True where one was refitted.
-    Nothing happens where the device has no calibration (one is made on purpose, with a sweep), and a
-    refit that fails leaves the old file as it was."""
-    from advisor.advice.calibrate import calibration_path, fit_calibration, training_records
+    Nothing happens where the device has no calibration (one is made on purpose, with a sweep), where
+    the store now holds fewer of its runs than the calibration was fitted on (a refit would forget
+    what the sweep taught it: a calibration copied in without its runs, or runs deleted since), and a
+    refit that fails leaves the old file as it was.
+
+    The guard's case, measured: bench/advice_scenarios.py copied a 36-run sweep's calibration into a
+    fresh store, and the first re-runs refitted it on 10-20 of the bench's own runs; for the 512-wide
+    model at seq 256 x 4 without recompute it then predicted 68 ms, where the sweep's calibration
+    said 222 ms and the step measured 220-232 ms."""
+    from advisor.advice.calibrate import Calibration, calibration_path, fit_calibration, training_records
     from advisor.spec.presets import device_key_for
 
     key = device_key_for(setup)
@@ -253,7 +260,14 @@ def refit_calibration(store: RunStore, setup) -> bool:
     if not path.is_file():
         return False
     try:
-        fit_calibration(training_records(store, key)).save(path)
+        fitted_on = Calibration.load(path).n_runs
+    except AdvisorError:
+        fitted_on = 0  # a damaged file: the refit replaces it
+    try:
+        records = training_records(store, key)
+        if len(records) < fitted_on:
+            return False
+        fit_calibration(records).save(path)
     except AdvisorError:
         return False
     return True
