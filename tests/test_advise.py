@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from advisor.advice import gains as gains_module
 from advisor.advice import rules as R
 from advisor.advice.advise import advice_markdown, advise, advise_run, advise_trace, apply_action
 from advisor.cli import main
@@ -591,3 +592,34 @@ def test_fp16_on_a_cpu_is_priced_at_fp32_pace_or_slower(monkeypatch, flags, rule
     # and attention unchanged on a CPU: AMX 1 - (0.4 x (0.85 / 16 + 0.15) + 0.6) = 31.9 % less step
     # time, AVX2 1 - (0.4 x (0.85 / 50 + 0.15) + 0.6) = 33.3 %.
     assert rec.gain.gain_pct == pytest.approx(31.9 if to == "bf16" else 33.3, abs=0.05)
+
+
+def test_a_cpu_precision_change_keeps_only_the_gemms_fixed_cost(monkeypatch):
+    from advisor.spec import presets
+
+    # bench/advice_scenarios.py's fp16-on-cpu on an AVX512-BF16 EPYC (12-07): a 763 ms fp16 step, 96.5 %
+    # of it GEMMs at 70.2 % of the 1/50-of-fp32 roof. Re-run in bf16 the step took 22 ms, its GEMMs 7 ms
+    # (105x). Priced with the time above the roof kept, 3.3x faster GEMMs: 67.4 % less step time.
+    monkeypatch.setattr(presets, "cpu_flags", lambda: {"avx2", "fma", "avx512f", "avx512_bf16"})
+    setup = make_setup(model="tiny", gpu="cpu", seq=64, micro_batch=2, precision="fp16")
+    fields = dict(run_id="r", source="profile", steps_measured=5, step_time_ms=763.0, roofline_gemm_frac=0.965)
+    fields |= dict(roofline_gemm_roof_frac=0.702, roofline_fusable_frac=0.0084, roofline_attention_frac=0.0092)
+    old = advise(StepMetrics(**fields), setup, {"compile": False}).recommendations[0]
+    assert old.rule.id == "prec-fp16-on-cpu" and old.gain.gain_pct == pytest.approx(67.36, abs=0.01)
+    # With the GEMMs' fixed per-call share known (0.1 %), the rest moves at the peaks' ratio, bf16 3.5 x
+    # fp32 over fp16 1/50 = 175x: GEMMs 1 / (0.001 + 0.999 / 175) = 149x faster; the step keeps its
+    # other 3.5 %, elementwise and attention 1.8 %: 1 - (0.035 + 0.965 / 149.06) = 95.85 % less.
+    new = advise(StepMetrics(**fields, roofline_gemm_fixed_frac=0.001), setup, {"compile": False}).recommendations[0]
+    assert new.rule.id == "prec-fp16-on-cpu" and new.gain.gain_pct == pytest.approx(95.85, abs=0.01)
+    assert "gemm (96 % of the step) 149x faster" in new.gain.basis
+    # From fp32, a native path, the time above the roof (packing, reorders, small tiles) stays, fixed
+    # share known or not: bf16 3.5x fp32 at half the roof, 1 / (0.5 / 3.5 + 0.5) = 1.56x.
+    cpu = setup.hardware
+    for fixed in (None, 0.001):
+        assert gains_module._class_speedups(cpu, "fp32", "bf16", 0.5, fixed)["gemm"] == pytest.approx(1.5556, abs=1e-4)
+    # So on a GPU, whose time above the roof is tiles and waves.
+    gpu = make_setup(model="tiny", gpu="h100", seq=64, micro_batch=2, precision="fp32").hardware
+    ratio = gpu.peak_flops("bf16") / gpu.peak_flops("fp32")
+    assert gains_module._class_speedups(gpu, "fp32", "bf16", 0.5, 0.001)["gemm"] == pytest.approx(
+        1 / (0.5 / ratio + 0.5)
+    )

@@ -138,6 +138,24 @@ def test_step_summary_shares(roofline):
     assert s["per_step_ms"] == pytest.approx(s["modelled_ms"] / 2)
 
 
+def test_the_fixed_share_of_the_gemms_is_their_calls_cost_at_most_their_time_above_the_roof(roofline):
+    from advisor.analysis.roofline import GEMM_CALL_FIXED_US
+
+    s = step_roofline_summary(roofline)
+    # Row by row: each GEMM's calls x GEMM_CALL_FIXED_US, capped at its time above the roof.
+    gemm = roofline[(roofline["category"] == "gemm") & (roofline["bound"] != "latency")]
+    fixed = total = 0.0
+    for r in gemm.itertuples():
+        fixed += min(r.time_ms * r.headroom_frac, r.calls * GEMM_CALL_FIXED_US / 1e3)
+        total += r.time_ms
+    assert s["gemm_fixed_frac"] == pytest.approx(fixed / total)
+    # The sample's GEMMs: 174 calls of 0.1-7 ms in 87.8 ms (fp32, 2 cores). At most 174 x 10 us = 1.74
+    # ms (2.0 %) is fixed; less where a GEMM runs closer to its roof than that (16 calls of aten::mm
+    # on it: none), 1.48 % in all.
+    assert gemm["calls"].sum() == 174 and total == pytest.approx(87.80, abs=0.01)
+    assert s["gemm_fixed_frac"] == pytest.approx(0.0148, abs=0.0001)
+
+
 def test_compile_reaches_the_fusable_ops_outside_the_optimizer(ops, roofline, hardware):
     s = step_roofline_summary(roofline)
     fus = roofline[roofline["category"].isin(["elementwise", "reduction", "normalization"])]

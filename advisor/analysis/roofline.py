@@ -68,6 +68,13 @@ tiny run: fill_ of 256 floats 4.5 us, copy_ of 256 int64 8.2 us), so below ~20 u
 least a third of the call. GPU: a kernel launch costs ~3-5 us and a short grid never fills all SMs, so
 kernels under ~10 us are dominated by ramp-up and tail."""
 
+GEMM_CALL_FIXED_US = 10.0
+"""A CPU GEMM call's fixed cost in us, whatever its size or precision: dispatch, autocast's cast, the
+output's allocation, the BLAS/oneDNN call and its thread fork, the profiler's record. Recorded at 2-11
+us a call on an AVX512-BF16 EPYC (``bench/cpu_gemm_call.py``, ``bench/results/cpu_gemm_call.md``).
+Leaving a precision that runs slower than fp32 on the CPU (an emulated scalar loop), only this much a
+call of the GEMMs' time stays (``gemm_fixed_frac``; ``advisor.advice.gains._class_speedups``)."""
+
 _MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul"}
 _ATTN_FWD = {
     "aten::scaled_dot_product_attention",
@@ -899,7 +906,8 @@ def step_roofline_summary(
     ``per_step_ms`` and ``headroom_per_step_ms`` (divided by the profiled steps; NaN without
     ProfilerStep ranges), ``idle_other_frac``, ``verdict`` (the bound with the largest share),
     ``gemm_frac`` (GEMMs that are not latency-bound), ``gemm_roof_frac`` (their time-weighted share of
-    the roof reached: roof time / time; NaN without shapes) and ``fusable_frac`` (memory-bound
+    the roof reached: roof time / time; NaN without shapes), ``gemm_fixed_frac`` (CPU: the share of
+    their time that is a fixed per-call cost, ``GEMM_CALL_FIXED_US``; NaN on a GPU or without shapes) and ``fusable_frac`` (memory-bound
     elementwise, reduction and normalisation ops: what fusion would cut), ``compile_fusable_frac``
     (those of them outside the optimizer step, which compiling the model reaches; a CPU table only
     knows which ran inside it) with ``compile_fusable_roof_frac`` (their bytes at the bandwidth this
@@ -947,6 +955,15 @@ def step_roofline_summary(
         if known["time_ms"].sum() > 0
         else math.nan
     )
+    # CPU: the share of those GEMMs' time that is a fixed cost per call (GEMM_CALL_FIXED_US, at most the
+    # time above the roof). A GPU kernel's time above its roof is tiles and waves, not a per-call cost:
+    # NaN there.
+    if gpu or known["time_ms"].sum() <= 0:
+        out["gemm_fixed_frac"] = math.nan
+    else:
+        above = known["time_ms"] * known["headroom_frac"]
+        fixed = np.minimum(above.to_numpy(float), known["calls"].to_numpy(float) * GEMM_CALL_FIXED_US / 1e3)
+        out["gemm_fixed_frac"] = float(fixed.sum() / known["time_ms"].sum())
     fusable = (
         roofline["category"].isin(FUSABLE)
         & (roofline["bound"] == "memory")

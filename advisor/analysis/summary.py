@@ -270,6 +270,7 @@ def _roofline_fields(roofline: Roofline, m: StepMetrics) -> dict:
         "roofline_modelled_frac": None if math.isnan(s["modelled_frac"]) else s["modelled_frac"],
         "roofline_gemm_frac": s["gemm_frac"],
         "roofline_gemm_roof_frac": None if math.isnan(s["gemm_roof_frac"]) else s["gemm_roof_frac"],
+        "roofline_gemm_fixed_frac": None if math.isnan(s["gemm_fixed_frac"]) else s["gemm_fixed_frac"],
         "roofline_fusable_frac": s["fusable_frac"],
         "roofline_compile_fusable_frac": s["compile_fusable_frac"],
         "roofline_compile_fusable_roof_frac": s["compile_fusable_roof_frac"],

@@ -417,6 +417,7 @@ _ANALYSIS_FIELDS = (
     "roofline_modelled_frac",
     "roofline_gemm_frac",
     "roofline_gemm_roof_frac",
+    "roofline_gemm_fixed_frac",
     "roofline_fusable_frac",
     "roofline_compile_fusable_frac",
     "roofline_compile_fusable_roof_frac",

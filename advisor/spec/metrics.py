@@ -216,6 +216,10 @@ class StepMetrics:
     roofline_gemm_roof_frac: float | None = None
     """How close those GEMMs come to their roof: roof time / measured time, weighted by time (1: on the
     roof; None where no GEMM has shapes)."""
+    roofline_gemm_fixed_frac: float | None = None
+    """CPU: the share of those GEMMs' time that is a fixed cost per call (dispatch, output allocation,
+    the thread fork; ``advisor.analysis.roofline.GEMM_CALL_FIXED_US``), at most their time above the
+    roof; what a faster precision leaves as it is. None on a GPU and where no GEMM has shapes."""
     roofline_fusable_frac: float | None = None
     """Share of the step in memory-bound elementwise, reduction and normalisation ops: the time
     kernel fusion (torch.compile) cuts."""
