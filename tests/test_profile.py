@@ -66,6 +66,21 @@ def test_the_profiled_steps_take_no_fresh_pages_the_timed_steps_do_not(tmp_path)
     assert m["profiled_page_faults_per_step"] < 1_000
 
 
+@pytest.mark.slow  # starts a child process and sleeps through 11 batch loads of 0.8 s
+def test_the_timed_steps_wait_for_a_loader_that_cannot_keep_up(tmp_path):
+    """One worker loading 8 samples of 100 ms (0.8 s a batch) against a step that computes in tens of
+    ms: a long run waits for every batch. The worker loads up to two batches ahead while the untimed
+    steps run; the child takes those off before its timed steps, so each timed step waits for its
+    batch. The sleeps make 0.8 s a floor on any machine, however loaded; without the drain the first
+    timed steps took the batches loaded ahead in the compute's time (the few-workers scenario of
+    bench/advice_scenarios.py timed 132 ms against 344 ms for its slowest step)."""
+    setup = _setup(seq=32, micro_batch=8, precision="fp32")
+    run = profile_run(setup, RunOptions(device="cpu", steps=3, num_workers=1, data_delay_ms=100.0), RunStore(tmp_path))
+    assert run.status == "ok", run.record["message"]
+    m = run.metrics()
+    assert m["step_time_min_ms"] >= 0.75 * 800 and m["data_ms"] >= 0.5 * 800
+
+
 @pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_profiled_run_through_the_child_is_complete(tmp_path):
     store = RunStore(tmp_path)

@@ -1,7 +1,9 @@
 """The profiled step, as run inside the child process: torch.profiler + NVTX + NVML -> one run.
 
 Schedule: one unprofiled warm-up step; on a CPU device ``steps`` steps under a profiler whose trace is
-discarded (the rehearsal: ``rehearsal_steps``); ``steps`` unprofiled timed steps (the step time and
+discarded (the rehearsal: ``rehearsal_steps``); the batches DataLoader workers loaded ahead meanwhile
+taken off (``prefetched_batches``: the timed steps start as a long run's do, with the workers loading
+the batch that is needed next); ``steps`` unprofiled timed steps (the step time and
 phase times reported come from these, free of profiler overhead), then ``warmup`` steps the profiler
 traces but discards and ``steps`` active steps it keeps (torch.profiler.schedule wait/warmup/active);
 peak memory and the trace come from the active steps. On a GPU the active steps are also wrapped in a CUDA
@@ -36,7 +38,7 @@ from advisor.estimate.estimator import estimate, offloaded_activation_bytes
 from advisor.run.memprobe import ddp_bucket_bytes, live_state_tensors, peak_from_memory_events, unique_storage_bytes
 from advisor.run.model import model_flops_per_token
 from advisor.run.nvml import NvmlSampler
-from advisor.run.step import build_trainer, make_loader, resolve_device
+from advisor.run.step import build_trainer, make_loader, prefetched_batches, resolve_device
 from advisor.run.unified_memory import managed_memory
 from advisor.spec.metrics import StepMetrics
 from advisor.spec.options import RunOptions
@@ -138,16 +140,17 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
             compile_model=options.compile,
             seed=options.seed,
         )
+        drain = prefetched_batches(options.num_workers)
         loader = make_loader(
             setup,
-            _total_steps(options, device.type) * trainer.grad_accum,
+            _total_steps(options, device.type) * trainer.grad_accum + drain,
             options.num_workers,
             options.pin_memory,
             options.seed,
             delay_ms=options.data_delay_ms,
         )
         sampler = _sampler(options, device)
-        measured = _profile_steps(trainer, iter(loader), options, device, files.trace, progress=True)
+        measured = _profile_steps(trainer, iter(loader), options, device, files.trace, progress=True, drain=drain)
         sampler.stop()
     write_top_ops(measured.prof, files.top_ops, device.type)
     files.nvml.write_text(
@@ -178,14 +181,16 @@ def _run_distributed(setup: Setup, options: RunOptions, run_dir: Path, run_id: s
     try:
         device = info.device
         trainer = build_parallel_trainer(setup, device, info, seed=options.seed, compile_model=options.compile)
+        # Only the stages that read data have a loader to take prefetched batches off.
+        drain = prefetched_batches(options.num_workers) if info.is_first_stage or info.is_last_stage else 0
         loader = rank_loader(
             setup, info, _total_steps(options, device_type), options.num_workers, options.pin_memory, options.seed,
-            delay_ms=options.data_delay_ms,
+            delay_ms=options.data_delay_ms, extra_micro_batches=drain,
         )  # fmt: skip
         sampler = _sampler(options, device)
         files.ranks.mkdir(exist_ok=True)
         trace = files.rank_trace(info.rank)
-        measured = _profile_steps(trainer, iter(loader), options, device, trace, progress=info.rank == 0)
+        measured = _profile_steps(trainer, iter(loader), options, device, trace, progress=info.rank == 0, drain=drain)
         sampler.stop()
         mine = _rank_result(trainer, measured, options, info.rank) | {"nvml": sampler.summary()}
         gathered: list[Any] = [None] * info.world_size if info.rank == 0 else []
@@ -281,8 +286,11 @@ def _step_role(i: int, timed: int, first_active: int, total: int, rehearsal: int
     return f"profiled {i - first_active + 1}/{total - first_active}"
 
 
-def _profile_steps(trainer, batches, options: RunOptions, device: torch.device, trace_gz: Path, *, progress: bool):
-    """The schedule of the module docstring on ``trainer``; writes the active steps' trace to ``trace_gz``."""
+def _profile_steps(
+    trainer, batches, options: RunOptions, device: torch.device, trace_gz: Path, *, progress: bool, drain: int = 0
+):
+    """The schedule of the module docstring on ``trainer``; writes the active steps' trace to ``trace_gz``.
+    ``drain``: batches taken off ``batches`` before the timed steps (``prefetched_batches``)."""
     cuda = device.type == "cuda"
     rehearsal = rehearsal_steps(options, device.type)
     before = 1 + rehearsal  # the first unprofiled step warms up; then the rehearsal; none is timed
@@ -319,6 +327,12 @@ def _profile_steps(trainer, batches, options: RunOptions, device: torch.device, 
         # The profiler object sits in a reference cycle: collected now, its results go before the
         # profiled steps, not in the middle of the room they need (rehearsal_steps says why).
         gc.collect()
+    # DataLoader workers load ahead while the untimed steps run (the rehearsal's are slower): taken by
+    # the timed steps, those batches would hide a loader that cannot keep up. One worker loading 8
+    # samples of 40 ms (320 ms a batch) against ~130 ms of compute timed a median step of 162-275 ms
+    # with 2-160 ms of data wait, its slowest step 326-349 ms; a long run waits every step.
+    for _ in range(drain):
+        next(batches)
     with profile(
         schedule=schedule(wait=options.steps, warmup=options.warmup, active=options.steps, repeat=1),
         on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),

@@ -58,6 +58,7 @@ from advisor.run.step import (
     attach_offloader,
     build_optimizer,
     check_step_options,
+    loader_options,
 )
 from advisor.spec.specs import Setup
 from advisor.spec.stages import pipeline_stage_layers
@@ -779,8 +780,10 @@ def rank_loader(
     pin_memory: bool,
     seed: int,
     delay_ms: float = 0.0,
+    extra_micro_batches: int = 0,
 ) -> DataLoader:
-    """This rank's micro-batches (micro_batch sequences of seq_len + 1 tokens) for ``n_steps`` steps.
+    """This rank's micro-batches (micro_batch sequences of seq_len + 1 tokens) for ``n_steps`` steps,
+    and ``extra_micro_batches`` more (those the profiled step takes off its workers' prefetch).
 
     Global micro-batch j is samples [j*B, (j+1)*B) of ``step.SyntheticTokens`` with B = micro_batch x dp,
     as ``step.make_loader`` reads them for the single-process step with micro_batch x dp; data-parallel
@@ -789,9 +792,9 @@ def rank_loader(
     get an empty loader.
     """
     b, B = setup.train.micro_batch, setup.train.micro_batch * info.dp
-    n_micro = n_steps * setup.grad_accum
+    n_micro = n_steps * setup.grad_accum + extra_micro_batches
     data = SyntheticTokens(setup.model.vocab, setup.train.seq_len, n_micro * B, seed, delay_ms)
     reads = info.is_first_stage or info.is_last_stage
     start = info.dp_rank * b
     batches = [list(range(j * B + start, j * B + start + b)) for j in range(n_micro if reads else 0)]
-    return DataLoader(data, batch_sampler=batches, num_workers=num_workers, pin_memory=pin_memory)
+    return DataLoader(data, batch_sampler=batches, pin_memory=pin_memory, **loader_options(num_workers))

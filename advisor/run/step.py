@@ -48,6 +48,22 @@ class SyntheticTokens(Dataset):
         return torch.randint(0, self.vocab, (self.seq_len + 1,), generator=g)
 
 
+PREFETCH_FACTOR = 2
+"""Batches each DataLoader worker loads ahead (PyTorch's default, set explicitly so ``prefetched_batches``
+knows it)."""
+
+
+def prefetched_batches(num_workers: int) -> int:
+    """How many batches a DataLoader with ``num_workers`` workers holds ready at most: what the profiled
+    step takes off before its timed steps (``advisor.run.child``), and what a loader adds for it."""
+    return num_workers * PREFETCH_FACTOR if num_workers > 0 else 0
+
+
+def loader_options(num_workers: int) -> dict:
+    """The DataLoader arguments that go with ``num_workers`` (prefetch_factor only with workers)."""
+    return {"num_workers": num_workers} | ({"prefetch_factor": PREFETCH_FACTOR} if num_workers > 0 else {})
+
+
 def make_loader(
     setup: Setup, n_micro_batches: int, num_workers: int, pin_memory: bool, seed: int, delay_ms: float = 0.0
 ) -> DataLoader:
@@ -55,7 +71,9 @@ def make_loader(
     each sample taking ``delay_ms`` to "read"."""
     t = setup.train
     data = SyntheticTokens(setup.model.vocab, t.seq_len, n_micro_batches * t.micro_batch, seed, delay_ms)
-    return DataLoader(data, batch_size=t.micro_batch, shuffle=False, num_workers=num_workers, pin_memory=pin_memory)
+    return DataLoader(
+        data, batch_size=t.micro_batch, shuffle=False, pin_memory=pin_memory, **loader_options(num_workers)
+    )
 
 
 def build_optimizer(params: list[torch.Tensor] | list[dict], kind: str, impl: str) -> torch.optim.Optimizer:
