@@ -13,10 +13,13 @@ of one CPU step (8-layer tiny model, seq 256 x 4, offloading 4 blocks' activatio
 2-core EPYC) measured per-pair gains from -8.6 % to +14.4 % around a mean of +6.6 %, while each run's
 own steps spread 1-16 %. ``pairs`` re-runs both sides that many times in alternating order (as it was,
 with the change, with the change, as it was, ...: a drift that is linear in time cancels), compares
-their means, and takes the spread between the baseline's re-runs as part of the noise."""
+their medians (the mean of two; from three on, one run disturbed by another process does not move
+it: one such baseline re-run took 1,042 ms against 214-228 ms), and takes the spread between the
+baseline's re-runs as part of the noise."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -67,7 +70,7 @@ class Verification:
     stored_before: float | None = None
     """The original run's own figure, measured when it was made."""
     pairs: int = 1
-    """How many (baseline, change) pairs were re-run; ``before`` and ``measured_after`` are their means."""
+    """How many (baseline, change) pairs were re-run; ``before`` and ``measured_after`` are their medians."""
     pair_run_ids: tuple[tuple[str, str], ...] = ()
     """(baseline re-run, re-run with the change) of every pair, in the order of ``pair_gains_pct``
     (empty with ``baseline=False``)."""
@@ -143,7 +146,7 @@ def verify(
     top recommendation that can be re-run here), and file the predicted/measured pair. With
     ``baseline=False`` the change is measured against the original run's own figure (half the time,
     but exposed to the machine's drift since). ``pairs`` > 1 re-runs both sides that many times in
-    alternating order and compares their means (a small change on a noisy machine). Raises
+    alternating order and compares their medians (a small change on a noisy machine). Raises
     AdvisorError when nothing can be re-run or ``pairs`` is out of range."""
     if isinstance(pairs, bool) or not isinstance(pairs, int) or not 1 <= pairs <= MAX_PAIRS:
         raise AdvisorError(f"pairs must be a whole number from 1 to {MAX_PAIRS}, got {pairs!r}")
@@ -204,8 +207,8 @@ def verify(
     # Without a baseline there is one re-run and no pair.
     paired = list(zip(bases, news, strict=True)) if bases else []
     paired_values = list(zip(before_values, after_values, strict=True)) if bases else []
-    measured = sum(after_values) / len(after_values)
-    before = sum(before_values) / len(before_values) if bases else stored
+    measured = statistics.median(after_values)
+    before = statistics.median(before_values) if bases else stored
     spread = None
     if reference.get("step_time_max_ms") and reference.get("step_time_min_ms") and reference.get("step_time_ms"):
         spread = 100.0 * (reference["step_time_max_ms"] - reference["step_time_min_ms"]) / reference["step_time_ms"]
