@@ -782,7 +782,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         )
     if v.pairs > 1:
         gains = ", ".join(f"{g:+.1f} %" for g in v.pair_gains_pct)
-        print(f"  {v.pairs} pairs in alternating order; before and measured are their medians (each pair: {gains})")
+        print(f"  {v.pairs} pairs in alternating order; measured: the median of their gains (each pair: {gains})")
     print(f"  {v.target}: before {v.before:,.4g}, predicted {v.predicted_after:,.4g}, measured {v.measured_after:,.4g}")
     predicted, measured = gain_phrase(v.target, v.predicted_gain_pct), gain_phrase(v.target, v.measured_gain_pct)
     print(f"  predicted {predicted}{bound}; measured {measured}")
@@ -1006,8 +1006,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="re-run the original setup and the change N times each, in alternating order, and compare "
-        "their medians (for a change smaller than the machine's run-to-run noise; 1 to 10, default 1)",
+        help="re-run the original setup and the change N times each, in alternating order, and take the "
+        "median of the pairs' gains (for a change smaller than the machine's run-to-run noise; 1 to 10, "
+        "default 1)",
     )
     ver.add_argument("--traces", default=None)
     ver.add_argument("--json", action="store_true")

@@ -200,8 +200,8 @@ def test_a_demoted_rule_can_be_named_and_measured_again(tmp_path, monkeypatch):
     assert v.baseline_run_id == "20261206-130000-tiny-cccccc" and v.new_run_id == "20261206-130010-tiny-dddddd"
 
 
-def test_pairs_alternate_and_compare_the_medians(tmp_path, monkeypatch):
-    """Three pairs re-run as AB BA AB; before and after are the medians of their sides, each pair's gain
+def test_pairs_alternate_and_take_the_median_gain(tmp_path, monkeypatch):
+    """Three pairs re-run as AB BA AB; the measured gain is the median of the pairs' gains, each pair's gain
     is kept, and the noise is the larger of the first baseline's step spread and the baselines' spread."""
     import shutil
 
@@ -225,13 +225,13 @@ def test_pairs_alternate_and_compare_the_medians(tmp_path, monkeypatch):
     ids = [f"20261206-1300{n:02d}-tiny-{n:06x}" for n in range(1, 7)]
     assert v.pair_run_ids == ((ids[0], ids[1]), (ids[3], ids[2]), (ids[4], ids[5]))
     assert v.baseline_run_id == ids[0] and v.new_run_id == ids[1] and v.pairs == 3
-    # Medians: 105 of (100, 110, 105) before, 92 of (90, 92, 97) after: 13 / 105 = 12.38 % less.
-    assert v.before == pytest.approx(105.0) and v.measured_after == pytest.approx(92.0)
-    assert v.measured_gain_pct == pytest.approx(12.380952)
-    # Each pair alone: 10 / 100, 18 / 110, 8 / 105.
+    # Each pair alone: 10 / 100, 18 / 110, 8 / 105; their median 10 %, set on the median before (105 of
+    # 100, 110, 105 ms): 94.5 ms after. (The medians of each side alone, 105 and 92 ms, read 12.4 %.)
     assert v.pair_gains_pct == pytest.approx((10.0, 16.363636, 7.619048))
+    assert v.before == pytest.approx(105.0) and v.measured_after == pytest.approx(94.5)
+    assert v.measured_gain_pct == pytest.approx(10.0)
     # The baselines spread 100-110 ms over their 105 ms mean (9.52 %), more than a run's own 2 %
-    # (_FakeRun's steps spread +-1 %); 12.4 % is beyond it, so a verdict: it fell short of 80.6 %.
+    # (_FakeRun's steps spread +-1 %); 10.0 % is beyond it, so a verdict: it fell short of 80.6 %.
     assert v.noise_pct == pytest.approx(9.523810) and v.verdict == "fell short"
     filed = json.loads(next((store.root / VERIFY_DIR).glob(f"*--{ids[1]}.json")).read_text())
     assert filed["pairs"] == 3 and filed["pair_run_ids"][1] == [ids[3], ids[2]]
@@ -239,8 +239,8 @@ def test_pairs_alternate_and_compare_the_medians(tmp_path, monkeypatch):
     from advisor.present.views import verify_message
 
     msg = verify_message(v)
-    assert "the medians of 3 pairs re-run just now in alternating order: 105.0 ms before" in msg
-    assert "each pair's gain: +10.0 %, +16.4 %, +7.6 %." in msg
+    assert "3 pairs re-run just now in alternating order; the measured gain is the median of theirs" in msg
+    assert "(+10.0 %, +16.4 %, +7.6 %), from the median before: 105.0 ms" in msg
 
 
 @pytest.mark.parametrize("pairs", [0, 11, 2.5, True, "2"])
@@ -266,7 +266,7 @@ def test_cli_verify_pairs(monkeypatch, capsys, tmp_path):
     out = capsys.readouterr().out
     assert asked["pairs"] == 3
     assert (
-        "  3 pairs in alternating order; before and measured are their medians (each pair: +10.0 %, +16.4 %, +7.6 %)\n"
+        "  3 pairs in alternating order; measured: the median of their gains (each pair: +10.0 %, +16.4 %, +7.6 %)\n"
         in out
     )
     assert "  verdict: fell short (baseline spread over its steps and re-runs 9.5 %)\n" in out

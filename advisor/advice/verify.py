@@ -10,12 +10,12 @@ test suite held both cores: a -3530 % "gain". Side by side on a quiet machine th
 
 Side by side is not enough for a small change: each process has its own speed. Six alternating pairs
 of one CPU step (8-layer tiny model, seq 256 x 4, offloading 4 blocks' activations or not; a quiet
-2-core EPYC) measured per-pair gains from -8.6 % to +14.4 % around a mean of +6.6 %, while each run's
-own steps spread 1-16 %. ``pairs`` re-runs both sides that many times in alternating order (as it was,
-with the change, with the change, as it was, ...: a drift that is linear in time cancels), compares
-their medians (the mean of two; from three on, one run disturbed by another process does not move
-it: one such baseline re-run took 1,042 ms against 214-228 ms), and takes the spread between the
-baseline's re-runs as part of the noise."""
+2-core EPYC) measured per-pair gains from -8.6 % to +14.4 % (+6.6 % over all six runs of each side),
+while each run's own steps spread 1-16 %. ``pairs`` re-runs both sides that many times in alternating order (as it was,
+with the change, with the change, as it was, ...: a drift that is linear in time cancels), takes the
+median of the pairs' own gains (the mean of two; from three on, one run disturbed by another process
+does not move it: one such baseline re-run took 1,042 ms against 214-228 ms), and counts the spread
+between the baseline's re-runs as noise."""
 
 from __future__ import annotations
 
@@ -64,13 +64,14 @@ class Verification:
     noise_pct: float | None = None
     """The baseline's step-time spread (max - min over its timed steps), % of its median; with
     several pairs the larger of the first baseline's and the spread between the baseline re-runs'
-    figures (max - min, % of their mean): a measured change smaller than this is within noise."""
+    figures (max - min, % of their median): a measured change smaller than this is within noise."""
     baseline_run_id: str | None = None
     """The (first) re-run of the original setup (None with ``baseline=False``)."""
     stored_before: float | None = None
     """The original run's own figure, measured when it was made."""
     pairs: int = 1
-    """How many (baseline, change) pairs were re-run; ``before`` and ``measured_after`` are their medians."""
+    """How many (baseline, change) pairs were re-run. With more than one, ``before`` is the median of
+    the baseline re-runs and ``measured_after`` sits at the median of the pairs' gains from it."""
     pair_run_ids: tuple[tuple[str, str], ...] = ()
     """(baseline re-run, re-run with the change) of every pair, in the order of ``pair_gains_pct``
     (empty with ``baseline=False``)."""
@@ -97,6 +98,11 @@ def _measured(metrics: dict[str, Any], target: str) -> float:
     if value is None:
         raise AdvisorError(f"the re-run has no {target} to compare")
     return float(value)
+
+
+def _after_for_gain(target: str, before: float, gain_pct: float) -> float:
+    """The figure after a change that gains ``gain_pct`` on ``before`` (``improvement_pct``'s inverse)."""
+    return before * (1 + gain_pct / 100) if target == "tokens_per_s" else before * (1 - gain_pct / 100)
 
 
 def _rerun(setup, options: RunOptions, store: RunStore, on_progress: ProgressFn | None, label: str):
@@ -146,7 +152,7 @@ def verify(
     top recommendation that can be re-run here), and file the predicted/measured pair. With
     ``baseline=False`` the change is measured against the original run's own figure (half the time,
     but exposed to the machine's drift since). ``pairs`` > 1 re-runs both sides that many times in
-    alternating order and compares their medians (a small change on a noisy machine). Raises
+    alternating order and takes the median of the pairs' gains (a small change on a noisy machine). Raises
     AdvisorError when nothing can be re-run or ``pairs`` is out of range."""
     if isinstance(pairs, bool) or not isinstance(pairs, int) or not 1 <= pairs <= MAX_PAIRS:
         raise AdvisorError(f"pairs must be a whole number from 1 to {MAX_PAIRS}, got {pairs!r}")
@@ -207,8 +213,15 @@ def verify(
     # Without a baseline there is one re-run and no pair.
     paired = list(zip(bases, news, strict=True)) if bases else []
     paired_values = list(zip(before_values, after_values, strict=True)) if bases else []
-    measured = statistics.median(after_values)
-    before = statistics.median(before_values) if bases else stored
+    gains = [improvement_pct(target, b, a) for b, a in paired_values]
+    if len(gains) > 1:
+        # Paired: the median of the pairs' own gains, each measured side by side (an unpaired median of
+        # each side can cancel: pairs of +6.3, -5.0 and +3.2 % read -0.0 %), set on the median before.
+        before = statistics.median(before_values)
+        measured = _after_for_gain(target, before, statistics.median(gains))
+    else:
+        measured = after_values[0]
+        before = before_values[0] if bases else stored
     spread = None
     if reference.get("step_time_max_ms") and reference.get("step_time_min_ms") and reference.get("step_time_ms"):
         spread = 100.0 * (reference["step_time_max_ms"] - reference["step_time_min_ms"]) / reference["step_time_ms"]
@@ -234,7 +247,7 @@ def verify(
         stored_before=stored,
         pairs=len(bases) or 1,
         pair_run_ids=tuple((b.run_id, n.run_id) for b, n in paired),
-        pair_gains_pct=tuple(improvement_pct(target, b, a) for b, a in paired_values),
+        pair_gains_pct=tuple(gains),
     )
     out = store.root / VERIFY_DIR / f"{run_id}--{rec.rule.id}--{new.run_id}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -907,10 +907,10 @@ def step_roofline_summary(
     ProfilerStep ranges), ``idle_other_frac``, ``verdict`` (the bound with the largest share),
     ``gemm_frac`` (GEMMs that are not latency-bound), ``gemm_roof_frac`` (their time-weighted share of
     the roof reached: roof time / time; NaN without shapes), ``gemm_fixed_frac`` (CPU: the share of
-    their time that is a fixed per-call cost, ``GEMM_CALL_FIXED_US``; NaN on a GPU or without shapes) and ``fusable_frac`` (memory-bound
-    elementwise, reduction and normalisation ops: what fusion would cut), ``compile_fusable_frac``
-    (those of them outside the optimizer step, which compiling the model reaches; a CPU table only
-    knows which ran inside it) with ``compile_fusable_roof_frac`` (their bytes at the bandwidth this
+    their time that is a fixed per-call cost, ``GEMM_CALL_FIXED_US``; NaN on a GPU or without shapes)
+    and ``fusable_frac`` (memory-bound elementwise, reduction and normalisation ops: what fusion would
+    cut), ``compile_fusable_frac`` (those of them outside the optimizer step, which compiling the model
+    reaches; a CPU table only knows which ran inside it) with ``compile_fusable_roof_frac`` (their bytes at the bandwidth this
     trace's big streams reached, ``streaming_bytes_per_s``; their time where it is shorter), and
     ``attention_frac`` (attention that is not latency-bound).
     """

@@ -399,9 +399,9 @@ def verify_message(v, diff=None, diff_note: str = "") -> str:
     if v.baseline_run_id and v.stored_before is not None and v.pairs > 1:
         gains = ", ".join(f"{g:+.1f} %" for g in v.pair_gains_pct)
         msg += (
-            f"\nBefore and after are the medians of {v.pairs} pairs re-run just now in alternating order: "
-            f"{fmt_value(v.target, v.before)} before (the stored run measured "
-            f"{fmt_value(v.target, v.stored_before)}); each pair's gain: {gains}."
+            f"\n{v.pairs} pairs re-run just now in alternating order; the measured gain is the median of "
+            f"theirs ({gains}), from the median before: {fmt_value(v.target, v.before)} (the stored run "
+            f"measured {fmt_value(v.target, v.stored_before)})."
         )
     elif v.baseline_run_id and v.stored_before is not None:
         msg += (
