@@ -185,11 +185,8 @@ def table(rows: list[dict]) -> str:
         if "error" in r:
             out.append(f"| {r['scenario']} | error: {r['error']} | | | | | | | | | |")
             continue
-        each = (
-            " / ".join(f"{g:+.1f}" for g in r.get("pair_gains_pct") or [])
-            if len(r.get("pair_gains_pct") or []) > 1
-            else "-"
-        )
+        gains = r.get("pair_gains_pct") or []
+        each = " / ".join(f"{g:+.1f}" for g in gains) if len(gains) > 1 else "-"
         t = r["target"]
         err = "-" if r["gain_rel_error"] is None else f"{100 * r['gain_rel_error']:.0f} %"
         top = r["top"] + ("" if r["top"] == r["designed_for"] else f" (built for {r['designed_for']})")
