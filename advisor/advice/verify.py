@@ -203,17 +203,17 @@ def verify(
                     bases.append(_rerun(base_setup, base_options, store, on_progress, f"as it was{of}"))
                 else:
                     news.append(_rerun(setup, options, store, on_progress, f"with the change{of}"))
-        base_run = bases[0]
-        reference = base_run.metrics() or {}
     else:
         news.append(_rerun(setup, options, store, on_progress, "with the change"))
     new = news[0]
+    base_metrics = [r.metrics() or {} for r in bases]  # each run's metrics.json read once
+    if bases:
+        base_run, reference = bases[0], base_metrics[0]
     after_values = [_measured(r.metrics() or {}, target) for r in news]
-    before_values = [_measured(r.metrics() or {}, target) for r in bases]
+    before_values = [_measured(m, target) for m in base_metrics]
     # Without a baseline there is one re-run and no pair.
     paired = list(zip(bases, news, strict=True)) if bases else []
-    paired_values = list(zip(before_values, after_values, strict=True)) if bases else []
-    gains = [improvement_pct(target, b, a) for b, a in paired_values]
+    gains = [improvement_pct(target, b, a) for b, a in zip(before_values, after_values[: len(bases)], strict=True)]
     if len(gains) > 1:
         # Paired: the median of the pairs' own gains, each measured side by side (an unpaired median of
         # each side can cancel: pairs of +6.3, -5.0 and +3.2 % read -0.0 %), set on the median before.
