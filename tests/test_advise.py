@@ -538,6 +538,12 @@ def test_fusion_is_priced_at_the_memory_roof_outside_the_optimizer():
     # A run from before the roof split: the whole fusable share 2x faster.
     old = _fusable_step(roofline_compile_fusable_frac=None, roofline_compile_fusable_roof_frac=None)
     assert fuse(old).gain.gain_pct == pytest.approx(20.0)
+    # A CPU step with unfused attention: its score chain (15 % of the step) is part of the fusable
+    # share but not of what compiling reaches; the gain stays 25 % and its basis says why.
+    chain = fuse(_fusable_step(roofline_fusable_frac=0.55, roofline_score_chain_frac=0.15))
+    assert chain.gain.gain_pct == pytest.approx(25.0)
+    assert "attention's score chain (15.0 %) left as it is" in chain.gain.basis
+    assert "score chain" not in rec.gain.basis
 
 
 def test_a_step_paced_by_its_loader_workers_gains_nothing_from_faster_compute():

@@ -647,3 +647,58 @@ def test_the_cli_summary_lists_copies_by_their_bandwidth():
     assert "Roofline verdict: compute-bound (compute 62.4 %, memory 34.9 %, latency 1.3 % of the GPU span)" in text
     copy = next(line for line in text.splitlines() if "Memcpy DtoD" in line)
     assert "GB/s" in copy and "memory" in copy
+
+
+@pytest.mark.parametrize("flash", [False, True])
+def test_unfused_attentions_score_chain_is_left_out_of_compiles_reach_on_a_cpu(tmp_path, flash):
+    # One step of the model's own attention layer (tiny: 8 heads, seq 128) under bf16 autocast, as the
+    # profiled step runs it. Unfused, the scale, the causal mask and the softmax run on [2, 8, 128, 128]
+    # scores, forward and backward: those rows are the score chain, and compiling leaves their time as
+    # it is on a CPU (bench/results/cpu_fusion.md). Fused (SDPA), there is no chain.
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from advisor.analysis.roofline import cpu_score_chain
+    from advisor.run.model import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(tiny(), flash=flash)
+    tokens = torch.randint(0, tiny().vocab, (2, 128))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(tokens).float().mean()
+            loss.backward()
+            prof.step()
+    prof.export_chrome_trace(str(tmp_path / "attn.json"))
+    table = op_roofline(op_shapes(load_trace(tmp_path / "attn.json")), tiny_cpu())
+    chain = cpu_score_chain(table)
+    rows = table[chain]
+    s = step_roofline_summary(table)
+    if flash:
+        assert not chain.any() and s["score_chain_frac"] == 0
+        assert s["compile_fusable_frac"] == pytest.approx(s["fusable_frac"])
+        return
+    scores = [2, 8, 128, 128]
+    assert {json.dumps(json.loads(d)[0]) for d in rows["input_dims"]} == {json.dumps(scores)}
+    # The scale (mul), the copy masked_fill makes (clone), the softmax and its backward; the probs @ v
+    # (matmul) too, which is a GEMM and not fusable.
+    assert set(rows["name"]) == {
+        "aten::mul",
+        "aten::clone",
+        "aten::_softmax",
+        "aten::_softmax_backward_data",
+        "aten::matmul",
+    }
+    # Every op on a [2, 8, 128, 128] input is in the chain; nothing else is (q, k, v are [2, 8, 128, 32]).
+    first = [json.loads(d)[0] if d else None for d in table["input_dims"]]
+    assert list(chain) == [f == scores for f in first]
+    fusable = table["category"].isin(["elementwise", "reduction", "normalization"]) & (table["bound"] == "memory")
+    in_chain = float(table.loc[chain & fusable.to_numpy(), "time_ms"].sum())
+    assert in_chain > 0 and s["score_chain_frac"] == pytest.approx(in_chain / s["modelled_ms"])
+    # No optimizer here: compiling reaches every fusable op but the chain's.
+    assert s["compile_fusable_frac"] == pytest.approx(s["fusable_frac"] - s["score_chain_frac"])
+    # A GPU table keeps its chain: fused kernels there stream at the memory roof.
+    gpu = table.copy()
+    gpu.attrs = {**table.attrs, "device": "gpu"}
+    assert not cpu_score_chain(gpu).any()

@@ -300,8 +300,10 @@ def fusion(target: str, g: GainInput) -> Gain | None:
     outside the optimizer step (it stays eager) run at the memory roof and move FUSION_SPEEDUP times
     fewer bytes, so each costs its roof time / FUSION_SPEEDUP. Eager ops can sit far below the roof
     (bf16 elementwise ops on a CPU convert element by element: 4 to 10 GB/s against the fp32 ops' 20
-    on the AMX Xeon), so the gain is larger than the byte cut alone. Without the roof split (an older
-    run) the whole fusable time at FUSION_SPEEDUP."""
+    on the AMX Xeon), so the gain is larger than the byte cut alone. On a CPU, unfused attention's
+    score chain is left out (``roofline_score_chain_frac``: Inductor's CPU softmax kernels run it at
+    eager's pace, ``advisor.analysis.roofline.cpu_score_chain``). Without the roof split (an older run)
+    the whole fusable time at FUSION_SPEEDUP."""
     model = _roofline_share(g, "roofline_compile_fusable_frac")
     roof = _roofline_share(g, "roofline_compile_fusable_roof_frac")
     if model is not None and roof is not None:
@@ -310,6 +312,9 @@ def fusion(target: str, g: GainInput) -> Gain | None:
             f"memory-bound elementwise/norm ops outside the optimizer ({model:.1f} % of the step) fused: "
             f"at the memory roof ({roof:.1f} %) with {FUSION_SPEEDUP:g}x fewer bytes"
         )
+        chain = _roofline_share(g, "roofline_score_chain_frac")
+        if chain:
+            basis += f"; attention's score chain ({chain:.1f} %) left as it is (not faster compiled on a CPU)"
         return _share_gain(target, g, cut, basis)
     share = _roofline_share(g, "roofline_fusable_frac")
     if share is None:

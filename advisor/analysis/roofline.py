@@ -35,6 +35,9 @@ BOUNDS = ("compute", "memory", "latency", "communication")
 FUSABLE = ("elementwise", "reduction", "normalization")
 """Op classes a compiler fuses into one kernel when they are memory-bound: each fused chain reads its
 inputs and writes its output once instead of once per op."""
+SOFTMAX_OPS = ("aten::_softmax", "aten::softmax", "aten::_softmax_backward_data")
+"""The ops whose 4-D ``[batch, heads, s, s]`` input marks unfused attention's score chain on a CPU
+(``cpu_score_chain``)."""
 
 _ELEMENT_BYTES = {
     "float": 4,
@@ -582,6 +585,38 @@ def _optimizer_fusable(sel: pd.DataFrame, table: pd.DataFrame) -> dict[str, floa
     return out
 
 
+def cpu_score_chain(roofline: pd.DataFrame) -> np.ndarray:
+    """CPU tables: the rows of unfused attention's score chain, the ops whose first input is a
+    ``[batch, heads, s, s]`` tensor a softmax (or its backward) ran on in this trace: the scale, the
+    causal ``masked_fill``, the softmax, their backwards and copies. Compiling the model does not speed
+    them up on a CPU: Inductor's fused masked-softmax kernel runs the chain forward and backward at
+    0.90-1.19x of eager from 0.5 to 32 MiB of scores, where an RMSNorm gains 1.3-6x
+    (``bench/cpu_fusion.py``, ``bench/results/cpu_fusion.md``). All False on a GPU table, where fused
+    kernels stream at the memory roof."""
+    none = np.zeros(len(roofline), dtype=bool)
+    if roofline.attrs.get("device") == "gpu" or not len(roofline):
+        return none
+    first = [_first_dims(d) for d in roofline["input_dims"]]
+    scores = {
+        f
+        for f, n in zip(first, roofline["name"], strict=True)
+        if n in SOFTMAX_OPS and f is not None and len(f) == 4 and f[-1] == f[-2] and f[-1] > 1
+    }
+    if not scores:
+        return none
+    return np.array([f in scores for f in first], dtype=bool)
+
+
+def _first_dims(input_dims: object) -> tuple[int, ...] | None:
+    """The first input's shape of a row's ``input_dims`` (a JSON list of shapes), None where absent."""
+    try:
+        dims = json.loads(input_dims) if isinstance(input_dims, str) else input_dims
+        first = dims[0] if dims else None
+        return tuple(int(x) for x in first) if isinstance(first, list) else None
+    except (ValueError, TypeError, IndexError):
+        return None
+
+
 def streaming_bytes_per_s(rows: pd.DataFrame, roof_bytes_per_s: float) -> float:
     """The memory bandwidth a fused kernel can count on in this trace: the fastest rate reached by a
     group of ``rows`` that carries at least 1 % of their bytes (a tiny group can run from cache), never
@@ -910,8 +945,10 @@ def step_roofline_summary(
     their time that is a fixed per-call cost, ``GEMM_CALL_FIXED_US``; NaN on a GPU or without shapes)
     and ``fusable_frac`` (memory-bound elementwise, reduction and normalisation ops: what fusion would
     cut), ``compile_fusable_frac`` (those of them outside the optimizer step, which compiling the model
-    reaches; a CPU table only knows which ran inside it) with ``compile_fusable_roof_frac`` (their bytes at the bandwidth this
-    trace's big streams reached, ``streaming_bytes_per_s``; their time where it is shorter), and
+    reaches; a CPU table only knows which ran inside it; on a CPU, not unfused attention's score chain,
+    ``score_chain_frac``, which compiling leaves as it is: ``cpu_score_chain``) with
+    ``compile_fusable_roof_frac`` (their bytes at the bandwidth this trace's big streams reached,
+    ``streaming_bytes_per_s``; their time where it is shorter), and
     ``attention_frac`` (attention that is not latency-bound).
     """
     total = float(roofline["time_ms"].sum())
@@ -972,7 +1009,10 @@ def step_roofline_summary(
     out["fusable_frac"] = float(roofline.loc[fusable, "time_ms"].sum()) * scale
     # What compiling the model reaches of them (not the optimizer step's), and their time at the memory
     # roof (time x (1 - headroom); where the bytes are unknown, their measured time).
-    fus = roofline.loc[fusable]
+    # CPU: unfused attention's score chain stays as it is under compile (cpu_score_chain).
+    chain = cpu_score_chain(roofline) & fusable.to_numpy(bool)
+    out["score_chain_frac"] = float(roofline.loc[chain, "time_ms"].sum()) * scale
+    fus = roofline.loc[fusable.to_numpy(bool) & ~chain]
     roof_bw = float((roofline.attrs.get("roofs") or {}).get("bytes_per_s") or 0.0)
     bw = streaming_bytes_per_s(fus, roof_bw) if roof_bw else 0.0
     has_bytes = (fus["bytes"] > 0).to_numpy()

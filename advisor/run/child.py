@@ -435,6 +435,7 @@ _ANALYSIS_FIELDS = (
     "roofline_fusable_frac",
     "roofline_compile_fusable_frac",
     "roofline_compile_fusable_roof_frac",
+    "roofline_score_chain_frac",
     "roofline_attention_frac",
     "roofline_roofs",
 )

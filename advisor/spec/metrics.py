@@ -230,6 +230,11 @@ class StepMetrics:
     """Those ops' time at the memory roof, same base: their bytes at the bandwidth the run's own big
     streams reached (at most the roof; ``advisor.analysis.roofline.streaming_bytes_per_s``). Fused,
     they stream at that rate and the chain moves its bytes once."""
+    roofline_score_chain_frac: float | None = None
+    """CPU: the share of the step in unfused attention's score chain (scale, causal mask, softmax and
+    their backwards on the s x s scores), part of roofline_fusable_frac but not of
+    roofline_compile_fusable_frac: compiling does not speed it up on a CPU
+    (``advisor.analysis.roofline.cpu_score_chain``). 0 without it; None on a GPU."""
     roofline_attention_frac: float | None = None
     """Share of the step in attention ops or kernels that are not latency-bound (same base as
     roofline_gemm_frac): with it and roofline_fusable_frac, a precision change is priced per op class."""
