@@ -121,8 +121,8 @@ SCENARIOS = [
     ),
     Scenario(
         "offload-on-cpu",
-        "4 of 8 blocks' activations offloaded on a CPU device (copies inline, nothing saved)",
-        dict(model=DEEP, seq=256, micro_batch=4, precision="bf16", offload_activations=4),
+        "all 8 blocks' activations offloaded on a CPU device (copies inline, nothing saved)",
+        dict(model=DEEP, seq=256, micro_batch=4, precision="bf16", offload_activations=8),
         designed_for="mem-offload-activations-on-cpu",
     ),
     Scenario(

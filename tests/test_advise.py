@@ -629,3 +629,25 @@ def test_a_cpu_precision_change_keeps_only_the_gemms_fixed_cost(monkeypatch):
     assert gains_module._class_speedups(gpu, "fp32", "bf16", 0.5, 0.001)["gemm"] == pytest.approx(
         1 / (0.5 / ratio + 0.5)
     )
+
+
+def test_offload_on_a_cpu_is_priced_by_the_steps_timed_without_it():
+    # tiny offloading all 4 blocks on a CPU, a 200 ms step. The hooks timed 17 ms inside themselves;
+    # steps with the offload off beside steps with it on (3 alternating pairs) took 38 ms less.
+    setup = make_setup(model="tiny", gpu="cpu", seq=256, micro_batch=4, offload_activations=4)
+    hooks = dict(blocks=4, exposed_ms=17.0, copy_out_ms=6.0, copy_in_ms=8.0)
+    reference = dict(step_with_ms=200.0, step_without_ms=162.0, step_cost_ms=38.0, pair_costs_ms=[40, 38, 30])
+
+    def offload_off(**offload):
+        m = StepMetrics(
+            run_id="r", source="profile", steps_measured=5, step_time_ms=200.0, data_ms=0.5, activation_offload=offload
+        )
+        recs = advise(m, setup, {"compile": False, "num_workers": 0}).recommendations
+        return next(r for r in recs if r.rule.id == "mem-offload-activations-on-cpu")
+
+    measured = offload_off(**hooks, **reference, reference_pairs=3)
+    assert measured.gain.gain_pct == pytest.approx(19.0) and measured.gain.after == pytest.approx(162.0)
+    assert "took 200.0 ms, with it off 162.0 ms (median of 3 alternating pairs" in measured.gain.basis
+    # An older run (or another device) without the reference: the hooks' own time, a floor.
+    floor = offload_off(**hooks)
+    assert floor.gain.gain_pct == pytest.approx(8.5) and "this is a floor" in floor.gain.basis

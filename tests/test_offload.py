@@ -7,6 +7,7 @@ where CUDA is.
 
 import gzip
 import json
+import statistics
 from dataclasses import replace
 
 import pytest
@@ -209,6 +210,12 @@ def test_a_profiled_run_reports_the_offload_it_measured(tmp_path):
     assert off["bytes_offloaded"] == off["bytes_restored"] == pytest.approx(off["estimate_bytes"], rel=0.001)
     assert off["copy_out_ms"] > 0 and off["out_gb_per_s"] > 0 and off["host_bytes"] > 0
     assert "--offload-activations 2" in run.record["command"] and "--recompute-layers 1" in run.record["command"]
+    # On a CPU the run also timed 3 pairs of steps with the offload on and off: its whole cost.
+    assert off["reference_pairs"] == 3 and len(off["pair_costs_ms"]) == 3
+    assert off["step_cost_ms"] == pytest.approx(statistics.median(off["pair_costs_ms"]))
+    assert off["step_with_ms"] > 0 and off["step_without_ms"] > 0
+    # Their losses are not the run's: one per step of its schedule (warm-up, rehearsal, timed, profiled).
+    assert len(m["losses"]) == 1 + 2 + 2 + 0 + 2
     with gzip.open(run.path / "trace.json.gz", "rt") as f:
         names = {e["name"] for e in json.load(f)["traceEvents"] if e.get("cat") == "user_annotation"}
     assert {"act_offload", "act_reload"} <= names  # the copies' ranges, as Nsight Systems sees them too
@@ -242,3 +249,37 @@ def test_the_distributed_dry_run_offloads_as_the_real_run_does():
     assert dry_off.peak_bytes - dry_on.peak_bytes == pytest.approx(dry_on.host_bytes, rel=0.02)
     cpu_on, cpu_off = _setup(offload_activations=2, **kw), _setup(**kw)
     assert dry_run(cpu_on).peak_bytes == pytest.approx(dry_run(cpu_off).peak_bytes, rel=0.01)
+
+
+def test_the_offloads_cost_on_a_cpu_is_timed_against_steps_without_it(monkeypatch):
+    # A stub trainer whose step takes 10 ms with the offloader attached and 7 ms without (a fake clock):
+    # the pairs alternate on-off, off-on, on-off; the cost is the median of the pairs' differences; the
+    # offloader and the block runner are put back and the reference steps' losses dropped.
+    import advisor.run.child as child
+
+    clock = [0.0]
+    monkeypatch.setattr(child.time, "perf_counter", lambda: clock[0])
+
+    class Model:
+        block_runner = "runner"
+
+    class Trainer:
+        def __init__(self):
+            self.model, self.offloader, self.losses, self.order = Model(), "offloader", [1.0, 2.0], []
+
+        def step(self, batches):
+            on = self.offloader is not None
+            assert (self.model.block_runner is not None) == on
+            self.order.append(on)
+            clock[0] += 0.010 if on else 0.007 + 0.001 * len(self.order)  # off steps drift slower
+            self.losses.append(0.0)
+
+    t = Trainer()
+    out = child._offload_reference(t, iter(()), 3)
+    assert t.order == [True, False, False, True, True, False]
+    # Off steps took 9, 10 and 13 ms (the drift); the pairs' differences 1, 0 and -3 ms.
+    assert out["pair_costs_ms"] == pytest.approx([1.0, 0.0, -3.0])
+    assert out["step_cost_ms"] == pytest.approx(0.0) and out["step_with_ms"] == pytest.approx(10.0)
+    assert out["step_without_ms"] == pytest.approx(10.0) and out["reference_pairs"] == 3
+    assert (t.offloader, t.model.block_runner, t.losses) == ("offloader", "runner", [1.0, 2.0])
+    assert child._offload_reference(t, iter(()), 0) == {}

@@ -38,7 +38,7 @@ from advisor.estimate.estimator import estimate, offloaded_activation_bytes
 from advisor.run.memprobe import ddp_bucket_bytes, live_state_tensors, peak_from_memory_events, unique_storage_bytes
 from advisor.run.model import model_flops_per_token
 from advisor.run.nvml import NvmlSampler
-from advisor.run.step import build_trainer, make_loader, prefetched_batches, resolve_device
+from advisor.run.step import build_trainer, make_loader, prefetched_batches, resolve_device, unwrap
 from advisor.run.unified_memory import managed_memory
 from advisor.spec.metrics import StepMetrics
 from advisor.spec.options import RunOptions
@@ -141,22 +141,27 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
             seed=options.seed,
         )
         drain = prefetched_batches(options.num_workers)
+        pairs = offload_reference_pairs(setup, options, device.type)
         loader = make_loader(
             setup,
-            _total_steps(options, device.type) * trainer.grad_accum + drain,
+            (_total_steps(options, device.type) + 2 * pairs) * trainer.grad_accum + drain,
             options.num_workers,
             options.pin_memory,
             options.seed,
             delay_ms=options.data_delay_ms,
         )
         sampler = _sampler(options, device)
-        measured = _profile_steps(trainer, iter(loader), options, device, files.trace, progress=True, drain=drain)
+        batches = iter(loader)
+        measured = _profile_steps(trainer, batches, options, device, files.trace, progress=True, drain=drain)
+        reference = _offload_reference(trainer, batches, pairs)
         sampler.stop()
     write_top_ops(measured.prof, files.top_ops, device.type)
     files.nvml.write_text(
         json.dumps({"summary": sampler.summary(), "samples": sampler.samples}, indent=1), encoding="utf-8"
     )
     ranks = [_rank_result(trainer, measured, options)]
+    if reference:
+        ranks[0]["offload"] = ranks[0]["offload"] | reference
     metrics = _metrics(full, setup, options, ranks, sampler.summary(), sampler.device_name, run_id, device)
     if um_record:
         metrics = replace(metrics, unified_memory=um_record)
@@ -239,6 +244,52 @@ def rehearsal_steps(options: RunOptions, device_type: str) -> int:
 def _total_steps(options: RunOptions, device_type: str) -> int:
     """One untimed warm-up step, the rehearsal, the timed steps, the profiler's warm-up and active steps."""
     return 1 + rehearsal_steps(options, device_type) + options.steps + options.warmup + options.steps
+
+
+OFFLOAD_REFERENCE_PAIRS = 3
+"""On a CPU device, pairs of extra steps with the activation offload on and off (``_offload_reference``)."""
+
+
+def offload_reference_pairs(setup: Setup, options: RunOptions, device_type: str) -> int:
+    """Pairs of reference steps to take after the profiled ones: ``OFFLOAD_REFERENCE_PAIRS`` on a CPU
+    device with activation offload on (not compiled: switching the hooks would recompile), else 0."""
+    if device_type != "cpu" or not setup.train.offload_activations or options.compile:
+        return 0
+    return OFFLOAD_REFERENCE_PAIRS
+
+
+def _offload_reference(trainer, batches, pairs: int) -> dict[str, Any]:
+    """What activation offload costs this process's step on a CPU, measured: ``pairs`` pairs of steps
+    with the offloader on and off, in alternating order (on-off, off-on, ...: a linear drift cancels),
+    after the profiled steps. On a CPU the hooks run inline and their own timer (``exposed_ms``) misses
+    part of their cost: tiny-8l (seq 256 x 4, bf16, 2 cores) offloading 4 or 8 of its blocks timed
+    9.7 / 20.9 ms inside the hooks against 16.8 / 41.2 ms a step beside the same steps without them.
+    Returns ``step_with_ms`` and ``step_without_ms`` (medians), ``pair_costs_ms`` (each pair's
+    difference), ``step_cost_ms`` (their median) and ``reference_pairs``; {} when ``pairs`` is 0."""
+    if not pairs or trainer.offloader is None:
+        return {}
+    model = unwrap(trainer.model)
+    offloader, runner = trainer.offloader, model.block_runner
+    times: dict[bool, list[float]] = {True: [], False: []}
+    n_losses = len(trainer.losses)
+    try:
+        for k in range(pairs):
+            for on in (True, False) if k % 2 == 0 else (False, True):
+                trainer.offloader, model.block_runner = (offloader, runner) if on else (None, None)
+                t0 = time.perf_counter()
+                trainer.step(batches)
+                times[on].append((time.perf_counter() - t0) * 1e3)
+    finally:
+        trainer.offloader, model.block_runner = offloader, runner
+        del trainer.losses[n_losses:]  # the run's losses stay those of its schedule's steps
+    costs = [a - b for a, b in zip(times[True], times[False], strict=True)]
+    return {
+        "step_with_ms": statistics.median(times[True]),
+        "step_without_ms": statistics.median(times[False]),
+        "step_cost_ms": statistics.median(costs),
+        "pair_costs_ms": costs,
+        "reference_pairs": pairs,
+    }
 
 
 def _sampler(options: RunOptions, device: torch.device) -> NvmlSampler:

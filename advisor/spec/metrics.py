@@ -123,7 +123,10 @@ class StepMetrics:
     """Activation offload, mean over the timed steps (advisor.run.offload.OffloadStats): blocks, tensors,
     bytes_offloaded and bytes_restored per step, copy_out_ms, copy_in_ms, exposed_ms (copy time not
     hidden behind compute), host_bytes, pinned, out_gb_per_s and in_gb_per_s (host-link bandwidth
-    achieved), and estimate_bytes (the estimator's count for the same blocks). Empty without offload."""
+    achieved), and estimate_bytes (the estimator's count for the same blocks). On a CPU device also
+    step_with_ms, step_without_ms, pair_costs_ms, step_cost_ms and reference_pairs: steps with the offload on and off
+    in alternation after the profiled ones, and the median of their differences, its whole cost
+    (advisor.run.child._offload_reference). Empty without offload."""
     # --- from the trace analysis (advisor.analysis.breakdown); None where the trace has no GPU events ---
     n_ranks: int | None = None
     gpu_idle_pct: float | None = None
