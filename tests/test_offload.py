@@ -15,6 +15,7 @@ import torch
 
 from advisor.errors import SpecError
 from advisor.estimate.estimator import estimate, offloaded_activation_bytes
+from advisor.present.report import offload_line
 from advisor.run.dryrun import DISTRIBUTED_MIN_TORCH, dry_run, torch_release
 from advisor.run.launcher import profile_run
 from advisor.run.memprobe import measure_step_peak_bytes
@@ -214,6 +215,11 @@ def test_a_profiled_run_reports_the_offload_it_measured(tmp_path):
     assert off["reference_pairs"] == 3 and len(off["pair_costs_ms"]) == 3
     assert off["step_cost_ms"] == pytest.approx(statistics.median(off["pair_costs_ms"]))
     assert off["step_with_ms"] > 0 and off["step_without_ms"] > 0
+    line = offload_line(off)
+    assert (
+        f"without {off['step_without_ms']:.1f} ms: it costs {off['step_cost_ms']:.1f} ms (3 alternating pairs)" in line
+    )
+    assert "it costs" not in offload_line({k: v for k, v in off.items() if k != "step_cost_ms"})
     # Their losses are not the run's: one per step of its schedule (warm-up, rehearsal, timed, profiled).
     assert len(m["losses"]) == 1 + 2 + 2 + 0 + 2
     with gzip.open(run.path / "trace.json.gz", "rt") as f:

@@ -197,12 +197,18 @@ def format_run(record: dict, metrics: dict | None, path) -> str:
 def offload_line(off: dict) -> str:
     """One line on a run's activation offload (StepMetrics.activation_offload)."""
     where = "pinned host memory" if off.get("pinned") else "a host buffer (CPU device: saves nothing)"
-    return (
+    line = (
         f"activation offload: {off['blocks']:.0f} blocks, {off['bytes_offloaded'] / GiB:.3f} GiB a step to "
         f"{where} and back (estimate {off['estimate_bytes'] / GiB:.3f} GiB); copies {off['copy_out_ms']:.1f} ms "
         f"out at {off['out_gb_per_s']:.1f} GB/s, {off['copy_in_ms']:.1f} ms back at {off['in_gb_per_s']:.1f} GB/s, "
         f"{off['exposed_ms']:.1f} ms not hidden; host memory {off['host_bytes'] / GiB:.3f} GiB"
     )
+    if off.get("step_cost_ms") is not None:
+        line += (
+            f"; a step with it {off['step_with_ms']:.1f} ms, without {off['step_without_ms']:.1f} ms: it costs "
+            f"{off['step_cost_ms']:.1f} ms ({off['reference_pairs']:.0f} alternating pairs)"
+        )
+    return line
 
 
 def roofline_line(m: dict) -> str:
