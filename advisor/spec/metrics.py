@@ -123,10 +123,11 @@ class StepMetrics:
     """Activation offload, mean over the timed steps (advisor.run.offload.OffloadStats): blocks, tensors,
     bytes_offloaded and bytes_restored per step, copy_out_ms, copy_in_ms, exposed_ms (copy time not
     hidden behind compute), host_bytes, pinned, out_gb_per_s and in_gb_per_s (host-link bandwidth
-    achieved), and estimate_bytes (the estimator's count for the same blocks). On a CPU device also
-    step_with_ms, step_without_ms, pair_costs_ms, step_cost_ms and reference_pairs: steps with the offload on and off
-    in alternation after the profiled ones, and the median of their differences, its whole cost
-    (advisor.run.child._offload_reference). Empty without offload."""
+    achieved), and estimate_bytes (the estimator's count for the same blocks). A single-process run on
+    a CPU device also has step_with_ms, step_without_ms, pair_costs_ms, step_cost_ms and
+    reference_pairs: steps with the offload on and off in alternation after the profiled ones, and the
+    median of their differences, its whole cost (advisor.run.child._offload_reference). Empty without
+    offload."""
     # --- from the trace analysis (advisor.analysis.breakdown); None where the trace has no GPU events ---
     n_ranks: int | None = None
     gpu_idle_pct: float | None = None
@@ -234,8 +235,8 @@ class StepMetrics:
     streams reached (at most the roof; ``advisor.analysis.roofline.streaming_bytes_per_s``). Fused,
     they stream at that rate and the chain moves its bytes once."""
     roofline_score_chain_frac: float | None = None
-    """CPU: the share of the step in unfused attention's score chain (scale, causal mask, softmax and
-    their backwards on the s x s scores), part of roofline_fusable_frac but not of
+    """CPU: the share of the step in unfused attention's score chain (the scale, the mask's copy, the
+    softmax and their backwards on the s x s scores), part of roofline_fusable_frac but not of
     roofline_compile_fusable_frac: compiling does not speed it up on a CPU
     (``advisor.analysis.roofline.cpu_score_chain``). 0 without it; None on a GPU."""
     roofline_attention_frac: float | None = None
