@@ -589,11 +589,10 @@ def cpu_score_chain(roofline: pd.DataFrame) -> np.ndarray:
     """CPU tables: the rows of unfused attention's score chain, the ops whose first input is a
     ``[batch, heads, s, s]`` tensor a softmax (or its backward) ran on in this trace: the scale, the
     copy the causal ``masked_fill`` makes, the softmax and their backwards (and the probabilities'
-    GEMM, which is not fusable). Compiling the model does not speed
-    them up on a CPU: Inductor's fused masked-softmax kernel runs the chain forward and backward at
-    0.90-1.19x of eager from 0.5 to 32 MiB of scores, where an RMSNorm gains 1.3-6x
-    (``bench/cpu_fusion.py``, ``bench/results/cpu_fusion.md``). All False on a GPU table, where fused
-    kernels stream at the memory roof."""
+    GEMM, which is not fusable). Compiling the model does not speed them up on a CPU: Inductor's fused
+    masked-softmax kernel runs the chain forward and backward at 0.90-1.19x of eager from 0.5 to 32 MiB
+    of scores, where an RMSNorm gains 1.3-6x (``bench/cpu_fusion.py``, ``bench/results/cpu_fusion.md``).
+    All False on a GPU table, where fused kernels stream at the memory roof."""
     none = np.zeros(len(roofline), dtype=bool)
     if roofline.attrs.get("device") == "gpu" or not len(roofline):
         return none
@@ -947,7 +946,7 @@ def step_roofline_summary(
     and ``fusable_frac`` (memory-bound elementwise, reduction and normalisation ops: what fusion would
     cut), ``compile_fusable_frac`` (those of them outside the optimizer step, which compiling the model
     reaches; a CPU table only knows which ran inside it; on a CPU, not unfused attention's score chain,
-    ``score_chain_frac``, which compiling leaves as it is: ``cpu_score_chain``) with
+    ``score_chain_frac``, which compiling leaves as it is: ``cpu_score_chain``; NaN on a GPU) with
     ``compile_fusable_roof_frac`` (their bytes at the bandwidth this trace's big streams reached,
     ``streaming_bytes_per_s``; their time where it is shorter), and
     ``attention_frac`` (attention that is not latency-bound).
@@ -1012,7 +1011,7 @@ def step_roofline_summary(
     # roof (time x (1 - headroom); where the bytes are unknown, their measured time).
     # CPU: unfused attention's score chain stays as it is under compile (cpu_score_chain).
     chain = cpu_score_chain(roofline) & fusable.to_numpy(bool)
-    out["score_chain_frac"] = float(roofline.loc[chain, "time_ms"].sum()) * scale
+    out["score_chain_frac"] = math.nan if gpu else float(roofline.loc[chain, "time_ms"].sum()) * scale
     fus = roofline.loc[fusable.to_numpy(bool) & ~chain]
     roof_bw = float((roofline.attrs.get("roofs") or {}).get("bytes_per_s") or 0.0)
     bw = streaming_bytes_per_s(fus, roof_bw) if roof_bw else 0.0

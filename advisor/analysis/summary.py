@@ -274,7 +274,7 @@ def _roofline_fields(roofline: Roofline, m: StepMetrics) -> dict:
         "roofline_fusable_frac": s["fusable_frac"],
         "roofline_compile_fusable_frac": s["compile_fusable_frac"],
         "roofline_compile_fusable_roof_frac": s["compile_fusable_roof_frac"],
-        "roofline_score_chain_frac": None if roofline.table.attrs.get("device") == "gpu" else s["score_chain_frac"],
+        "roofline_score_chain_frac": None if math.isnan(s["score_chain_frac"]) else s["score_chain_frac"],
         "roofline_attention_frac": s["attention_frac"],
         "roofline_roofs": roofline.roofs_note,
     }
