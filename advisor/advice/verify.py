@@ -11,11 +11,11 @@ test suite held both cores: a -3530 % "gain". Side by side on a quiet machine th
 Side by side is not enough for a small change: each process has its own speed. Six alternating pairs
 of one CPU step (8-layer tiny model, seq 256 x 4, offloading 4 blocks' activations or not; a quiet
 2-core EPYC) measured per-pair gains from -8.6 % to +14.4 % (+6.6 % over all six runs of each side),
-while each run's own steps spread 1-16 %. ``pairs`` re-runs both sides that many times in alternating order (as it was,
-with the change, with the change, as it was, ...: a drift that is linear in time cancels), takes the
-median of the pairs' own gains (the mean of two; from three on, one run disturbed by another process
-does not move it: one such baseline re-run took 1,042 ms against 214-228 ms), and counts the spread
-between the baseline's re-runs as noise."""
+while each run's own steps spread 1-16 %. ``pairs`` re-runs both sides that many times in alternating
+order (as it was, with the change, with the change, as it was, ...: a drift that is linear in time
+cancels), takes the median of the pairs' own gains (the mean of two; from three on, one run disturbed
+by another process does not move it: one such baseline re-run took 1,042 ms against 214-228 ms), and
+counts the spread between the baseline's re-runs as noise."""
 
 from __future__ import annotations
 

@@ -1005,14 +1005,14 @@ def step_roofline_summary(
         roofline["category"].isin(FUSABLE)
         & (roofline["bound"] == "memory")
         & ~roofline["name"].str.startswith(("triton_", "fused_"))  # compiled: fused already
-    )
+    ).to_numpy(bool)
     out["fusable_frac"] = float(roofline.loc[fusable, "time_ms"].sum()) * scale
     # What compiling the model reaches of them (not the optimizer step's), and their time at the memory
     # roof (time x (1 - headroom); where the bytes are unknown, their measured time).
     # CPU: unfused attention's score chain stays as it is under compile (cpu_score_chain).
-    chain = cpu_score_chain(roofline) & fusable.to_numpy(bool)
+    chain = cpu_score_chain(roofline) & fusable
     out["score_chain_frac"] = math.nan if gpu else float(roofline.loc[chain, "time_ms"].sum()) * scale
-    fus = roofline.loc[fusable.to_numpy(bool) & ~chain]
+    fus = roofline.loc[fusable & ~chain]
     roof_bw = float((roofline.attrs.get("roofs") or {}).get("bytes_per_s") or 0.0)
     bw = streaming_bytes_per_s(fus, roof_bw) if roof_bw else 0.0
     has_bytes = (fus["bytes"] > 0).to_numpy()

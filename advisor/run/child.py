@@ -141,7 +141,7 @@ def run_profile(setup: Setup, options: RunOptions, run_dir: Path, run_id: str) -
             seed=options.seed,
         )
         drain = prefetched_batches(options.num_workers)
-        pairs = offload_reference_pairs(setup, options, device.type)
+        pairs = offload_reference_pairs(setup, device.type)
         loader = make_loader(
             setup,
             (_total_steps(options, device.type) + (2 * pairs + 1 if pairs else 0)) * trainer.grad_accum + drain,
@@ -250,12 +250,10 @@ OFFLOAD_REFERENCE_PAIRS = 3
 """On a CPU device, pairs of extra steps with the activation offload on and off (``_offload_reference``)."""
 
 
-def offload_reference_pairs(setup: Setup, options: RunOptions, device_type: str) -> int:
+def offload_reference_pairs(setup: Setup, device_type: str) -> int:
     """Pairs of reference steps to take after the profiled ones: ``OFFLOAD_REFERENCE_PAIRS`` on a CPU
-    device with activation offload on (not compiled: switching the hooks would recompile), else 0."""
-    if device_type != "cpu" or not setup.train.offload_activations or options.compile:
-        return 0
-    return OFFLOAD_REFERENCE_PAIRS
+    device with activation offload on, else 0 (offload runs eager: build_trainer refuses compile)."""
+    return OFFLOAD_REFERENCE_PAIRS if device_type == "cpu" and setup.train.offload_activations else 0
 
 
 def _offload_reference(trainer, batches, pairs: int) -> dict[str, Any]:
