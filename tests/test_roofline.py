@@ -13,6 +13,7 @@ import pytest
 from advisor.advice.advise import advise_trace
 from advisor.analysis.roofline import (
     kernel_roofline,
+    op_category,
     op_roofline,
     op_shapes,
     op_work,
@@ -639,6 +640,16 @@ def test_op_work_by_hand(name, dims, types, concrete, expected):
     assert (work is None) if expected is None else (work[0] == expected)
 
 
+def test_the_causal_masks_fill_is_counted_by_hand():
+    # Unfused attention's mask: bf16 scores [2, 8, 128, 128] (262,144 elements), a bool [128, 128]
+    # mask, a scalar. One FLOP an element; bytes: the scores read (2 B each), the mask read (1 B), the
+    # output written (2 B): 524,288 + 16,384 + 524,288. The in-place form moves the same.
+    dims, types, concrete = [[2, 8, 128, 128], [128, 128], []], ["c10::BFloat16", "bool", "Scalar"], ["", "", "-inf"]
+    for name in ("aten::masked_fill", "aten::masked_fill_"):
+        assert op_work(name, dims, types, concrete) == (262_144.0, 1_064_960.0)
+        assert op_category(name) == "elementwise"
+
+
 @needs_traces
 def test_the_cli_summary_lists_copies_by_their_bandwidth():
     from advisor.analysis.summary import format_report
@@ -681,11 +692,12 @@ def test_unfused_attentions_score_chain_is_left_out_of_compiles_reach_on_a_cpu(t
         return
     scores = [2, 8, 128, 128]
     assert {json.dumps(json.loads(d)[0]) for d in rows["input_dims"]} == {json.dumps(scores)}
-    # The scale (mul), the copy masked_fill makes (clone), the softmax and its backward; the probs @ v
-    # (matmul) too, which is a GEMM and not fusable.
+    # The scale (mul), the causal mask (masked_fill, forward and backward: its clone and in-place fill
+    # sit under it), the softmax and its backward; the probs @ v (matmul) too, which is a GEMM and not
+    # fusable.
     assert set(rows["name"]) == {
         "aten::mul",
-        "aten::clone",
+        "aten::masked_fill",
         "aten::_softmax",
         "aten::_softmax_backward_data",
         "aten::matmul",

@@ -109,6 +109,7 @@ _ELEMENTWISE = {
         "sigmoid",
         "tanh",
         "where",
+        "masked_fill",
         "clamp",
         "addcmul",
         "addcdiv",
@@ -588,7 +589,7 @@ def _optimizer_fusable(sel: pd.DataFrame, table: pd.DataFrame) -> dict[str, floa
 def cpu_score_chain(roofline: pd.DataFrame) -> np.ndarray:
     """CPU tables: the rows of unfused attention's score chain, the ops whose first input is a
     ``[batch, heads, s, s]`` tensor a softmax (or its backward) ran on in this trace: the scale, the
-    copy the causal ``masked_fill`` makes, the softmax and their backwards (and the probabilities'
+    causal ``masked_fill``, the softmax and their backwards (and the probabilities'
     GEMM, which is not fusable). Compiling the model does not speed them up on a CPU: Inductor's fused
     masked-softmax kernel runs the chain forward and backward at 0.90-1.19x of eager from 0.5 to 32 MiB
     of scores, where an RMSNorm gains 1.3-6x (``bench/cpu_fusion.py``, ``bench/results/cpu_fusion.md``).
