@@ -282,6 +282,29 @@ def test_runs_of_two_processes_take_turns_on_the_device(tmp_path, monkeypatch):
         holder.wait()
 
 
+def test_a_store_that_cannot_hold_runs_is_said_before_waiting_for_the_device(tmp_path, monkeypatch):
+    # Another run holds the device: a --traces that names a file is refused at once, not after that run
+    # (seen in the suite while another process profiled: the message came after "waiting for ...").
+    import fcntl
+
+    monkeypatch.setattr(launcher.tempfile, "gettempdir", lambda: str(tmp_path))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    said, cancel = [], threading.Event()
+
+    def progress(done, total, message):
+        said.append(message)
+        cancel.set()  # a wait would end here, as "cancelled while waiting"
+
+    with open(launcher.device_lock_path("cpu"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second open file in this process cannot take it either
+        with pytest.raises(AdvisorError) as err:
+            profile_run(make_setup(model="tiny", gpu="cpu", seq=64), RunOptions(device="cpu"), RunStore(a_file),
+                        on_progress=progress, cancel=cancel)  # fmt: skip
+    assert str(err.value) == f"run store {a_file} is a file, not a folder; give --traces a folder"
+    assert said == [] and a_file.read_text() == ""
+
+
 def _take_turn(entered: threading.Event) -> None:
     with launcher._device_turn(None, None, "cpu"):
         entered.set()

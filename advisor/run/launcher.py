@@ -306,6 +306,7 @@ def profile_run(
     Bad input and a failed preflight raise AdvisorError before any run is created.
     """
     store = store or RunStore()
+    store.check_root()  # a path that cannot hold runs is said at once, not after the device's turn
     if options.nsys and shutil.which("nsys") is None:
         raise AdvisorError(NSYS_HELP)
     if reason := device_refusal(setup, options):

@@ -389,13 +389,17 @@ class RunStore:
         # mytraces from another folder) would name another folder.
         self.root = (Path(root) if root is not None else default_root()).absolute()
 
+    def check_root(self) -> None:
+        """AdvisorError where the store's root is a file: said before a run waits for its device."""
+        if self.root.exists() and not self.root.is_dir():
+            raise AdvisorError(f"run store {self.root} is a file, not a folder; give --traces a folder")
+
     def staging_dir(self, run_id: str) -> Path:
         """A fresh directory where a run is assembled before it is committed, owned by this process
         (see OWNER_FILE); staging directories of dead processes are removed first. AdvisorError where
         the store cannot be created or written."""
         d = self.root / STAGING / check_run_id(run_id)
-        if self.root.exists() and not self.root.is_dir():
-            raise AdvisorError(f"run store {self.root} is a file, not a folder; give --traces a folder")
+        self.check_root()
         self.remove_orphans()
         try:
             d.mkdir(parents=True, exist_ok=False)
