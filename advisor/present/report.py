@@ -166,6 +166,7 @@ def format_run(record: dict, metrics: dict | None, path) -> str:
             out.append(
                 f"  Unified Memory: peak {um.get('peak_bytes', 0) / GiB:.3f} GiB managed in {um.get('allocations', 0)} "
                 f"segments, cap {um['budget']['cap_bytes'] / GiB:.1f} GiB ({um.get('refused_allocations', 0)} refused)"
+                + um_hints_note(um)
             )
         if f8 := m.get("fp8"):
             out.append(f"  fp8: {f8['backend']} ({f8['recipe']} scaling), {f8['linears']} linears in fp8")
@@ -192,6 +193,17 @@ def format_run(record: dict, metrics: dict | None, path) -> str:
         out.append("  trace: trace.json.gz (open in https://ui.perfetto.dev)")
     out.append(f"  with Nsight Systems: {record.get('nsys_command', '')}")
     return "\n".join(out)
+
+
+def um_hints_note(um: dict) -> str:
+    """What a Unified Memory run's failed advice or prefetch calls mean ('' where none failed)."""
+    n = um.get("hint_failures") or 0
+    if not n:
+        return ""
+    return (
+        f"; the placement hints failed on {n} segment{'s' if n != 1 else ''} (cudaMemAdvise / "
+        "cudaMemPrefetchAsync: a GPU without concurrent managed access), which then moved on demand"
+    )
 
 
 def offload_line(off: dict) -> str:

@@ -19,6 +19,7 @@ from advisor.present.report import (
     roofline_line,
     step_band,
     time_rows,
+    um_hints_note,
     verdict,
 )
 from advisor.spec.query import query_text
@@ -115,7 +116,8 @@ def _technique_lines(m: dict[str, Any]) -> list[str]:
         lines.append(
             f"Unified Memory: peak {um.get('peak_bytes', 0) / 2**30:.3f} GiB managed in "
             f"{um.get('allocations', 0)} segments (cap {um['budget']['cap_bytes'] / 2**30:.1f} GiB: "
-            f"{um['budget']['why']}); {um.get('refused_allocations', 0)} refused by the cap. {um['page_faults']}"
+            f"{um['budget']['why']}); {um.get('refused_allocations', 0)} refused by the cap{um_hints_note(um)}. "
+            f"{um['page_faults']}"
         )
     return lines
 

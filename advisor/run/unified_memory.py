@@ -2,7 +2,8 @@
 
 ``csrc/um_alloc.c`` is a malloc/free pair over ``cudaMallocManaged`` with ``cudaMemAdvise`` (preferred
 location and accessed-by: the GPU) and a prefetch to the GPU, compiled here with the C compiler against
-the CUDA runtime that torch itself loaded, and loaded through
+the CUDA runtime that torch itself loaded (no CUDA headers needed: pip's runtime wheels lack some), and
+loaded through
 ``torch.cuda.memory.CUDAPluggableAllocator``. The step runs inside a ``torch.cuda.MemPool`` over that
 allocator, so PyTorch's caching allocator still caches blocks and only its segments are managed memory
 (without the pool every tensor would be a cudaMallocManaged call). Allocations of every thread go to the
@@ -27,7 +28,6 @@ traces on for a Unified Memory run.
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -65,30 +65,21 @@ def loaded_cudart() -> Path | None:
     return None
 
 
-def cuda_include_for(cudart: Path | None) -> Path | None:
-    """cuda_runtime_api.h of the same CUDA release as ``cudart``: beside it (pip's nvidia packages),
-    else CUDA_HOME or /usr/local/cuda."""
-    candidates = []
-    if cudart is not None:
-        candidates.append(cudart.parent.parent / "include")
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root:
-            candidates.append(Path(root) / "include")
-    for inc in candidates:
-        if (inc / "cuda_runtime_api.h").is_file():
-            return inc
-    return None
-
-
-def _header_major(include: Path) -> int | None:
-    text = (include / "cuda_runtime_api.h").read_text(encoding="utf-8", errors="replace")
-    m = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", text)
-    return int(m[1]) // 1000 if m else None
+def cudart_major(cudart: Path) -> int | None:
+    """The CUDA major of a libcudart from its soname (libcudart.so.13 -> 13), else torch's CUDA
+    version; None where neither says."""
+    m = re.search(r"libcudart\.so\.(\d+)", cudart.name)
+    if m:
+        return int(m[1])
+    version = torch.version.cuda or ""
+    return int(version.split(".")[0]) if version.split(".")[0].isdigit() else None
 
 
 def build_allocator(*, stub: bool = False, cudart: Path | None = None, out_dir: Path | None = None) -> Path:
     """Compile ``um_alloc.c`` into a shared library (cached by source and flags); returns its path.
-    ``stub`` builds the CPU-test version (malloc/free). AdvisorError names what is missing."""
+    ``stub`` builds the CPU-test version (malloc/free). The CUDA build needs no CUDA headers: it links
+    ``cudart`` (by default the one torch loaded) and declares the entry points with that major's ABI.
+    AdvisorError names what is missing."""
     flags: list[str] = []
     libs = ["-lpthread"]
     if stub:
@@ -97,16 +88,13 @@ def build_allocator(*, stub: bool = False, cudart: Path | None = None, out_dir: 
         cudart = cudart or loaded_cudart()
         if cudart is None:
             raise AdvisorError("--unified-memory: torch has not loaded a CUDA runtime (libcudart) in this process")
-        include = cuda_include_for(cudart)
-        if include is None:
+        major = cudart_major(cudart)
+        if major is None:
             raise AdvisorError(
-                f"--unified-memory: no cuda_runtime_api.h for {cudart.name} (looked beside it, in CUDA_HOME and "
-                "/usr/local/cuda); install the CUDA runtime headers (pip install nvidia-cuda-runtime-cuXX)"
+                f"--unified-memory: cannot tell which CUDA release {cudart} is (no major in its name, none in "
+                "torch.version.cuda)"
             )
-        soname = re.search(r"libcudart\.so\.(\d+)", cudart.name)
-        if soname and _header_major(include) != int(soname[1]):
-            flags.append("-DUM_NO_HINTS")  # headers of another release: no advice calls whose ABI may differ
-        flags.append(f"-I{include}")
+        flags.append(f"-DUM_CUDART_MAJOR={major}")
         libs = [str(cudart), f"-Wl,-rpath,{cudart.parent}", *libs]
     stem = "um_alloc-stub" if stub else "um_alloc"
     return build_shared(SOURCE, flags, libs, stem=stem, purpose="--unified-memory", out_dir=out_dir)
@@ -124,7 +112,7 @@ class ManagedAllocator:
         self.lib.um_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
         for name in ("um_in_use", "um_peak"):
             getattr(self.lib, name).restype = ctypes.c_size_t
-        for name in ("um_allocs", "um_refused"):
+        for name in ("um_allocs", "um_refused", "um_hint_failures"):
             getattr(self.lib, name).restype = ctypes.c_ulonglong
 
     def configure(self, cap_bytes: int, hints: bool = True) -> None:
@@ -136,6 +124,7 @@ class ManagedAllocator:
             "peak_bytes": int(self.lib.um_peak()),
             "allocations": int(self.lib.um_allocs()),
             "refused_allocations": int(self.lib.um_refused()),
+            "hint_failures": int(self.lib.um_hint_failures()),
         }
 
     def coherent(self, device: int) -> int:
