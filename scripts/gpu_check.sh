@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device visible"; print(torch.__version__, torch.cuda.get_device_name(0))'
 # Optional packages the image may lack: each one's feature degrades (and says so), nothing stops.
 "$PY" -c 'import importlib.util as u; m = [n for n in ("orjson", "nvtx", "pynvml") if u.find_spec(n) is None]; print("optional packages missing:", ", ".join(m) or "none", "(orjson: slower trace parsing; nvtx: torch.cuda.nvtx ranges instead; pynvml: no NVML samples)")'
-"$PY" -c 'import numpy, pandas' || { echo "numpy and pandas are needed (pip install -r requirements.txt)"; exit 2; }
+"$PY" -c 'import numpy, pandas, yaml, scipy' || { echo "numpy, pandas, pyyaml and scipy are needed (pip install -r requirements.txt)"; exit 2; }
 # torchao for the fp8 rows: a machine without internet installs the wheel carried in wheels/ (README,
 # "GPU extras"); without either, the fp8 rows say torchao is missing and the other rows run.
 if ! "$PY" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torchao") is None)'; then

@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 import torch
 
-from advisor.errors import AdvisorError, Refused
+from advisor.errors import Refused
 from advisor.run import fp8
 from advisor.run.child import RunOptions, _fp8_summary
 from advisor.run.fp8 import convert_to_fp8, fp8_refusal
@@ -120,7 +120,7 @@ def test_transformer_engine_stands_in_where_torchao_is_missing(monkeypatch):
     assert "needs torchao" in fp8_refusal(CPU, emulate=True)  # TE has no CPU path to emulate with
     monkeypatch.setattr(fp8, "transformer_engine_available", lambda: False)
     assert fp8.fp8_backend() is None and "neither is installed" in fp8_refusal(CPU)
-    with pytest.raises(AdvisorError, match="rowwise scaling"):
+    with pytest.raises(Refused, match="rowwise scaling"):  # filed as 'refused', not 'failed'
         fp8.convert_to_te(build_model(make_setup(model="tiny", gpu="h100").model), "rowwise")
 
 

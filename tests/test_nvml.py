@@ -116,3 +116,33 @@ def test_the_gpu_is_found_by_uuid_not_by_index(monkeypatch):
     unknown.start()
     unknown.stop()
     assert unknown.device_name == "NVIDIA A100-SXM4-80GB"
+
+
+class Nvlink(FakeNvml):
+    """NVLink data counters (KiB) that grow by 1,000 (sent) and 3,000 (received) between readings, for
+    the sum over links only: a field asked for link 0 (scopeId 0) would read a share of it."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked, self.n = [], 0
+
+    def nvmlDeviceGetFieldValues(self, h, ids):
+        self.asked.append(list(ids))
+        self.n += 1
+        kib = {138: 1000 * self.n, 139: 3000 * self.n}
+        return [SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(ullVal=kib[f])) for f, _ in ids]
+
+
+def test_nvlink_rates_are_summed_over_every_link(monkeypatch):
+    fake = Nvlink()
+    monkeypatch.setattr(nvml_mod, "_load_pynvml", lambda: fake)
+    s = NvmlSampler(interval_s=60)
+    s.start()
+    s.sample()
+    s.stop()
+    # Each reading asks for both fields summed over all links (scopeId UINT_MAX, nvml.h).
+    assert fake.asked and all(a == [(138, 0xFFFFFFFF), (139, 0xFFFFFFFF)] for a in fake.asked)
+    first, second = s.samples[-2:]
+    dt = second["t_s"] - first["t_s"]
+    assert second["nvlink_tx_bytes_per_s"] == 1000 * 1024 / dt
+    assert second["nvlink_rx_bytes_per_s"] == 3000 * 1024 / dt

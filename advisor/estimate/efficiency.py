@@ -343,7 +343,7 @@ def device_fit(hw) -> DeviceFit | None:
 
     try:
         return fit_device(json.loads(path.read_text()), hw)
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, ImportError) as err:  # ImportError: no scipy to fit with
         print(f"advisor: ignoring the kernel table {path.name}: {err}", file=sys.stderr)
         return None
 

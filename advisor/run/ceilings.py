@@ -197,7 +197,11 @@ def measure_kernel_rates(device: str = "cuda", *, quick: bool = False, repeats: 
 
 
 def _time_gemm(dev, precision: str, m: int, n: int, k: int, repeats: int) -> float | None:
-    """Seconds of one m x n x k GEMM (fp8: per-tensor scales, bf16 output), None where it cannot run."""
+    """Seconds of one m x n x k GEMM, None where it cannot run. fp8: per-tensor scales, bf16 output,
+    and the mix torchao's float8 training runs: of a linear's three GEMMs the forward's accumulates
+    fast (``Float8LinearConfig.gemm_config_output``: use_fast_accum=True, torchao 0.18 float8/config.py
+    line 215) and the two backward ones do not (the default, False); the time is their mean,
+    weighted 1 : 2."""
     import torch
 
     try:
@@ -205,12 +209,14 @@ def _time_gemm(dev, precision: str, m: int, n: int, k: int, repeats: int) -> flo
             a = torch.randn(m, k, device=dev).to(torch.float8_e4m3fn)
             b = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
             one = torch.tensor(1.0, device=dev)
-            return _best_seconds(
-                lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
-                dev,
-                repeats,
-                2.0,
-            )
+
+            def mm(fast: bool):
+                return lambda: torch._scaled_mm(
+                    a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=fast
+                )
+
+            fast, exact = (_best_seconds(mm(f), dev, repeats, 2.0) for f in (True, False))
+            return (fast + 2 * exact) / 3
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
         a = torch.randn(m, k, device=dev, dtype=dtype)
         b = torch.randn(k, n, device=dev, dtype=dtype)

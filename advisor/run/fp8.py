@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, Refused
 from advisor.spec.specs import FP8_RECIPES
 
 MIN_CAPABILITY = (8, 9)
@@ -115,7 +115,7 @@ def convert_to_te(model: nn.Module, recipe: str = "tensorwise") -> tuple[int, ob
     'tensorwise', TE's per-tensor recipe; 'rowwise' has no TE equivalent before Blackwell's MXFP8 and is
     refused). GPU only: TransformerEngine does not install on a CPU build."""
     if recipe != "tensorwise":
-        raise AdvisorError(
+        raise Refused(
             f"fp8_recipe={recipe!r}: TransformerEngine's fp8 here is per-tensor (delayed scaling); install torchao "
             "for rowwise scaling"
         )

@@ -29,6 +29,9 @@ THROTTLE_REASONS = {
 # Reasons that mean the GPU ran slower than it could while busy (idle and app settings are benign).
 SLOWDOWN_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
+NVML_ALL_LINKS = 0xFFFFFFFF
+"""scopeId that sums an NVLink field over every link (nvml.h, nvmlFieldValue_t)."""
+
 
 def decode_throttle(bits: int) -> list[str]:
     """Names of the clock-event (throttle) reasons set in ``bits``."""
@@ -127,9 +130,11 @@ class NvmlSampler:
             "pcie_tx_bytes_per_s": lambda: nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_TX_BYTES) * 1024,
             "pcie_rx_bytes_per_s": lambda: nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_RX_BYTES) * 1024,
         }
-        try:  # cumulative NVLink data counters (KiB, all links); the rate is their difference
+        try:  # cumulative NVLink data counters (KiB); the rate is their difference
             ids = (nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
-            values = nvml.nvmlDeviceGetFieldValues(h, list(ids))
+            # Summed over all links: nvml.h says these fields take the link in scopeId and UINT_MAX for the
+            # sum; a bare field id leaves scopeId 0, link 0 alone (1 of an H200's 18).
+            values = nvml.nvmlDeviceGetFieldValues(h, [(i, NVML_ALL_LINKS) for i in ids])
             counters = [int(v.value.ullVal) * 1024 for v in values if v.nvmlReturn == 0]
             if len(counters) == 2:
                 if self._nvlink_prev is not None:
