@@ -18,9 +18,12 @@ cuDNN, by sequence and head dim), ~30 s on an H200, and keeps the table as
 A short tiny run goes first (a fault that would fail every row fails once, and the grid is not
 run); each child has ``--timeout`` seconds (240); the results are rewritten after every row, in
 bench/results/ and in ``$OUT`` when set (the device machine's), so a run cut short keeps what it
-finished, and a failed row carries the end of its run's log.
+finished, and a failed row carries the end of its run's log. The whole check keeps to ``--budget-s``
+(450): a row it cannot start in time is filed as skipped, and the rows run in the order of what a
+first GPU run needs most: the kernel rates, the techniques' model without and with full recompute, the
+techniques, then the rest of the grid.
 
-Then the techniques the advice is about (``technique_rows``), on Llama-3.2-1B: bf16 vs fp8 (torchao,
+The techniques the advice is about (``technique_jobs``), on Llama-3.2-1B: bf16 vs fp8 (torchao,
 tensorwise and rowwise), full recompute vs offloading half the blocks' activations vs recomputing only
 half, and Unified Memory within the free memory, each with its host-link traffic beside the estimate;
 a technique the machine cannot run is a row that says why, and the others run.
@@ -84,6 +87,12 @@ def main() -> int:
         "--distributed", type=int, default=None, help="processes for the distributed part (default: every GPU; 0: skip)"
     )
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds each profiled child may take")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=450.0,
+        help="seconds the whole check may take: rows it cannot start in time are filed as skipped (0: no limit)",
+    )
     args = ap.parse_args()
     device = local_device_type(args.device)
     out = Path(args.out)
@@ -116,17 +125,27 @@ def main() -> int:
         if row["status"] != "ok":
             print("smoke test failed: the grid is not run", flush=True)
             return 1
-    for model, seq, micro in grid:
-        for precision in precisions if not args.quick else ("fp32",):
-            for recompute in recomputes:
-                setup = make_setup(
-                    model=model, gpu="cpu", seq=seq, micro_batch=micro, precision=precision, recompute=recompute
-                )
-                label = f"{model} s{seq} b{micro} {precision} {recompute}"
-                report.add(_profile(label, setup, device, 1, options, store, t_start))
-    for row in technique_rows(device, store, args, t_start, options):
-        report.add(row)
-    for row in distributed_rows(device, store, args, t_start, options):
+    budget = _Budget(args.budget_s, t_start)
+    grid_jobs = [
+        (f"{model} s{seq} b{micro} {precision} {recompute}",
+         make_setup(model=model, gpu="cpu", seq=seq, micro_batch=micro, precision=precision, recompute=recompute))
+        for model, seq, micro in grid
+        for precision in (precisions if not args.quick else ("fp32",))
+        for recompute in recomputes
+    ]  # fmt: skip
+    # What a first GPU run needs most goes first: the techniques' model without and with full recompute
+    # (what their rows compare against), then the techniques, then the rest of the grid, so a check cut
+    # short by its budget loses rows of kinds measured before.
+    model, seq, micro, precision = _technique_model(device, args.quick)
+    baselines = {f"{model} s{seq} b{micro} {precision} {r}" for r in ("none", "full")}
+    first = [j for j in grid_jobs if j[0] in baselines]
+    for label, setup in first:
+        report.add(budget.run(_profile, label, setup, device, 1, options, store, t_start))
+    for label, setup, extra in technique_jobs(device, args.quick):
+        report.add(budget.run(_profile, label, setup, device, 1, options | extra, store, t_start, dry=False))
+    for label, setup in (j for j in grid_jobs if j[0] not in baselines):
+        report.add(budget.run(_profile, label, setup, device, 1, options, store, t_start))
+    for row in distributed_rows(device, store, args, t_start, options, budget):
         report.add(row)
     print(report.md_path.read_text(encoding="utf-8"))
     # A refused row is the machine saying what it cannot run (fp8 without fp8 units, Unified Memory on a
@@ -211,17 +230,46 @@ def _kernel_rates(device: str, quick: bool, out: Path, t_start: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def technique_rows(device: str, store: RunStore, args, t_start: float, options: dict) -> list[dict]:
-    """The techniques the advice is about, on one ~1B model (Llama-3.2-1B, 16 blocks; tiny on the CPU
-    smoke test), beside the grid's bf16 rows of the same model without and with full recompute: fp8
-    (torchao, tensorwise and rowwise), offloading half the blocks' activations, recomputing only half,
-    both, and Unified Memory within the GPU's free memory. Each row is a profiled run beside the
+class _Budget:
+    """The check's time budget: a row is run only while the time left covers the longest row so far
+    (30 s before any), else filed as 'skipped' with why, so the whole check ends inside the budget and
+    every row it did not reach is named."""
+
+    def __init__(self, budget_s: float, t_start: float) -> None:
+        self.budget_s, self.t_start, self.longest_s = budget_s, t_start, 30.0
+
+    def run(self, profile, label: str, *args, **kwargs) -> dict:
+        """``profile(label, *args, **kwargs)``'s row, or a 'skipped' row where the budget is spent."""
+        elapsed = time.perf_counter() - self.t_start
+        if self.budget_s and elapsed + self.longest_s > self.budget_s:
+            why = (
+                f"skipped: {elapsed:.0f} s of the check's {self.budget_s:.0f} s budget gone, and its longest row "
+                f"took {self.longest_s:.0f} s (--budget-s)"
+            )
+            print(f"[{elapsed:6.1f} s] {label}: {why}", flush=True)
+            return {"config": label, "status": "skipped", "message": why}
+        row = profile(label, *args, **kwargs)
+        self.longest_s = max(self.longest_s, time.perf_counter() - self.t_start - elapsed)
+        return row
+
+
+def _technique_model(device: str, quick: bool) -> tuple[str, int, int, str]:
+    """(model, seq, micro-batch, precision) of the techniques' rows: Llama-3.2-1B in bf16 (tiny in
+    fp32 on the CPU smoke test)."""
+    model, seq, micro = ("tiny", 128, 2) if quick else ("llama-3.2-1b", 2048, 4)
+    return model, seq, micro, "fp32" if device == "cpu" and quick else "bf16"
+
+
+def technique_jobs(device: str, quick: bool) -> list[tuple[str, object, dict]]:
+    """(label, setup, run options) of the techniques the advice is about, on one ~1B model
+    (``_technique_model``), beside the grid's rows of the same model without and with full recompute:
+    fp8 (torchao, tensorwise and rowwise), offloading half the blocks' activations, recomputing only
+    half, both, and Unified Memory within the GPU's free memory. Each row is a profiled run beside the
     estimate; a technique this machine cannot run is a 'refused' row that says why (fp8 with no
     torchao or no fp8 units, Unified Memory on a CPU) and the other rows run."""
-    model, seq, micro = ("tiny", 128, 2) if args.quick else ("llama-3.2-1b", 2048, 4)
-    precision = "fp32" if device == "cpu" and args.quick else "bf16"
+    model, seq, micro, precision = _technique_model(device, quick)
     half = make_setup(model=model, gpu="cpu").model.n_layers // 2
-    rows = []
+    jobs = []
     # The grid above has this model's bf16 rows without and with full recompute to compare against.
     configs = [
         (f"{precision} offload {half} blocks' activations", {"offload_activations": half}, {}),
@@ -231,16 +279,13 @@ def technique_rows(device: str, store: RunStore, args, t_start: float, options: 
         ("fp8 rowwise (torchao)", {"precision": "fp8", "fp8_recipe": "rowwise"}, {}),
         (f"{precision} Unified Memory", {}, {"unified_memory": True}),
     ]  # fmt: skip
-    if args.quick:  # the CPU smoke test: each kind of row once
+    if quick:  # the CPU smoke test: each kind of row once
         configs = [configs[0], configs[2], configs[3], configs[5]]
     for label, train, extra in configs:
         kw = {"model": model, "seq": seq, "micro_batch": micro, "precision": precision} | train
         gpu = "h100" if kw["precision"] == "fp8" else "cpu"  # a placeholder: the run takes this machine's device
-        setup = make_setup(gpu=gpu, **kw)
-        rows.append(
-            _profile(f"{model} s{seq} b{micro} {label}", setup, device, 1, options | extra, store, t_start, dry=False)
-        )
-    return rows
+        jobs.append((f"{model} s{seq} b{micro} {label}", make_setup(gpu=gpu, **kw), extra))
+    return jobs
 
 
 def _profile(
@@ -314,7 +359,9 @@ def _processes(device: str, requested: int | None) -> tuple[int, str]:
     return (requested, "") if requested else (0, "skipped: on the CPU only with --distributed N")
 
 
-def distributed_rows(device: str, store: RunStore, args, t_start: float, options: dict) -> list[dict]:
+def distributed_rows(
+    device: str, store: RunStore, args, t_start: float, options: dict, budget: _Budget | None = None
+) -> list[dict]:
     """The distributed part: DDP, FSDP2 ZeRO-3 and TP 2 + SP on n processes, measured beside the
     estimator (and the dry run for the data-parallel layouts); one 'skipped' row saying why when it
     cannot run here."""
@@ -329,9 +376,9 @@ def distributed_rows(device: str, store: RunStore, args, t_start: float, options
     rows = []
     for name, layout in layouts:
         setup = make_setup(model=model, gpu="cpu", gpus=n, seq=seq, micro_batch=micro, precision=precision, **layout)
-        rows.append(
-            _profile(f"{name} x{n} {model} s{seq} b{micro} {precision}", setup, device, n, options, store, t_start)
-        )
+        label = f"{name} x{n} {model} s{seq} b{micro} {precision}"
+        args = (label, setup, device, n, options, store, t_start)
+        rows.append(budget.run(_profile, *args) if budget else _profile(*args))
     return rows
 
 

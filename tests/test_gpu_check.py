@@ -94,6 +94,29 @@ def test_gpu_check_quick_mode_on_the_cpu_with_its_distributed_part(tmp_path):
     assert min(off, abs(off - root)) <= 0.08 * fsdp["measured_peak_bytes"]
 
 
+def test_rows_past_the_checks_time_budget_are_filed_as_skipped():
+    gpu_check = _script()
+    ran = []
+
+    def profile(label, *args):
+        ran.append((label, args))
+        return {"config": label, "status": "ok"}
+
+    # 100 s into a 120 s budget: a row is started while the time left covers the longest row so far
+    # (30 s before any), so this one is not.
+    late = gpu_check._Budget(120.0, gpu_check.time.perf_counter() - 100.0)
+    row = late.run(profile, "llama-3.2-1b s2048 b4 fp32 full", 1, 2)
+    assert ran == [] and row["config"] == "llama-3.2-1b s2048 b4 fp32 full" and row["status"] == "skipped"
+    assert row["message"].startswith("skipped: 100 s of the check's 120 s budget gone, and its longest row took 30 s")
+    # Early on, or with no budget (0), the row runs with its arguments.
+    assert gpu_check._Budget(120.0, gpu_check.time.perf_counter()).run(profile, "a", 1, 2)["status"] == "ok"
+    assert gpu_check._Budget(0.0, gpu_check.time.perf_counter() - 1e6).run(profile, "b")["status"] == "ok"
+    assert ran == [("a", (1, 2)), ("b", ())]
+    # The skipped row renders in the results table beside a measured one.
+    md = gpu_check._markdown([row], "NVIDIA H200", 120.0)
+    assert "llama-3.2-1b s2048 b4 fp32 full" in md and "skipped" in md
+
+
 def test_the_distributed_part_runs_on_the_cpu_only_when_asked():
     # Without --distributed N the script's distributed row says why it did not run on the CPU.
     gpu_check = _script()
