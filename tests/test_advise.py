@@ -138,6 +138,39 @@ def test_an_action_that_breaks_the_spec_says_why():
     assert "train.global_batch" in note and "multiple of micro_batch x dp=4" in note
 
 
+def test_compile_applied_reaches_the_setup_and_other_run_options_stay_run_options():
+    # Apply of a torch.compile rule said the Size tab had it, and the Size tab did not: the run option
+    # now goes into the setup too, as the launcher does for a run. A loader option stays a run option.
+    from types import SimpleNamespace
+
+    from advisor.present.views import applied_message
+
+    setup = make_setup(model="tiny", gpu="cpu", seq=128, micro_batch=2)
+    compile_rule = next(r for r in R.load_rules() if r.id == "launch-bound")
+    after, opts, values, note = apply_action(compile_rule, {}, setup, {"compile": False, "steps": 3})
+    assert values == {"options.compile": True} and note == ""
+    assert opts == {"compile": True, "steps": 3} and after.train.compile and not setup.train.compile
+    assert (after.model, after.parallel) == (setup.model, setup.parallel)
+    assert apply_action(compile_rule, {}, None, None)[:2] == (None, {"compile": True})  # a trace: no setup
+    workers = next(r for r in R.load_rules() if r.id == "input-more-workers")
+    after, opts, values, _ = apply_action(workers, {"num_workers": 1}, setup, {"num_workers": 1})
+    assert after is setup and set(values) == {"options.num_workers"}
+
+    def msg(changes):
+        rec = SimpleNamespace(rule=SimpleNamespace(title="T"), changes=changes, gain=None)
+        return applied_message(rec, "stored run").split("\n", 1)[1]
+
+    assert msg({"options.compile": True}).startswith(
+        "`options.compile = True` is now the current setup on the Size, Profile and Plan tabs."
+    )
+    assert msg({"options.num_workers": 2}).startswith(
+        "`options.num_workers = 2`: a run option, set on the Profile tab (the Size tab's estimate has no such field)."
+    )
+    both = msg({"train.micro_batch": 4, "options.pin_memory": True})
+    assert both.startswith("`train.micro_batch = 4` is now the current setup on the Size, Profile and Plan tabs. ")
+    assert "`options.pin_memory = True`: a run option, set on the Profile tab" in both
+
+
 def test_our_sample_run_advice_and_report():
     advice = advise_run(SAMPLE_RUN, RunStore(REPO / "traces"))
     # 256 tokens per step (micro-batch 2 x seq 128) on a CPU: the tiny-batch rule fires.

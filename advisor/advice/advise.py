@@ -205,6 +205,10 @@ def apply_action(
         section, _, name = key.partition(".")
         if section == "options":
             opts[name] = value
+            if name == "compile" and setup is not None:
+                # A run compiles as its options say and its setup says the same (the launcher makes it so),
+                # so the Size tab, the Plan tab and the estimate of the changed setup see it too.
+                spec_changes.setdefault("train", {})["compile"] = bool(value)
         else:
             spec_changes.setdefault(section, {})[name] = value
     if not spec_changes:

@@ -319,8 +319,16 @@ def apply_label(i: int, rec) -> str:
 
 def applied_message(rec, source: str) -> str:
     """What applying ``rec`` changed, its predicted effect, and what to press next."""
-    change = ", ".join(f"`{k} = {v}`" for k, v in rec.changes.items())
-    msg = f"### Applied {rec.rule.title}\n{change} is now the current setup on the Size, Profile and Plan tabs."
+    # Run options (loader workers, pinned memory, the device) are the Profile tab's alone; torch.compile is
+    # a run option the setup carries too (apply_action), so the Size and Plan tabs show it.
+    run_only = {k: v for k, v in rec.changes.items() if k.startswith("options.") and k != "options.compile"}
+    spec = ", ".join(f"`{k} = {v}`" for k, v in rec.changes.items() if k not in run_only)
+    opts = ", ".join(f"`{k} = {v}`" for k, v in run_only.items())
+    msg = f"### Applied {rec.rule.title}\n"
+    if spec:
+        msg += f"{spec} is now the current setup on the Size, Profile and Plan tabs."
+    if opts:
+        msg += f"{' ' if spec else ''}{opts}: a run option, set on the Profile tab (the Size tab's estimate has no such field)."
     if (g := rec.gain) is not None:
         msg += (
             f" Predicted: {fmt_value(g.target, g.before)} → {fmt_value(g.target, g.after)} "
