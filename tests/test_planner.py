@@ -108,7 +108,7 @@ def test_405b_on_1024_h100s_returns_sorted_fitting_layouts_with_reasons():
     assert best.estimate.step_time_ms == pytest.approx(77_036, rel=2e-3)
     assert any(d.startswith("TP=4 splits every layer over 4 GPUs inside one 8-GPU node") for d in best.details)
     assert any("ZeRO-0 would need 89.5 GiB" in d for d in best.details)
-    # Layouts above 90 % of the memory are tight, within the memory estimate's error of not fitting,
+    # Layouts above 90 % of the memory are tight (spikes, fragmentation and unchecked error can tip them over)
     # and not listed: TP 2 PP 32 CP 8 would be 1 % faster at 95 %.
     assert all(e.estimate.memory_frac <= 0.90 for e in res.top)
     loose = plan(request("llama-3.1-405b", "h100", 1024, 8192, 2048, max_memory_frac=1.0, top=1)).top[0].estimate

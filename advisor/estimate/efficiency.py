@@ -348,12 +348,35 @@ def device_fit(hw) -> DeviceFit | None:
         return None
 
 
+MEMORY_BAND_SCOPE = "eager PyTorch with FSDP (ZeRO-3), dense, no pipeline, context or expert parallelism, no offload"
+"""The setups whose peak memory a source publishes (torchtitan's and Trainy's Llama 3.1 8B and 70B runs,
+``bench/results/published_runs.md``): the memory band is measured on these and shown only for them. No
+source in the set publishes the peak of a Megatron-style, pipelined, MoE or offloading run."""
+
+
+def memory_band_applies(setup) -> bool:
+    """Whether ``setup`` is of the kind the memory band was measured on (``MEMORY_BAND_SCOPE``)."""
+    p, t = setup.parallel, setup.train
+    return (
+        setup.hardware.kind == "gpu"
+        and t.framework == "pytorch"
+        and p.zero == 3
+        and p.pp == 1
+        and p.cp == 1
+        and p.ep == 1
+        and not setup.model.n_experts
+        and p.offload == "none"
+        and not t.offload_activations
+    )
+
+
 def band_note() -> str:
     """Where the error bands come from, said once under the figures."""
     if ERROR_BAND is None:
         return ""
     mem = (
-        f"; memory ±{ERROR_BAND.memory_pct:.0f} % where sources publish the peak"
+        f"; memory ±{ERROR_BAND.memory_pct:.0f} % where sources publish the peak, shown for those setups only "
+        f"({MEMORY_BAND_SCOPE})"
         if ERROR_BAND.memory_pct is not None
         else ""
     )

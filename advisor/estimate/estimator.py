@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from advisor.estimate.efficiency import ERROR_BAND, FITTED, EfficiencyParams
+from advisor.estimate.efficiency import ERROR_BAND, FITTED, MEMORY_BAND_SCOPE, EfficiencyParams, memory_band_applies
 from advisor.estimate.memory import (
     BUCKETS_IN_FLIGHT,
     DDP_BUCKET_BYTES,
@@ -85,8 +85,9 @@ __all__ = [
     "zero_model_state_bytes",
 ]
 
-# Above this share of the device's memory a setup that fits is 'tight': the memory estimate's own error
-# (``advisor.estimate.efficiency.ERROR_BAND``) is of that size.
+# Above this share of the device's memory a setup that fits is 'tight' (issue 17): allocation spikes,
+# fragmentation and the memory estimate's error can tip it over. That error is 1 % on the published
+# eager FSDP peaks (``advisor.estimate.efficiency.ERROR_BAND``); no source checks the other kinds.
 TIGHT_FRAC = 0.90
 
 
@@ -126,7 +127,7 @@ class Estimate:
 
     @property
     def tight(self) -> bool:
-        """Fits, but above TIGHT_FRAC of the device: within the memory estimate's error of not fitting."""
+        """Fits, but above TIGHT_FRAC of the device, where what the estimate does not see can tip it over."""
         return self.fits and self.memory_frac > TIGHT_FRAC
 
     @property
@@ -176,7 +177,12 @@ class Estimate:
             "tight": self.tight,
             "gemm_frac": self.gemm_frac,
             "attention_frac": self.attention_frac,
-            "error_band": None if ERROR_BAND is None else asdict(ERROR_BAND),
+            # The memory band where published peaks measured this kind of setup, None elsewhere.
+            "error_band": None
+            if ERROR_BAND is None
+            else asdict(ERROR_BAND)
+            | {"memory_scope": MEMORY_BAND_SCOPE}
+            | ({} if memory_band_applies(self.setup) else {"memory_pct": None}),
         }
 
 

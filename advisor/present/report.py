@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from advisor.estimate.efficiency import ERROR_BAND, band_note
+from advisor.estimate.efficiency import ERROR_BAND, band_note, memory_band_applies
 from advisor.estimate.estimator import TIGHT_FRAC, TIME_LABELS, Estimate
 
 GiB = 2**30
@@ -61,7 +61,10 @@ def verdict(est: Estimate) -> str:
         host = est.host_bytes_per_node / GiB
         return f"DOES NOT FIT: offloaded state needs {host:.0f} GiB of host memory per node, more than the node has; {line}"
     if est.tight:
-        return f"TIGHT: {line}; above {100 * TIGHT_FRAC:.0f} %, within the memory estimate's error of not fitting"
+        return (
+            f"TIGHT: {line}; above {100 * TIGHT_FRAC:.0f} %, where allocation spikes, fragmentation and the memory "
+            "estimate's error (checked against published peaks for eager FSDP only) can tip it over"
+        )
     if est.fits:
         return f"FITS: {line}"
     return f"DOES NOT FIT: {line}"
@@ -75,8 +78,9 @@ def step_band(est: Estimate) -> str:
 
 
 def memory_band(est: Estimate) -> str:
-    """The memory estimate's error band as text (empty where no published peak measured it)."""
-    if ERROR_BAND is None or ERROR_BAND.memory_pct is None or est.setup.hardware.kind != "gpu":
+    """The memory estimate's error band as text, for the kind of setup published peaks measured it on
+    (``memory_band_applies``); empty elsewhere, where no source has checked it."""
+    if ERROR_BAND is None or ERROR_BAND.memory_pct is None or not memory_band_applies(est.setup):
         return ""
     return f"±{ERROR_BAND.memory_pct:.0f} %"
 
