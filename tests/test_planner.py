@@ -2,6 +2,7 @@
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from advisor.estimate.planner import (
 from advisor.present.charts import plan_scatter_figure
 from advisor.present.views import plan_summary
 from advisor.spec.presets import get_hardware, get_model
+from advisor.spec.setup import make_setup
 from advisor.spec.specs import OFFLOAD_MODES, RECOMPUTE_MODES, ParallelSpec, Setup, TrainSpec
 
 DATA = Path(__file__).parent / "data" / "hf"
@@ -56,6 +58,13 @@ def test_small_model_on_one_node_is_pure_data_parallel():
     assert best.parallel == ParallelSpec(dp=8, tp=1, pp=1, cp=1, zero=1)
     assert (best.train.recompute, best.train.micro_batch, best.grad_accum) == ("none", 8, 1)
     assert layout_label(best) == "DP8 TP1 PP1 CP1, ZeRO-1, b8 x m1, recompute none, bf16"
+    # Sequence parallelism is in the name: without it, the same degrees are another layout's memory.
+    sp = make_setup(model="llama-3.1-70b", gpu="h100", gpus=64, seq=8192, dp=2, tp=4, pp=4, vpp=2, cp=2, zero=1,
+                    sequence_parallel=True, global_batch=512, recompute="selective")  # fmt: skip
+    assert layout_label(sp).startswith("DP2 TP4+SP PP4x2v CP2, ZeRO-1")
+    assert layout_label(replace(sp, parallel=replace(sp.parallel, sequence_parallel=False))).startswith(
+        "DP2 TP4 PP4x2v"
+    )
     second = res.top[1].estimate
     assert second.tokens_per_s < res.top[0].estimate.tokens_per_s
     assert "tokens/s" in res.top[1].reason and "(vs " in res.top[1].reason
@@ -463,7 +472,7 @@ def test_tp_stays_inside_a_72_gpu_rack():
     assert one_rack == {1, 2, 4, 8, 16, 32, 64}
     res = plan(request("llama-3.1-70b", "gb200", 144, 8192, 288))
     assert res.top and all(e.setup.parallel.tp <= 8 for e in res.top)
-    tps = {int(p.label.split(" TP")[1].split()[0]) for p in res.points}
+    tps = {int(p.label.split(" TP")[1].split()[0].removesuffix("+SP")) for p in res.points}
     assert tps and max(tps) <= 8  # no fitting setting the search estimated has a straddling TP group
 
 

@@ -467,9 +467,12 @@ def _ms(ms: float) -> str:
 
 
 def layout_label(setup: Setup) -> str:
-    """A short name of a layout: ``DP64 TP8 PP2x3v CP1, ZeRO-1, b1 x m16, recompute none, bf16``."""
+    """A short name of a layout: ``DP64 TP8+SP PP2x3v CP1, ZeRO-1, b1 x m16, recompute none, bf16``
+    (+SP: sequence parallelism, which changes the memory: a label copied into ``size`` without it
+    sized another layout)."""
     p, t = setup.parallel, setup.train
-    degrees = f"DP{p.dp} TP{p.tp} PP{p.pp}" + (f"x{p.vpp}v" if p.vpp > 1 else "") + f" CP{p.cp}"
+    tp = f"TP{p.tp}" + ("+SP" if p.sequence_parallel and p.tp > 1 else "")
+    degrees = f"DP{p.dp} {tp} PP{p.pp}" + (f"x{p.vpp}v" if p.vpp > 1 else "") + f" CP{p.cp}"
     if setup.model.is_moe:
         degrees += f" EP{p.ep}"
     parts = [degrees, f"ZeRO-{p.zero}", f"b{t.micro_batch} x m{setup.grad_accum}", technique_label(t)]
