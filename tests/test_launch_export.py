@@ -414,6 +414,10 @@ def test_what_a_framework_cannot_express_becomes_a_note():
         ({"precision": "fp16"}, "torchtitan", "train.precision='fp16': torchtitan trains in bf16, fp8 or fp32"),
         # cp=2 ranks turned data parallel: 8 x 2 x micro 1 = 16 does not divide a global batch of 8.
         ({"gpus": 16, "cp": 2, "global_batch": 8}, "deepspeed", "parallel.cp=2: deepspeed runs these ranks"),
+        # Llama-3.1-8B's 8 KV groups over 16 TP ranks: the estimate replicates them, Megatron-Core's
+        # attention asserts divide(num_query_groups, tp) (a user review found the launch would crash).
+        ({"gpus": 16, "tp": 16}, "megatron", "parallel.tp=16: megatron splits the model's 8 KV groups"),
+        ({"gpus": 16, "tp": 16}, "nemo", "parallel.tp=16: nemo splits the model's 8 KV groups"),
     ],
 )
 def test_a_setup_that_makes_no_sense_for_the_framework_is_refused(kw, framework, message):

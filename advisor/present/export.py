@@ -152,6 +152,10 @@ def _stage_split(setup: Setup, notes: list[str]) -> tuple[int, int] | None:
     return stages[0], stages[-1]
 
 
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def _moe_pattern(setup: Setup) -> list[int]:
     """1 for a MoE block, 0 for a dense one: every moe_layer_step-th block (ModelSpec.n_moe_layers)."""
     step = setup.model.moe_layer_step
@@ -180,6 +184,15 @@ def _megatron_settings(setup: Setup, notes: list[str], framework: str) -> dict[s
     if m.head_dim != m.hidden // m.n_heads:
         s["kv_channels"] = m.head_dim
     if m.n_kv_heads != m.n_heads:
+        if m.n_kv_heads % p.tp:
+            # Megatron-Core's attention takes divide(config.num_query_groups, tp size), which asserts an even
+            # split; the estimate replicates KV heads over TP ranks where they do not divide, Megatron cannot.
+            raise SpecError(
+                "parallel.tp",
+                p.tp,
+                f"{framework} splits the model's {m.n_kv_heads} KV groups (num_query_groups) over the TP ranks "
+                f"and needs TP to divide them: use TP {', '.join(str(d) for d in _divisors(m.n_kv_heads))}",
+            )
         s["group_query_attention"] = True
         s["num_query_groups"] = m.n_kv_heads
     s["seq_length"] = t.seq_len
