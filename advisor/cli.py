@@ -760,6 +760,7 @@ def _cmd_rules(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from advisor.advice.advise import gain_phrase
+    from advisor.advice.evidence import UNKNOWN_SPREAD
     from advisor.advice.verify import verify
 
     v = verify(
@@ -788,6 +789,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     print(f"  predicted {predicted}{bound}; measured {measured}")
     what = "spread over its steps and re-runs" if v.pairs > 1 else "step-to-step spread"
     spread = "" if v.noise_pct is None else f" (baseline {what} {v.noise_pct:.1f} %)"
+    if v.noise_unknown:
+        spread = f" ({UNKNOWN_SPREAD})"
     print(f"  verdict: {v.verdict}{spread}")
     print(f"  basis: {v.basis}")
     return 0

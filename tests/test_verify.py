@@ -200,6 +200,40 @@ def test_a_demoted_rule_can_be_named_and_measured_again(tmp_path, monkeypatch):
     assert v.baseline_run_id == "20261206-130000-tiny-cccccc" and v.new_run_id == "20261206-130010-tiny-dddddd"
 
 
+def test_a_one_step_baseline_has_no_spread_and_gives_no_verdict(tmp_path, monkeypatch, capsys):
+    # A user review: a run of 1 timed step re-verified as "confirmed (baseline step-to-step spread
+    # 0.0 %)": max = min of one step is no spread, and the stored and fresh baselines were 34 % apart.
+    from advisor.advice.evidence import UNKNOWN_SPREAD
+    from advisor.present.views import verify_message
+    from tests.sample_cpu import pin_sample_cpu
+    from tests.test_advise import SAMPLE_RUN, _store_with_pair
+
+    pin_sample_cpu(monkeypatch)
+    store = _store_with_pair(tmp_path)
+
+    def one_step(run_id, step_ms):
+        run = _FakeRun(run_id, step_ms)
+        run._m |= {"steps_measured": 1, "step_time_min_ms": step_ms, "step_time_max_ms": step_ms}
+        return run
+
+    runs = iter([one_step("20261206-130000-tiny-cccccc", 100.0), one_step("20261206-130010-tiny-dddddd", 20.0)])
+    monkeypatch.setattr(verify_module, "_rerun", lambda *a, **kw: next(runs))
+    v = verify(SAMPLE_RUN, "prec-fp32-to-bf16", store)
+    assert v.measured_gain_pct == pytest.approx(80.0)  # would be "confirmed" against a 0 % spread
+    assert v.noise_pct is None and v.noise_unknown and v.verdict == "inconclusive"
+    assert f"step time inconclusive: {UNKNOWN_SPREAD}" in verify_message(v)
+    # As evidence for the advice, the filed pair is inconclusive too (it does not reprice the gain).
+    from advisor.advice.evidence import evidence_of
+
+    assert evidence_of(v.as_dict()).verdict == "inconclusive"
+    assert evidence_of(v.as_dict() | {"noise_unknown": False}).verdict == "confirmed"
+    monkeypatch.setattr(verify_module, "verify", lambda *a, **kw: v)
+    assert main(["verify", SAMPLE_RUN, "--traces", str(tmp_path)]) == 0
+    assert f"  verdict: inconclusive ({UNKNOWN_SPREAD})\n" in capsys.readouterr().out
+    # Two steps or more, or a memory target: as before.
+    assert not _verification(25.0, 2.0).noise_unknown and _verification(25.0, 2.0).verdict == "fell short"
+
+
 def test_pairs_alternate_and_take_the_median_gain(tmp_path, monkeypatch):
     """Three pairs re-run as AB BA AB; the measured gain is the median of the pairs' gains, each pair's gain
     is kept, and the noise is the larger of the first baseline's step spread and the baselines' spread."""

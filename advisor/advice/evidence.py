@@ -24,6 +24,11 @@ CONFIRMED = "confirmed"
 FELL_SHORT = "fell short"
 REFUTED = "refuted"
 INCONCLUSIVE = "inconclusive"
+UNKNOWN_SPREAD = (
+    "the baseline's spread is unknown (one timed step, one pair), so no change can be told from noise: "
+    "re-run with 2 or more steps, or 2 or more pairs"
+)
+"""Why a re-run whose baseline has no measured spread is inconclusive (``Verification.noise_unknown``)."""
 VERDICTS = (CONFIRMED, FELL_SHORT, REFUTED, INCONCLUSIVE)
 SHORT_FRAC = 0.5
 """A measured gain under this share of the predicted one "fell short": the prediction was far off
@@ -114,7 +119,8 @@ def evidence_of(pair: dict[str, Any]) -> Evidence | None:
         rule_id=str(pair.get("rule_id", "")),
         changes=changes,
         target=str(pair.get("target", "")),
-        verdict=verdict(predicted, measured, noise),
+        # A pair filed without a measured spread (one timed step, one pair) proves nothing.
+        verdict=INCONCLUSIVE if pair.get("noise_unknown") is True else verdict(predicted, measured, noise),
         predicted_gain_pct=predicted,
         measured_gain_pct=measured,
         measured_ratio=after / before,

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from advisor.advice.advise import Recommendation, advise_run
-from advisor.advice.evidence import verdict
+from advisor.advice.evidence import INCONCLUSIVE, verdict
 from advisor.advice.gains import improvement_pct
 from advisor.analysis.diff import TraceDiff, diff_paths
 from advisor.errors import AdvisorError
@@ -77,11 +77,16 @@ class Verification:
     (empty with ``baseline=False``)."""
     pair_gains_pct: tuple[float, ...] = ()
     """The measured gain of each pair on its own."""
+    noise_unknown: bool = False
+    """A step-time target whose spread nothing measured (one timed step, one pair): the machine's noise
+    is unknown, so the verdict is inconclusive whatever the change."""
 
     @property
     def verdict(self) -> str:
         """confirmed, fell short, refuted or inconclusive (``advisor.advice.evidence.verdict``): a
         change no larger than the baseline's spread is inconclusive, not a verdict."""
+        if self.noise_unknown:
+            return INCONCLUSIVE
         return verdict(self.predicted_gain_pct, self.measured_gain_pct, self.noise_pct)
 
     @property
@@ -223,7 +228,14 @@ def verify(
         measured = after_values[0]
         before = before_values[0] if bases else stored
     spread = None
-    if reference.get("step_time_max_ms") and reference.get("step_time_min_ms") and reference.get("step_time_ms"):
+    # One timed step has no spread (max = min): 0 % would call any change beyond noise.
+    several = (reference.get("steps_measured") or 2) >= 2
+    if (
+        several
+        and reference.get("step_time_max_ms")
+        and reference.get("step_time_min_ms")
+        and reference.get("step_time_ms")
+    ):
         spread = 100.0 * (reference["step_time_max_ms"] - reference["step_time_min_ms"]) / reference["step_time_ms"]
     if len(before_values) > 1 and before > 0:
         between = 100.0 * (max(before_values) - min(before_values)) / before
@@ -243,6 +255,7 @@ def verify(
         upper_bound=g.upper_bound,
         calibrated=g.calibrated_after is not None,
         noise_pct=spread if target != "peak_memory_bytes" else None,
+        noise_unknown=spread is None and target != "peak_memory_bytes",
         baseline_run_id=base_run.run_id if base_run is not None else None,
         stored_before=stored,
         pairs=len(bases) or 1,

@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from advisor.advice.advise import TARGET_LABELS, fmt_value, gain_phrase
+from advisor.advice.evidence import UNKNOWN_SPREAD
 from advisor.estimate.planner import layout_label
 from advisor.present.report import (
     describe_setup,
@@ -398,7 +399,9 @@ def verify_message(v, diff=None, diff_note: str = "") -> str:
     """Whether the re-run improved on the target, beyond the baseline's step-to-step spread; with the
     trace ``diff`` of the before and after runs (``advisor.advice.verify.verification_diff``), its
     line, or ``diff_note`` where there is none."""
-    if v.verdict == "inconclusive":
+    if v.noise_unknown:
+        outcome = f"inconclusive: {UNKNOWN_SPREAD}"
+    elif v.verdict == "inconclusive":
         what = "spread over its steps and its re-runs" if v.pairs > 1 else "step-to-step spread"
         outcome = f"inconclusive: the change is within the baseline's {what} of {v.noise_pct:.1f} %"
     else:
