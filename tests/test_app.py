@@ -599,6 +599,24 @@ def test_apply_loads_the_recommended_change_everywhere(monkeypatch):
     assert size and rule is None
 
 
+def test_number_widgets_leave_their_checks_to_the_handlers_even_after_an_update():
+    # A user review: on the Plan tab GPUs 0 got Gradio's "Value 0 is less than minimum value 1" (no field
+    # named, a traceback in the log) and on the Size tab 1.5 GPUs sized 2. validate_in_handlers lifted
+    # those checks per instance, but Gradio rebuilds a widget a handler updates (a link between tabs,
+    # Apply) as block.__class__(**kwargs), which brought them back. The numbers now have none to lift.
+    demo = app.build_app()
+    numbers = [b for b in demo.blocks.values() if isinstance(b, gr.Number)]
+    assert len(numbers) >= 15
+    for block in numbers:
+        rebuilt = block.__class__(**{**block.constructor_args, "render": False})
+        assert (rebuilt.minimum, rebuilt.maximum, rebuilt.precision) == (None, None, None), block.label
+        assert rebuilt.preprocess(1.5) == 1.5 and rebuilt.preprocess(0) == 0 and rebuilt.preprocess(-8) == -8
+    # The handler names the field: 1.5 GPUs on the Size tab, 0 on the Plan tab.
+    assert "gpus=1.5" in str(size_tab.size_view(*_size_values(gpus=1.5))[0])
+    out = plan_tab.plan_view("llama-3.1-8b", "h100", 0, 8192, 512, ["bf16"], True, False)
+    assert out[0] == "### Cannot plan\ngpus=0: must be an integer from 1 to 1048576"
+
+
 def test_the_app_links_tabs_and_opens_on_a_recommendation():
     demo = app.build_app()
     deps = demo.config["dependencies"]

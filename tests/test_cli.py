@@ -54,7 +54,7 @@ def test_hf_config_flag(capsys):
         (["--tp", "16"], "error: gpus=8: must be a multiple of tp x pp x cp = 16"),
         (["--gpus", "8", "--dp", "2", "--tp", "2"], "error: gpus=8: dp(2) * tp(2) * pp(1) * cp(1) = 4 != gpus(8)"),
         (["--model", "gpt-9"], "error: model='gpt-9': unknown preset"),
-        (["--hf-config", "/nonexistent/config.json"], "error: cannot read config file config.json"),
+        (["--hf-config", "/nonexistent/config.json"], "error: cannot read config file /nonexistent/config.json"),
         (["--precision", "fp8", "--gpu", "a100"], "error: train.precision='fp8': A100 SXM 80GB has no fp8"),
     ],
 )

@@ -9,7 +9,7 @@ from advisor.advice.calibrate import calibrate_machine, format_calibration
 from advisor.present.charts import compare_phase_figure, predicted_measured_figure
 from advisor.store.history import compare_runs, filter_choices, predicted_vs_measured, run_table
 from webui import common
-from webui.common import as_int, guarded, log, run_dropdown
+from webui.common import as_int, guarded, log, run_dropdown, spec_number
 
 SHOWN = ["run_id", "started_utc", "status", "model", "device_type", "precision", "seq_len"]
 SHOWN += ["micro_batch", "recompute", "step_time_ms", "estimate_step_time_ms", "tokens_per_s"]
@@ -132,7 +132,7 @@ def _calibration() -> tuple:
             "estimator on every run of this device in the store (the Advice tab's *calibrated* column)."
         )
         with gr.Row():
-            sweep_runs = gr.Number(value=12, precision=0, minimum=0, maximum=200, label="Sweep runs (0: fit only)")
+            sweep_runs = spec_number(12, "Sweep runs (0: fit only)")
             calibrate = gr.Button("Calibrate", variant="primary", elem_id="history-calibrate")
             cancel = gr.Button("Cancel")
         calibration = gr.Markdown(elem_id="history-calibration")

@@ -17,7 +17,7 @@ from advisor.spec.presets import HARDWARE, MODELS, get_hardware, get_model
 from advisor.spec.specs import PRECISIONS, Setup
 from advisor.store.runstore import RunStore
 from webui import common
-from webui.common import as_int, guarded
+from webui.common import as_int, guarded, spec_number
 
 PLAN_KEYS = ("model", "gpu", "gpus", "seq", "global_batch", "precision")
 """The Plan tab's widgets that follow the shared spec (``precision``: the precisions to try)."""
@@ -103,11 +103,11 @@ def _inputs(d: dict) -> dict:
     w = {"model": gr.Dropdown(list(MODELS), value=d["model"], label="Model preset", elem_id="plan-model")}
     with gr.Row():
         w["gpu"] = gr.Dropdown(list(HARDWARE), value=d["gpu"], label="Device")
-        w["gpus"] = gr.Number(value=d["gpus"], precision=0, minimum=1, label="GPUs")
+        w["gpus"] = spec_number(d["gpus"], "GPUs")
     with gr.Row():
-        w["seq"] = gr.Number(value=d["seq"], precision=0, minimum=1, label="Sequence length")
+        w["seq"] = spec_number(d["seq"], "Sequence length")
         # The planner needs a batch to split: the shared spec's 0 ("no accumulation") stays off this tab.
-        w["global_batch"] = gr.Number(value=PLAN_BATCH, precision=0, minimum=1, label="Global batch (sequences)")
+        w["global_batch"] = spec_number(PLAN_BATCH, "Global batch (sequences)")
     w["precision"] = gr.CheckboxGroup(list(PRECISIONS), value=[d["precision"]], label="Precisions to try")
     w["offload"] = gr.Checkbox(value=True, label="Try CPU offload")
     w["measured"] = gr.Checkbox(
@@ -134,7 +134,7 @@ def build_plan_tab() -> tuple[dict, dict]:
                 column_widths=["7%", "43%", "11%", "10%", "9%", "11%", "9%"],
             )
             with gr.Row():
-                rank = gr.Number(value=1, precision=0, minimum=1, label="Layout rank", elem_id="plan-use-rank")
+                rank = spec_number(1, "Layout rank", elem_id="plan-use-rank")
                 use = gr.Button("Use this layout", elem_id="plan-use")
             used = gr.Markdown(elem_id="plan-use-msg")
             scatter = gr.Plot(label="Every layout that fits: memory per GPU vs tokens/s")

@@ -20,7 +20,7 @@ from advisor.spec.setup import make_setup
 from advisor.spec.specs import FP8_RECIPES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES
 from advisor.store.runstore import RunInfo
 from webui import common
-from webui.common import ROOFLINE_LABEL, as_int, block_count, degree_dropdown, guarded, run_dropdown
+from webui.common import ROOFLINE_LABEL, as_int, block_count, degree_dropdown, guarded, run_dropdown, spec_number
 
 PROFILE_KEYS = ["model", "seq", "micro_batch", "global_batch", "precision", "recompute", "optimizer", "offload"]
 PROFILE_KEYS += ["device", "steps", "layers", "num_workers", "pin_memory", "compile_model", "optimizer_impl"]
@@ -205,9 +205,9 @@ def profile_values(setup, options: dict | None) -> dict:
 def _model_inputs(d: dict) -> dict:
     w = {"model": gr.Dropdown(list(MODELS), value=d["model"], label="Model preset")}
     with gr.Row():
-        w["seq"] = gr.Number(value=d["seq"], precision=0, minimum=1, label="Sequence length")
-        w["micro_batch"] = gr.Number(value=d["micro_batch"], precision=0, minimum=1, label="Micro-batch")
-        w["global_batch"] = gr.Number(value=d["global_batch"], precision=0, minimum=0, label="Global batch")
+        w["seq"] = spec_number(d["seq"], "Sequence length")
+        w["micro_batch"] = spec_number(d["micro_batch"], "Micro-batch")
+        w["global_batch"] = spec_number(d["global_batch"], "Global batch")
     with gr.Row():
         w["precision"] = gr.Radio(list(PRECISIONS), value=d["precision"], label="Precision")
         w["fp8_recipe"] = gr.Radio(
@@ -241,10 +241,10 @@ def _run_inputs(d: dict) -> dict:
         w["compile_model"] = gr.Checkbox(value=d["compile_model"], label="torch.compile")
     with gr.Row():
         w["device"] = gr.Radio(["auto", "cpu", "cuda"], value=d["device"], label="Device")
-        w["steps"] = gr.Number(value=d["steps"], precision=0, minimum=1, maximum=100, label="Steps")
-        w["layers"] = gr.Number(value=d["layers"], precision=0, minimum=0, label="Proxy layers (0 = all)")
+        w["steps"] = spec_number(d["steps"], "Steps")
+        w["layers"] = spec_number(d["layers"], "Proxy layers (0 = all)")
     with gr.Row():
-        w["num_workers"] = gr.Number(value=d["num_workers"], precision=0, minimum=0, label="DataLoader workers")
+        w["num_workers"] = spec_number(d["num_workers"], "DataLoader workers")
         w["pin_memory"] = gr.Checkbox(value=d["pin_memory"], label="pin_memory")
     return w
 
@@ -253,9 +253,7 @@ def _distributed_inputs(d: dict) -> dict:
     w = {}
     with gr.Accordion("Distributed (torchrun: gloo on the CPU, NCCL on GPUs)", open=False):
         with gr.Row():
-            w["nproc"] = gr.Number(
-                value=d["nproc"], precision=0, minimum=1, maximum=64, label="Processes", elem_id="profile-nproc"
-            )
+            w["nproc"] = spec_number(d["nproc"], "Processes", elem_id="profile-nproc")
             w["tp"] = degree_dropdown([1, 2, 4, 8], d["tp"], "TP")
             w["pp"] = degree_dropdown([1, 2, 4, 8], d["pp"], "PP")
             w["zero"] = degree_dropdown([0, 1, 2, 3], d["zero"], "ZeRO / FSDP2", elem_id="profile-zero")

@@ -18,7 +18,7 @@ from advisor.spec.presets import HARDWARE, MODELS
 from advisor.spec.setup import make_setup
 from advisor.spec.specs import FRAMEWORKS, OFFLOAD_MODES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES
 from webui import common
-from webui.common import as_int, block_count, degree_dropdown, guarded
+from webui.common import as_int, block_count, degree_dropdown, guarded, spec_number
 
 SIZE_KEYS = ["model", "config_file", *list(DEFAULTS)[1:]]
 """The Size tab's inputs in the order of size_view's parameters (the /size endpoint's)."""
@@ -106,10 +106,9 @@ def _model_inputs(d: dict) -> dict:
     w["config_file"] = gr.File(label="…or a Hugging Face config.json", file_types=[".json"], type="filepath")
     with gr.Row():
         w["gpu"] = gr.Dropdown(list(HARDWARE), value=d["gpu"], label="Device")
-        # No minimum or maximum on these numbers: Gradio would refuse a value out of range before the
-        # handler runs and leave the last verdict on screen beside its toast; the spec names the field
-        # and what is allowed, and the verdict, charts and tables give way to that message.
-        w["gpus"] = gr.Number(value=d["gpus"], precision=0, label="GPUs", info="empty: tp x pp x cp x ep, one replica")
+        # No bounds on these numbers (common.spec_number): the spec names the field and what is allowed,
+        # and the verdict, charts and tables give way to that message.
+        w["gpus"] = spec_number(d["gpus"], "GPUs", info="empty: tp x pp x cp x ep, one replica")
     return w
 
 
@@ -117,9 +116,9 @@ def _step_inputs(d: dict) -> dict:
     gr.Markdown("#### Training step")
     w = {}
     with gr.Row():
-        w["seq"] = gr.Number(value=d["seq"], precision=0, label="Sequence length")  # bounds: see gpus
-        w["micro_batch"] = gr.Number(value=d["micro_batch"], precision=0, label="Micro-batch")
-        w["global_batch"] = gr.Number(value=d["global_batch"], precision=0, label="Global batch (0 = no accum)")
+        w["seq"] = spec_number(d["seq"], "Sequence length")
+        w["micro_batch"] = spec_number(d["micro_batch"], "Micro-batch")
+        w["global_batch"] = spec_number(d["global_batch"], "Global batch (0 = no accum)")
     w["precision"] = gr.Radio(list(PRECISIONS), value=d["precision"], label="Precision")
     with gr.Row():
         w["optimizer"] = gr.Radio(list(OPTIMIZERS), value=d["optimizer"], label="Optimizer")

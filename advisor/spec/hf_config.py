@@ -165,7 +165,7 @@ def load_hf_config(path: str | Path) -> ModelSpec:
             )
         text = raw.decode("utf-8")
     except OSError as err:
-        raise ConfigImportError(f"cannot read config file {p.name}: {err.strerror or err}") from err
+        raise ConfigImportError(f"cannot read config file {p}: {err.strerror or err}") from err
     except UnicodeDecodeError:
         raise ConfigImportError(f"{p.name} is not a text file; expected a Hugging Face config.json") from None
     try:
