@@ -75,13 +75,13 @@ def build_app() -> gr.Blocks:
             size, size_outputs = build_size_tab()
         with gr.Tab("Profile"):
             profile, runs = build_profile_tab()
-        with gr.Tab("Analyze"):
+        with gr.Tab("Analyze") as analyze_tab:
             analyze_runs = build_analyze_tab()
-        with gr.Tab("Advice"):
+        with gr.Tab("Advice") as advice_tab:
             advice = build_advice_tab([size[k] for k in SIZE_KEYS])
         with gr.Tab("Plan"):
             plan, plan_use = build_plan_tab()
-        with gr.Tab("History"):
+        with gr.Tab("History") as history_tab:
             history = build_history_tab()
         link_tabs(size, profile, plan)
         wire_model_limits(size, profile, plan)
@@ -92,6 +92,12 @@ def build_app() -> gr.Blocks:
         pickers = [runs, analyze_runs, advice["runs"], history["run_b"]]
         tabs = {"size": size, "plan": plan, "advice": advice, "history": history}
         _on_load(demo, tabs, size_outputs, pickers, link_note)
+        # Opened, a tab lists the runs made since the page loaded (the History tab its table too).
+        for tab, tab_pickers in ((analyze_tab, [analyze_runs]), (advice_tab, [advice["runs"]]),
+                                 (history_tab, [history["run_a"], history["run_b"]])):  # fmt: skip
+            for picker in tab_pickers:
+                tab.select(common.refresh_runs, picker, picker, **_QUIET)
+        history_tab.select(history_view, history["filters"], history["outputs"], **_QUIET)
     common.validate_in_handlers(demo)
     return demo
 

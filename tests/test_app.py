@@ -617,6 +617,38 @@ def test_number_widgets_leave_their_checks_to_the_handlers_even_after_an_update(
     assert out[0] == "### Cannot plan\ngpus=0: must be an integer from 1 to 1048576"
 
 
+def test_a_tab_opened_after_a_run_lists_it(tmp_path, monkeypatch):
+    # A user review: a run profiled on the Profile tab was missing from the Analyze and Advice pickers
+    # and the History table until the page was reloaded. Opening those tabs reads the store again.
+    import shutil
+
+    from advisor.store.runstore import RunStore
+
+    store_dir = tmp_path / "traces"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "traces", store_dir)
+    monkeypatch.setattr(common, "store", lambda: RunStore(store_dir))
+    old, new = "20261130-165248-tiny-6bcb2f", "20261130-165253-tiny-617152"
+    assert common.refresh_runs(old).value == old  # the pick stays
+    assert common.refresh_runs(None).value == new and common.refresh_runs("gone").value == new  # else the newest
+    made = "20261207-120000-tiny-abcdef"
+    shutil.copytree(store_dir / new, store_dir / made)
+    record = json.loads((store_dir / made / "run.json").read_text())
+    (store_dir / made / "run.json").write_text(json.dumps(record | {"run_id": made}))
+    refreshed = common.refresh_runs(old)
+    assert refreshed.value == old and [c[0] for c in refreshed.choices] == [made, new, old]
+    # Wired: selecting Analyze, Advice or History refreshes its pickers (History its table too).
+    demo = app.build_app()
+    ids = {c._id: c for c in demo.blocks.values()}
+    on_select = [d for d in demo.config["dependencies"] if d["targets"] and d["targets"][0][1] == "select"]
+    by_tab = {}
+    for d in on_select:
+        tab = ids[d["targets"][0][0]]
+        if isinstance(tab, gr.Tab):
+            by_tab.setdefault(tab.label, set()).update(ids[o].elem_id or ids[o].label for o in d["outputs"])
+    assert {"Analyze", "Advice", "History"} <= set(by_tab)
+    assert "advice-run-choice" in by_tab["Advice"] and {"history-a", "history-b"} <= by_tab["History"]
+
+
 def test_the_app_links_tabs_and_opens_on_a_recommendation():
     demo = app.build_app()
     deps = demo.config["dependencies"]

@@ -235,6 +235,18 @@ def run_choices(index: int = 0, measured: bool = True) -> gr.Dropdown:
     return gr.Dropdown(choices=ids, value=pool[index] if len(pool) > index else None)
 
 
+def refresh_runs(current: str | None) -> gr.Dropdown:
+    """A run picker's choices read again when its tab is opened, so a run profiled since the page
+    loaded is listed (a user review: profiled on the Profile tab, it was missing from Analyze, Advice
+    and History until a reload). The pick stays where it is; with none, the newest run that finished."""
+    runs, _ = store().list_runs()
+    ids = [r.run_id for r in runs]
+    if current in ids:
+        return gr.Dropdown(choices=ids, value=current)
+    ok = [r.run_id for r in runs if r.status == "ok"]
+    return gr.Dropdown(choices=ids, value=(ok or ids or [None])[0])
+
+
 def follow_value(component: gr.components.Component, value):
     """``value`` as ``component`` takes it, or gr.skip() where it has no such choice (fp8 on the
     Profile tab) or is out of its range (a global batch of 0 on the Plan tab)."""
