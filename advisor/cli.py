@@ -15,7 +15,7 @@ from advisor.estimate.estimator import Estimate, estimate
 from advisor.estimate.planner import DEFAULT_TIME_BUDGET_S, MAX_TIME_BUDGET_S
 from advisor.present.export import EXPORT_TARGETS, export_setup
 from advisor.present.report import format_estimate, format_run
-from advisor.spec.defaults import DEFAULTS, PROFILE_DEFAULTS, fit_seq
+from advisor.spec.defaults import DEFAULTS, PLAN_GLOBAL_BATCH, PROFILE_DEFAULTS, fit_seq
 from advisor.spec.hf_config import load_hf_config
 from advisor.spec.options import RunOptions
 from advisor.spec.presets import HARDWARE, MODELS, get_model
@@ -583,7 +583,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from advisor.estimate.planner import PlanRequest, format_plan, plan
     from advisor.spec.hf_config import load_hf_config
     from advisor.spec.presets import get_hardware, get_model
-    from advisor.spec.setup import default_seq
 
     model = load_hf_config(args.hf_config) if args.hf_config else get_model(args.model)
     precisions = tuple(p.strip() for item in args.precision or ["bf16"] for p in item.split(",") if p.strip())
@@ -606,7 +605,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         model=model,
         hardware=hardware,
         gpus=args.gpus,
-        seq_len=args.seq if args.seq is not None else default_seq(model),
+        seq_len=args.seq if args.seq is not None else fit_seq(DEFAULTS["seq"], model),
         global_batch=args.global_batch,
         precisions=precisions,
         allow_offload=not args.no_offload,
@@ -648,17 +647,29 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         "plan", help="search DP/TP/PP/CP/EP, ZeRO, recompute and micro-batch; rank what fits (exit 1 if nothing does)"
     )
     src = plan.add_mutually_exclusive_group()
-    src.add_argument("--model", default="llama-3.1-8b", help=f"preset: {', '.join(MODELS)} (default: %(default)s)")
+    # Flags left out take the app's first screen (DEFAULTS, the Plan tab's batch), as size's do.
+    src.add_argument("--model", default=DEFAULTS["model"], help=f"preset: {', '.join(MODELS)} (default: %(default)s)")
     src.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json file to import instead")
-    plan.add_argument("--gpu", default="h100", help=f"device: {', '.join(HARDWARE)} (default: %(default)s)")
-    plan.add_argument("--gpus", type=int, required=True, help="GPUs in the job; every layout uses all of them")
+    plan.add_argument("--gpu", default=DEFAULTS["gpu"], help=f"device: {', '.join(HARDWARE)} (default: %(default)s)")
+    plan.add_argument(
+        "--gpus",
+        type=int,
+        default=DEFAULTS["gpus"],
+        help="GPUs in the job; every layout uses all of them (default: %(default)s)",
+    )
     plan.add_argument(
         "--seq",
         type=int,
         default=None,
-        help="sequence length in tokens (default: 4096, or the model's learned positions where fewer: 1024 for GPT-2)",
+        help=f"sequence length in tokens (default: {DEFAULTS['seq']}, or the model's learned positions where fewer: "
+        "1024 for GPT-2)",
     )
-    plan.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    plan.add_argument(
+        "--global-batch",
+        type=int,
+        default=PLAN_GLOBAL_BATCH,
+        help="sequences per optimizer step (default: %(default)s)",
+    )
     plan.add_argument(
         "--precision",
         action="append",

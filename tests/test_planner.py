@@ -360,12 +360,20 @@ def test_nothing_fits_says_what_came_closest():
 
 
 def test_cli_plan_prints_a_table_and_the_reasons(capsys):
-    argv = ["plan", "--model", "gpt2-124m", "--gpus", "8", "--seq", "1024", "--global-batch", "64", "--top", "3"]
-    assert main(argv) == 0
+    argv = ["plan", "--model", "gpt2-124m", "--gpu", "h100", "--gpus", "8", "--seq", "1024", "--global-batch", "64"]
+    assert main([*argv, "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("gpt2-124m on 8 x H100 SXM 80GB, sequence 1,024, global batch 64")
     assert "  1 " in out and "DP8 TP1 PP1 CP1, ZeRO-1, b8 x m1, recompute none, bf16" in out
     assert "Why #1:" in out and "Against #1:" in out and "  #3: " in out
+
+
+def test_cli_plan_without_flags_plans_the_apps_first_screen(capsys):
+    # As size does (a user review: plan took H100 and sequence 4,096 where size took H200 and 8,192).
+    assert main(["plan", "--top", "1"]) == 0
+    assert capsys.readouterr().out.startswith("llama-3.1-8b on 8 x H200 141GB, sequence 8,192, global batch 64\n")
+    assert main(["plan", "--model", "gpt2-124m", "--top", "1"]) == 0  # GPT-2's 1,024 positions
+    assert capsys.readouterr().out.startswith("gpt2-124m on 8 x H200 141GB, sequence 1,024, global batch 64\n")
 
 
 def test_cli_plan_json_and_precision_lists(capsys):

@@ -12,7 +12,7 @@ from advisor.errors import AdvisorError, SpecError
 from advisor.estimate.planner import PlanRequest, PlanResult, layout_label, plan
 from advisor.present.charts import plan_scatter_figure
 from advisor.present.views import PLAN_COLUMNS, plan_summary, plan_table
-from advisor.spec.defaults import DEFAULTS
+from advisor.spec.defaults import DEFAULTS, PLAN_GLOBAL_BATCH
 from advisor.spec.presets import HARDWARE, MODELS, get_hardware, get_model
 from advisor.spec.specs import PRECISIONS, Setup
 from advisor.store.runstore import RunStore
@@ -21,10 +21,7 @@ from webui.common import as_int, guarded, spec_number
 
 PLAN_KEYS = ("model", "gpu", "gpus", "seq", "global_batch", "precision")
 """The Plan tab's widgets that follow the shared spec (``precision``: the precisions to try)."""
-PLAN_BATCH = 64
-"""The Plan tab's starting global batch, 8 sequences per data-parallel rank on DEFAULTS' 8 GPUs: the
-planner splits a batch it is given (``advisor plan`` requires --global-batch), where the shared spec's
-0 means "no accumulation" and leaves this tab's value alone."""
+PLAN_BATCH = PLAN_GLOBAL_BATCH
 
 
 @functools.lru_cache(maxsize=16)

@@ -43,6 +43,11 @@ DEFAULTS: dict[str, object] = {
 (``global_batch`` 0: micro-batch x dp): it fits, so the first screen shows a step, not a refusal.
 A model with fewer learned positions than ``seq`` gets its own count (``fit_seq``)."""
 
+PLAN_GLOBAL_BATCH = 64
+"""The planner's starting global batch (the Plan tab's, ``advisor plan``'s default): 8 sequences per
+data-parallel rank on DEFAULTS' 8 GPUs. The planner splits a batch it is given, where the shared
+spec's 0 means "no accumulation" and leaves the Plan tab's value alone."""
+
 SETUP_FIELDS: dict[str, str] = {
     "model": "model.name",
     "gpu": "hardware",
