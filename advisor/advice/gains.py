@@ -419,13 +419,15 @@ def clock_throttle(target: str, g: GainInput) -> Gain | None:
 @register("pageable_copies")
 def pageable_copies(target: str, g: GainInput) -> Gain | None:
     """Pinned memory roughly doubles host-to-device copy bandwidth and lets copies overlap compute: the
-    memcpy share of GPU time is the bound."""
-    share = g.ctx.get("memcpy_pct")
+    pageable copies' share of GPU time is the bound (not every copy's: pinned ones gain nothing)."""
+    share = g.ctx.get("pageable_copy_pct")
     if share is None:
         return None
     idle = (g.ctx.get("gpu_idle_pct") or 0.0) / 100.0
     busy_share = share * (1 - idle)
-    return _share_gain(target, g, busy_share / 2, f"half of the {busy_share:.1f} % copy share (pinned ~2x faster)")
+    return _share_gain(
+        target, g, busy_share / 2, f"half of the {busy_share:.1f} % pageable-copy share (pinned ~2x faster)"
+    )
 
 
 @register("exposed_copies")

@@ -441,6 +441,7 @@ def _summary(df: pd.DataFrame, t: dict[str, pd.DataFrame], run_id: str, host_sel
         launch_delay_mean_us=_mean(t["launch_stats"], "launch_delay_mean_us"),
         pageable_copies=int(pageable["count"].sum()) if len(pageable) else 0,
         pageable_copy_bytes=int(pageable["bytes"].sum()) if len(pageable) else 0,
+        pageable_copy_pct=100.0 * float(pageable["time_ns"].sum()) / base if gpu and len(pageable) else 0.0,
         sync_calls=int(t["sync_time"]["blocking_calls"].sum()),
         sync_time_ms=float(t["sync_time"]["blocking_ns"].mean()) / 1e6 if len(t["sync_time"]) else 0.0,
         step_skew_pct=float(skew["above_median_pct"].max()) if len(skew) > 1 else None,

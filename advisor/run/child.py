@@ -469,6 +469,7 @@ _ANALYSIS_FIELDS = (
     "launch_delay_mean_us",
     "pageable_copies",
     "pageable_copy_bytes",
+    "pageable_copy_pct",
     "sync_calls",
     "sync_time_ms",
     "step_skew_pct",
