@@ -65,7 +65,13 @@ def test_a_gpu_bound_step_runs_through_its_kernels():
         ("sync", "cudaDeviceSynchronize", 90, 5),
     ]
     assert path["stream"].tolist() == [-1, 7, 7, 7, 7, 7] and path["tid"].tolist() == [1, 1, -1, -1, -1, 1]
-    assert path.attrs["window"] == {"rank": 0, "step": "ProfilerStep#1", "start_ns": 0, "end_ns": 100}
+    assert path.attrs["window"] == {
+        "rank": 0,
+        "step": "ProfilerStep#1",
+        "start_ns": 0,
+        "end_ns": 100,
+        "host_traced": True,
+    }
     summary = critical_path_summary(path).set_index("category")
     assert summary.index.tolist() == [*CATEGORIES, "total"]
     assert summary.loc["total", "time_ms"] == pytest.approx(95e-6)
@@ -290,3 +296,22 @@ def test_shared_traces_match_hta(folder, rank, step, expected):
     df = round_like_hta(drop_last_profiler_step(load_trace(SHARED_TRACES / "kineto" / folder)))
     path = critical_path(df, rank=rank, step=step, hta_compatible=True)
     assert _by_hta_category(path) == expected
+
+
+@needs_shared_traces
+def test_a_short_path_of_an_nsys_export_says_what_it_cannot_see():
+    # An nsys export has CUDA calls but no framework ops: the path jumps the host code between calls.
+    # nsys-ai's "after" capture: 40.5 ms of a 299 ms window, "host 69.8 %" beside a GPU busy 76 % of
+    # the time (a user review read it as a contradiction). The report now says why it is short.
+    report = analyze(load_trace(SHARED_TRACES / "nsys" / "nsysai_mfu_2gpu_after.sqlite"))
+    cp = report.tables["critical_path_summary"]
+    total = cp[cp["category"] == "total"].iloc[0]
+    assert total["time_ms"] == pytest.approx(40.5, abs=0.05) and total["step_pct"] < 50
+    text = format_report(report, "after")
+    assert "an Nsight Systems export traces the host only inside CUDA calls" in text
+    assert f"covers {total['step_pct']:.0f} % of the window" in text
+    # CloverLeaf's path covers 93 % of its window: no note. A Kineto trace never gets one.
+    clover = analyze(load_trace(SHARED_TRACES / "nsys" / "pipit_cloverleaf_cuda.sqlite"))
+    assert "traces the host only inside CUDA calls" not in format_report(clover, "clover")
+    path = critical_path(load_trace(SHARED_TRACES / "nsys" / "nsysai_mfu_2gpu_after.sqlite"))
+    assert path.attrs["window"]["host_traced"] is False

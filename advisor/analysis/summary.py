@@ -20,7 +20,7 @@ from advisor.analysis import queues as Q
 from advisor.analysis.collectives import collective_calls_and_table, collective_sizes
 from advisor.analysis.collectives import wants_args as collectives_wants_args
 from advisor.analysis.comm import comm_by_communicator, comm_calls, comm_skew, comm_stragglers
-from advisor.analysis.critical_path import critical_path, critical_path_summary
+from advisor.analysis.critical_path import critical_path, critical_path_summary, short_untraced_path
 from advisor.analysis.roofline import VERDICTS, Roofline, step_roofline_summary, trace_roofline
 from advisor.analysis.roofline import wants_args as roofline_wants_args
 from advisor.analysis.sequences import chain_saving_pct, kernel_chains
@@ -521,6 +521,8 @@ def format_report(report: TraceReport, name: str) -> str:
         out.append(
             f"Critical path (rank {total['rank']}, {total['step']}): {total['time_ms']:.1f} ms, {total['step_pct']:.0f} % of the step: {shares}"
         )
+        if note := short_untraced_path(cp, report.tables["critical_path"].attrs.get("window")):
+            out.append(f"  ({note})")
     if m.optimizer:
         out.append(f"Optimizer: {m.optimizer}")
     if m.peak_memory_bytes is not None:
