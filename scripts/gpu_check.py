@@ -270,7 +270,7 @@ def technique_jobs(device: str, quick: bool) -> list[tuple[str, object, dict]]:
     model, seq, micro, precision = _technique_model(device, quick)
     half = make_setup(model=model, gpu="cpu").model.n_layers // 2
     jobs = []
-    # The grid above has this model's bf16 rows without and with full recompute to compare against.
+    # The grid's rows of this model without and with full recompute run just before these: their baselines.
     configs = [
         (f"{precision} offload {half} blocks' activations", {"offload_activations": half}, {}),
         (f"{precision} recompute {half} blocks", {"recompute": "full", "recompute_layers": half}, {}),

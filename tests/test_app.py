@@ -562,6 +562,11 @@ def test_a_shared_value_follows_only_where_the_other_tab_allows_it():
         precision = gr.Radio(["fp32", "bf16", "fp16"], value="bf16")
         precisions = gr.CheckboxGroup(["fp32", "bf16", "fp8"], value=["bf16"])
         batch = gr.Number(value=64, minimum=1)
+        # The Plan tab's own batch: no minimum for Gradio to check (spec_number), a range for links.
+        plan_batch = common.spec_number(64, "Global batch (sequences)", low=1)
+    assert plan_batch.minimum is None and plan_batch.follow_range == (1, None)
+    assert common.follow_value(plan_batch, 128) == 128
+    assert isinstance(common.follow_value(plan_batch, 0), type(gr.skip()))
     assert common.follow_value(precision, "fp16") == "fp16"
     assert isinstance(common.follow_value(precision, "fp8"), type(gr.skip()))  # the profiler has no fp8
     assert common.follow_value(precisions, "fp8") == ["fp8"]
@@ -611,6 +616,10 @@ def test_number_widgets_leave_their_checks_to_the_handlers_even_after_an_update(
         rebuilt = block.__class__(**{**block.constructor_args, "render": False})
         assert (rebuilt.minimum, rebuilt.maximum, rebuilt.precision) == (None, None, None), block.label
         assert rebuilt.preprocess(1.5) == 1.5 and rebuilt.preprocess(0) == 0 and rebuilt.preprocess(-8) == -8
+    # What another tab copies in keeps the old ranges: the Size tab's global batch 0 ("no accumulation")
+    # is no Plan tab batch, and stays off it.
+    plan_batch = next(b for b in numbers if b.label == "Global batch (sequences)")
+    assert isinstance(common.follow_value(plan_batch, 0), type(gr.skip())) and common.follow_value(plan_batch, 8) == 8
     # The handler names the field: 1.5 GPUs on the Size tab, 0 on the Plan tab.
     assert "gpus=1.5" in str(size_tab.size_view(*_size_values(gpus=1.5))[0])
     out = plan_tab.plan_view("llama-3.1-8b", "h100", 0, 8192, 512, ["bf16"], True, False)

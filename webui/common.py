@@ -198,21 +198,26 @@ def degree_dropdown(choices: list[int], value: int, label: str, **kwargs) -> gr.
     return gr.Dropdown([str(c) for c in choices], value=str(value), label=label, **kwargs)
 
 
-def spec_number(value: float | None, label: str, **kwargs) -> gr.Number:
+def spec_number(
+    value: float | None, label: str, *, low: float | None = None, high: float | None = None, **kwargs
+) -> gr.Number:
     """A number the handler validates (a spec field or a run option): no minimum, maximum or precision.
     With them Gradio checks the value itself before any handler runs, with a message that names no
     field ("Value 0 is less than minimum value 1", seen on the Plan tab with a traceback in the log),
     and precision 0 rounds 1.5 GPUs to 2 without a word (seen on the Size tab). ``validate_in_handlers``
     lifts the same checks for API callers, but a widget a link or Apply updates is rebuilt by Gradio
     without it; a widget with no bounds needs no lifting. The handler's spec names the field, the value
-    and what is allowed."""
-    return gr.Number(value=value, label=label, **kwargs)
+    and what is allowed. ``low`` and ``high`` bound only what another tab's value may copy in
+    (``follow_value``: the Size tab's global batch 0, "no accumulation", is no Plan tab batch)."""
+    number = gr.Number(value=value, label=label, **kwargs)
+    number.follow_range = (low, high)
+    return number
 
 
 def block_count(value: int, label: str, *, info: str | None = None, elem_id: str | None = None) -> gr.Number:
     """A count of transformer blocks (recompute or offload N blocks a stage), as the Size and Profile
     tabs both ask for it."""
-    return spec_number(value, label, info=info, elem_id=elem_id)
+    return spec_number(value, label, low=0, info=info, elem_id=elem_id)
 
 
 def run_dropdown(label: str, **kwargs) -> gr.Dropdown:
@@ -262,7 +267,7 @@ def follow_value(component: gr.components.Component, value):
     if isinstance(component, gr.Number):
         if isinstance(value, str | bool) or not math.isfinite(value):
             return gr.skip()
-        low, high = getattr(component, "minimum", None), getattr(component, "maximum", None)
+        low, high = getattr(component, "follow_range", (component.minimum, component.maximum))
         if (low is not None and value < low) or (high is not None and value > high):
             return gr.skip()
     return value

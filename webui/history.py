@@ -132,7 +132,7 @@ def _calibration() -> tuple:
             "estimator on every run of this device in the store (the Advice tab's *calibrated* column)."
         )
         with gr.Row():
-            sweep_runs = spec_number(12, "Sweep runs (0: fit only)")
+            sweep_runs = spec_number(12, "Sweep runs (0: fit only)", low=0, high=200)
             calibrate = gr.Button("Calibrate", variant="primary", elem_id="history-calibrate")
             cancel = gr.Button("Cancel")
         calibration = gr.Markdown(elem_id="history-calibration")

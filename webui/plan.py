@@ -21,7 +21,6 @@ from webui.common import as_int, guarded, spec_number
 
 PLAN_KEYS = ("model", "gpu", "gpus", "seq", "global_batch", "precision")
 """The Plan tab's widgets that follow the shared spec (``precision``: the precisions to try)."""
-PLAN_BATCH = PLAN_GLOBAL_BATCH
 
 
 @functools.lru_cache(maxsize=16)
@@ -100,11 +99,11 @@ def _inputs(d: dict) -> dict:
     w = {"model": gr.Dropdown(list(MODELS), value=d["model"], label="Model preset", elem_id="plan-model")}
     with gr.Row():
         w["gpu"] = gr.Dropdown(list(HARDWARE), value=d["gpu"], label="Device")
-        w["gpus"] = spec_number(d["gpus"], "GPUs")
+        w["gpus"] = spec_number(d["gpus"], "GPUs", low=1)
     with gr.Row():
-        w["seq"] = spec_number(d["seq"], "Sequence length")
+        w["seq"] = spec_number(d["seq"], "Sequence length", low=1)
         # The planner needs a batch to split: the shared spec's 0 ("no accumulation") stays off this tab.
-        w["global_batch"] = spec_number(PLAN_BATCH, "Global batch (sequences)")
+        w["global_batch"] = spec_number(PLAN_GLOBAL_BATCH, "Global batch (sequences)", low=1)
     w["precision"] = gr.CheckboxGroup(list(PRECISIONS), value=[d["precision"]], label="Precisions to try")
     w["offload"] = gr.Checkbox(value=True, label="Try CPU offload")
     w["measured"] = gr.Checkbox(
@@ -131,7 +130,7 @@ def build_plan_tab() -> tuple[dict, dict]:
                 column_widths=["7%", "43%", "11%", "10%", "9%", "11%", "9%"],
             )
             with gr.Row():
-                rank = spec_number(1, "Layout rank", elem_id="plan-use-rank")
+                rank = spec_number(1, "Layout rank", low=1, elem_id="plan-use-rank")
                 use = gr.Button("Use this layout", elem_id="plan-use")
             used = gr.Markdown(elem_id="plan-use-msg")
             scatter = gr.Plot(label="Every layout that fits: memory per GPU vs tokens/s")

@@ -205,9 +205,9 @@ def profile_values(setup, options: dict | None) -> dict:
 def _model_inputs(d: dict) -> dict:
     w = {"model": gr.Dropdown(list(MODELS), value=d["model"], label="Model preset")}
     with gr.Row():
-        w["seq"] = spec_number(d["seq"], "Sequence length")
-        w["micro_batch"] = spec_number(d["micro_batch"], "Micro-batch")
-        w["global_batch"] = spec_number(d["global_batch"], "Global batch")
+        w["seq"] = spec_number(d["seq"], "Sequence length", low=1)
+        w["micro_batch"] = spec_number(d["micro_batch"], "Micro-batch", low=1)
+        w["global_batch"] = spec_number(d["global_batch"], "Global batch", low=0)
     with gr.Row():
         w["precision"] = gr.Radio(list(PRECISIONS), value=d["precision"], label="Precision")
         w["fp8_recipe"] = gr.Radio(
@@ -241,10 +241,10 @@ def _run_inputs(d: dict) -> dict:
         w["compile_model"] = gr.Checkbox(value=d["compile_model"], label="torch.compile")
     with gr.Row():
         w["device"] = gr.Radio(["auto", "cpu", "cuda"], value=d["device"], label="Device")
-        w["steps"] = spec_number(d["steps"], "Steps")
-        w["layers"] = spec_number(d["layers"], "Proxy layers (0 = all)")
+        w["steps"] = spec_number(d["steps"], "Steps", low=1, high=100)
+        w["layers"] = spec_number(d["layers"], "Proxy layers (0 = all)", low=0)
     with gr.Row():
-        w["num_workers"] = spec_number(d["num_workers"], "DataLoader workers")
+        w["num_workers"] = spec_number(d["num_workers"], "DataLoader workers", low=0)
         w["pin_memory"] = gr.Checkbox(value=d["pin_memory"], label="pin_memory")
     return w
 
@@ -253,7 +253,7 @@ def _distributed_inputs(d: dict) -> dict:
     w = {}
     with gr.Accordion("Distributed (torchrun: gloo on the CPU, NCCL on GPUs)", open=False):
         with gr.Row():
-            w["nproc"] = spec_number(d["nproc"], "Processes", elem_id="profile-nproc")
+            w["nproc"] = spec_number(d["nproc"], "Processes", low=1, high=64, elem_id="profile-nproc")
             w["tp"] = degree_dropdown([1, 2, 4, 8], d["tp"], "TP")
             w["pp"] = degree_dropdown([1, 2, 4, 8], d["pp"], "PP")
             w["zero"] = degree_dropdown([0, 1, 2, 3], d["zero"], "ZeRO / FSDP2", elem_id="profile-zero")
