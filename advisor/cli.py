@@ -799,9 +799,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     predicted, measured = gain_phrase(v.target, v.predicted_gain_pct), gain_phrase(v.target, v.measured_gain_pct)
     print(f"  predicted {predicted}{bound}; measured {measured}")
     what = "spread over its steps and re-runs" if v.pairs > 1 else "step-to-step spread"
-    spread = "" if v.noise_pct is None else f" (baseline {what} {v.noise_pct:.1f} %)"
     if v.noise_unknown:
         spread = f" ({UNKNOWN_SPREAD})"
+    else:
+        spread = "" if v.noise_pct is None else f" (baseline {what} {v.noise_pct:.1f} %)"
     print(f"  verdict: {v.verdict}{spread}")
     print(f"  basis: {v.basis}")
     return 0

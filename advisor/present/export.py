@@ -29,7 +29,7 @@ import yaml
 
 from advisor.errors import SpecError
 from advisor.estimate.planner import layout_label
-from advisor.spec.specs import Setup
+from advisor.spec.specs import Setup, divisors_text
 from advisor.spec.stages import megatron_stage_layers
 
 EXPORT_TARGETS = ("megatron", "nemo", "torchtitan", "deepspeed", "accelerate")
@@ -152,10 +152,6 @@ def _stage_split(setup: Setup, notes: list[str]) -> tuple[int, int] | None:
     return stages[0], stages[-1]
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _moe_pattern(setup: Setup) -> list[int]:
     """1 for a MoE block, 0 for a dense one: every moe_layer_step-th block (ModelSpec.n_moe_layers)."""
     step = setup.model.moe_layer_step
@@ -191,7 +187,7 @@ def _megatron_settings(setup: Setup, notes: list[str], framework: str) -> dict[s
                 "parallel.tp",
                 p.tp,
                 f"{framework} splits the model's {m.n_kv_heads} KV groups (num_query_groups) over the TP ranks "
-                f"and needs TP to divide them: use TP {', '.join(str(d) for d in _divisors(m.n_kv_heads))}",
+                f"and needs TP to divide them: use TP {divisors_text(m.n_kv_heads)}",
             )
         s["group_query_attention"] = True
         s["num_query_groups"] = m.n_kv_heads

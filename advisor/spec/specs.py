@@ -45,7 +45,8 @@ HOST_LINKS = ("pcie3", "pcie4", "pcie5", "nvlink-c2c", "none")
 DEVICE_KINDS = ("gpu", "cpu")
 
 
-def _divisors(n: int) -> str:
+def divisors_text(n: int) -> str:
+    """The divisors of ``n``, increasing, as "1, 2, 4, 8" (what an error message allows)."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return ", ".join(str(d) for d in small + [n // d for d in reversed(small) if d * d != n])
 
@@ -156,14 +157,14 @@ class ModelSpec:
                 raise SpecError(
                     "model.n_heads",
                     self.n_heads,
-                    f"must divide hidden={self.hidden} when head_dim is not given (allowed: {_divisors(self.hidden)})",
+                    f"must divide hidden={self.hidden} when head_dim is not given (allowed: {divisors_text(self.hidden)})",
                 )
             object.__setattr__(self, "head_dim", self.hidden // self.n_heads)
         if self.n_heads % self.n_kv_heads:
             raise SpecError(
                 "model.n_kv_heads",
                 self.n_kv_heads,
-                f"must divide n_heads={self.n_heads} (allowed: {_divisors(self.n_heads)})",
+                f"must divide n_heads={self.n_heads} (allowed: {divisors_text(self.n_heads)})",
             )
         if self.norm_bias and self.norm != "layernorm":
             raise SpecError("model.norm_bias", True, "only a LayerNorm has a bias; set norm='layernorm'")
@@ -570,7 +571,7 @@ class Setup:
             raise SpecError(
                 "parallel.tp",
                 p.tp,
-                f"model.n_heads={m.n_heads} must be divisible by tp (allowed: {_divisors(m.n_heads)})",
+                f"model.n_heads={m.n_heads} must be divisible by tp (allowed: {divisors_text(m.n_heads)})",
             )
         if m.n_kv_heads % p.tp and p.tp % m.n_kv_heads:
             raise SpecError(
@@ -591,7 +592,9 @@ class Setup:
             raise SpecError("parallel.ep", p.ep, f"expert parallelism needs a MoE model; {m.name} is dense (use ep=1)")
         if m.is_moe and m.n_experts % p.ep:
             raise SpecError(
-                "parallel.ep", p.ep, f"must divide model.n_experts={m.n_experts} (allowed: {_divisors(m.n_experts)})"
+                "parallel.ep",
+                p.ep,
+                f"must divide model.n_experts={m.n_experts} (allowed: {divisors_text(m.n_experts)})",
             )
         if (p.dp * p.cp) % p.ep:
             raise SpecError(
