@@ -375,6 +375,24 @@ def test_gpu_names_from_traces_find_their_presets():
     nvl, sxm = hardware_for_gpu_name("NVIDIA H200 NVL"), hardware_for_gpu_name("NVIDIA H200")
     assert (nvl.name, nvl.peak_bf16_flops, nvl.peak_fp32_flops) == ("H200 NVL 141GB", 835.5e12, 60e12)
     assert (sxm.name, sxm.peak_bf16_flops, nvl.mem_bw_bytes_per_s) == ("H200 141GB", 989.5e12, sxm.mem_bw_bytes_per_s)
+    # The H100 PCIe card (114 SMs, 350 W, HBM2e): 756.5 dense bf16 TFLOP/s against the SXM's 989.5, so
+    # an MFU read against the SXM peaks would be 24 % low. The driver's "NVIDIA H100 PCIe" finds it; the
+    # SXM part's "NVIDIA H100 80GB HBM3" does not.
+    pcie = hardware_for_gpu_name("NVIDIA H100 PCIe", 85520809984)
+    assert (pcie.name, pcie.peak_bf16_flops, pcie.peak_fp8_flops, pcie.sm_count) == (
+        "H100 PCIe 80GB",
+        756.5e12,
+        1513e12,
+        114,
+    )
+    assert (pcie.mem_bw_bytes_per_s, pcie.memory_bytes) == (2.0e12, 85520809984)
+    assert hardware_for_gpu_name("NVIDIA H100 80GB HBM3").name == "H100 SXM 80GB"
+    # The H100 NVL has no preset: unknown, not the SXM's roofs; the profiled step says which it used.
+    assert hardware_for_gpu_name("NVIDIA H100 NVL", 99_857_989_632) is None
+    assert (
+        hardware_for_trace([("NVIDIA H100 NVL", 0)])[1]
+        == "no preset for NVIDIA H100 NVL; pass the GPU to use its datasheet roofs"
+    )
     # "B200" is part of "GB200": the Grace Blackwell part is matched first.
     assert hardware_for_gpu_name("NVIDIA GB200", 189471 * 2**20).name == "GB200 NVL72 186GB"
     assert hardware_for_gpu_name("NVIDIA B200", 183359 * 2**20).name == "B200 180GB"

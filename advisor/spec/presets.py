@@ -282,6 +282,33 @@ def h200() -> HardwareSpec:
     return replace(h100_sxm(), name="H200 141GB", memory_bytes=143771 * MiB, mem_bw_bytes_per_s=4.8e12)
 
 
+def h100_pcie() -> HardwareSpec:
+    """NVIDIA H100 PCIe 80 GB: the PCIe card of the H100 (114 of the SXM5's 132 SMs, HBM2e, 350 W).
+
+    NVIDIA's H100 launch table, SXM and PCIe columns (reproduced at
+    archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html; tensor figures there with sparsity, dense is
+    half): PCIe FP32 51, TF32 378, BF16/FP16 756.5, FP8 1,513 TFLOP/s; 80 GB HBM2e at 2,000 GB/s;
+    NVLink bridge 600 GB/s between two cards; PCIe Gen5 128 GB/s (64 per direction); 114 SMs. NVIDIA's
+    product brief (PB-11133-001_v02, Nov 2022): "unconstrained up to its maximum thermal design power
+    (TDP) level of 350 W", memory bandwidth "greater than 2,000 gigabytes per second". A node is
+    modelled as one bridged pair (300 GB/s per direction); past it, traffic goes over PCIe or the NICs
+    (50 GB/s per GPU, as the HGX nodes).
+    """
+    return replace(
+        h100_sxm(),
+        name="H100 PCIe 80GB",
+        peak_fp32_flops=51 * TFLOPS,
+        peak_tf32_flops=378 * TFLOPS,
+        peak_bf16_flops=756.5 * TFLOPS,
+        peak_fp16_flops=756.5 * TFLOPS,
+        peak_fp8_flops=1513 * TFLOPS,
+        mem_bw_bytes_per_s=2.0e12,
+        gpus_per_node=2,
+        intra_node_bw_bytes_per_s=300 * GB,
+        sm_count=114,
+    )
+
+
 def h100_96gb_500w() -> HardwareSpec:
     """NVIDIA H100 96 GB HBM2e at a 500 W power limit: Meta's Grand Teton servers, where torchtitan
     measured its H100 benchmarks (pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md:
@@ -680,6 +707,7 @@ def cpu_host() -> HardwareSpec:
 
 HARDWARE: dict[str, Callable[[], HardwareSpec]] = {
     "h100": h100_sxm,
+    "h100-pcie": h100_pcie,
     "h100-96gb-500w": h100_96gb_500w,
     "h200": h200,
     "h200-nvl": h200_nvl,
@@ -728,6 +756,10 @@ _GPU_NAME_PRESETS = (
     ("GH200", "gh200"),
     ("H200 NVL", "h200-nvl"),
     ("H200", "h200"),
+    ("H100 PCIe", "h100-pcie"),
+    # The H100 NVL (94 GB, a PCIe card with an NVLink bridge) has no preset: its datasheet roofs were not
+    # read from a source here, and the SXM's would overstate a PCIe card's. Named, it is "unknown".
+    ("H100 NVL", None),
     ("H100", "h100"),
     ("A100-SXM4-40GB", "a100-40gb"),
     ("A100-PCIE-40GB", "a100-40gb"),
@@ -763,7 +795,9 @@ def hardware_for_gpu_name(name: str, memory_bytes: int = 0) -> HardwareSpec | No
     driver's memory where given; an A100 with under 50 GB is the 40 GB part (HBM2, 1.555 TB/s).
     None for a GPU with no preset."""
     for key, preset in _GPU_NAME_PRESETS:
-        if key in name:
+        if key.lower() in name.lower():
+            if preset is None:
+                return None
             if preset == "a100-80gb" and 0 < memory_bytes < 50 * GiB:
                 preset = "a100-40gb"
             hw = HARDWARE[preset]()
