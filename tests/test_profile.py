@@ -82,6 +82,20 @@ def test_the_timed_steps_wait_for_a_loader_that_cannot_keep_up(tmp_path):
     assert m["step_time_min_ms"] >= 0.75 * 800 and m["data_ms"] >= 0.5 * 800
 
 
+def test_environment_records_the_cpu_features_behind_its_peaks(monkeypatch):
+    # A CPU host is named by its core count only; its bf16 peak depends on AVX512-BF16 or AMX (3.5x and
+    # 16x fp32 in cpu_host()), so the run records which of them the machine had, and its model name.
+    from advisor.run import child
+
+    flags = {"fpu", "sse2", "avx2", "avx512f", "avx512_bf16", "sha_ni"}
+    monkeypatch.setattr(child, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(child, "cpu_model", lambda: "AMD EPYC 9R14")
+    env = child.environment()
+    assert (env["cpu_model"], env["cpu_matrix_flags"]) == ("AMD EPYC 9R14", ["avx2", "avx512_bf16", "avx512f"])
+    monkeypatch.setattr(child, "cpu_flags", set)
+    assert child.environment()["cpu_matrix_flags"] == []
+
+
 @pytest.mark.slow  # starts a child process or runs seconds of real steps
 def test_profiled_run_through_the_child_is_complete(tmp_path):
     store = RunStore(tmp_path)
@@ -113,6 +127,9 @@ def test_profiled_run_through_the_child_is_complete(tmp_path):
     assert m["peak_memory_bytes"] < m["host_peak_rss_bytes"] <= PROCESS_HOST_BYTES
     assert m["nvml"]["nvml_available"] is False and "CPU" in m["nvml"]["nvml_reason"]
     assert run.record["environment"]["torch"] == torch.__version__
+    from advisor.spec.presets import CPU_MATRIX_FLAGS, cpu_flags
+
+    assert run.record["environment"]["cpu_matrix_flags"] == sorted(CPU_MATRIX_FLAGS & cpu_flags())
     # The child keeps the memory its steps free (glibc's mallopt), so its steps reuse warm pages.
     assert run.record["environment"]["freed_memory_kept"] is (platform.libc_ver()[0] == "glibc")
     # The run's own trace is analysed into the same metrics: top ops by self time, one rank.

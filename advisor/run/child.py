@@ -43,6 +43,7 @@ from advisor.run.step import build_trainer, make_loader, prefetched_batches, res
 from advisor.run.unified_memory import managed_memory
 from advisor.spec.metrics import StepMetrics
 from advisor.spec.options import RunOptions
+from advisor.spec.presets import CPU_MATRIX_FLAGS, cpu_flags, cpu_model
 from advisor.spec.specs import HardwareSpec, Setup
 from advisor.store.runstore import RunFiles
 
@@ -66,6 +67,9 @@ def environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda_runtime": torch.version.cuda,
         "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        # The matrix units behind cpu_host()'s peaks, so a run's CPU MFU can be read later on any machine.
+        "cpu_matrix_flags": sorted(CPU_MATRIX_FLAGS & cpu_flags()),
         "cuda_available": torch.cuda.is_available(),
         "nsys_on_path": shutil.which("nsys") is not None,
     }

@@ -652,6 +652,23 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+# The CPU features that set this machine's matrix peaks in cpu_host(): recorded with each run, since a
+# CPU host's name carries only its core count.
+CPU_MATRIX_FLAGS = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16"})
+
+
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it ('' where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def cpu_cores() -> int:
     """This machine's logical CPU count (1 where the OS does not say)."""
     return os.cpu_count() or 1
