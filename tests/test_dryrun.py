@@ -125,16 +125,19 @@ def test_state_bytes_agree_with_the_estimator():
 def test_cuda_target_adds_the_runtime_allowance_and_keeps_offloaded_state_off_the_device():
     setup = make_setup(model="tiny", gpu="h100", seq=128, micro_batch=2, precision="bf16")
     cpu, cuda = dry_run(setup), dry_run(setup, target="cuda")
-    assert cuda.peak_bytes == cpu.peak_bytes
+    # CUDA's fused RMSNorm saves its input and rstd; the CPU composite also the fp32 product x * rstd
+    # for the weight's gradient: one fp32 (256 tokens x 256) tensor per norm, 9 norms (2 a block, final).
+    assert cpu.peak_bytes - cuda.peak_bytes == 9 * 256 * 256 * 4
     # The eager step's fragmentation allowance, 10 % (fitted on torchtitan's and Trainy's published peaks).
-    assert cuda.total_bytes == cpu.peak_bytes + get_hardware("h100").runtime_overhead_bytes + int(0.10 * cpu.peak_bytes)
+    hw = get_hardware("h100")
+    assert cuda.total_bytes == cuda.peak_bytes + hw.runtime_overhead_bytes + int(0.10 * cuda.peak_bytes)
     assert any("fake CPU tensors" in n for n in cuda.notes)
     off_cpu = dry_run(setup, offload_optimizer=True)
     off_cuda = dry_run(setup, offload_optimizer=True, target="cuda")
     # Host: fp32 master weights and their gradients (8 bytes) and AdamW's states (8 bytes + steps).
     assert off_cuda.host_bytes == off_cpu.host_bytes == 16 * TINY_N + 4 * TINY_TENSORS
     assert off_cuda.peak_phase == "backward"
-    assert off_cuda.peak_bytes == off_cpu.peak_bytes - off_cpu.host_bytes
+    assert off_cuda.peak_bytes == off_cpu.peak_bytes - off_cpu.host_bytes - 9 * 256 * 256 * 4  # and the norms
     assert off_cuda.optimizer_bytes == 0
 
 
@@ -398,3 +401,50 @@ def test_a_torch_older_than_2_13_is_refused_with_the_reason(monkeypatch):
         dry_run_distributed(make_setup(model="tiny", gpu="h100", seq=64, gpus=16, tp=2))
     monkeypatch.setattr(torch, "__version__", "2.13.0.dev20260901+cpu")
     assert torch_release() == (2, 13)
+
+
+@FSDP_TRACKER
+def test_cuda_target_keeps_the_saved_tensors_of_cudas_fused_rmsnorm():
+    # Under FSDP2's bf16 parameters the residual stream is bf16. CUDA's _fused_rms_norm saves that input
+    # (2 bytes a unit) and the fp32 rstd; the CPU composite saves the fp32 upcast and the fp32 x * rstd
+    # (8 bytes): 6 bytes a hidden unit more, at 9 norms x 256 tokens x 256 units.
+    setup = make_setup(model="tiny", gpu="h100", gpus=2, seq=128, micro_batch=2, precision="bf16", zero=3)
+    cpu, cuda = dry_run_distributed(setup, isolate=False), dry_run_distributed(setup, target="cuda", isolate=False)
+    assert cpu.activations_bytes - cuda.activations_bytes == 9 * 256 * 256 * 6
+    assert cpu.peak_bytes - cuda.peak_bytes == 9 * 256 * 256 * 6
+
+
+def test_fused_rmsnorm_matches_torchs_on_real_tensors():
+    from advisor.run.dryrun import use_cuda_norms
+
+    torch.manual_seed(0)
+    ref, ours = torch.nn.RMSNorm(64, eps=1e-5), torch.nn.RMSNorm(64, eps=1e-5)
+    ours.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 1.5), ours.weight.copy_(ref.weight)
+    assert use_cuda_norms(torch.nn.Sequential(ours)) == 1
+    x = torch.randn(3, 5, 64, dtype=torch.float32, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        y = ours(x2)
+    assert saved == [(3, 5, 64), (3, 5, 1), (64,)]  # input, rstd, weight: what CUDA's kernel saves
+    y_ref = ref(x)
+    torch.testing.assert_close(y, y_ref)
+    (y * y_ref.detach()).sum().backward()
+    (y_ref * y_ref.detach()).sum().backward()
+    torch.testing.assert_close(x2.grad, x.grad)
+    torch.testing.assert_close(ours.weight.grad, ref.weight.grad)
+
+
+def test_notes_name_only_what_the_step_ignores():
+    # --no-flash runs the unfused attention (it is not ignored); dropout is. Activation offload alone
+    # puts no optimizer state on the host.
+    notes = dry_run(tiny(seq=64, micro_batch=1, flash_attention=False), target="cpu").notes
+    assert not any("flag" in n for n in notes)
+    notes = dry_run(tiny(seq=64, micro_batch=1, dropout=True)).notes
+    assert "the step runs attention and its blocks without dropout: the dropout flag is ignored" in notes
+    setup = make_setup(model="tiny", gpu="h100", gpus=1, seq=64, micro_batch=1, offload_activations=2)
+    notes = dry_run(setup, target="cuda").notes
+    assert any(n.startswith("activation offload: 2 blocks") for n in notes)
+    assert not any("optimizer states are host_bytes" in n for n in notes)
