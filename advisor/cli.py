@@ -905,7 +905,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--inject", default="", help=argparse.SUPPRESS)
     dry = sub.add_parser("dryrun", help="exact memory of the real step under fake tensors: any size, no allocation")
     add_setup_args(dry)
-    dry.set_defaults(default_gpus=None, func=_cmd_dryrun)  # one rank unless --gpus: each rank is a process
+    # The same setup as `size` for the same flags (8 GPUs unless --gpus or --dp): the ranks run on a fake
+    # process group in this process; --gpus 1 runs the single-device step (with optimizer offload too).
+    dry.set_defaults(func=_cmd_dryrun)
     an = sub.add_parser("analyze", help="analyze a trace: Kineto JSON (file, folder, zip) or Nsight Systems SQLite")
     an.add_argument("path", help="trace file, folder of rank files, .zip, .sqlite, or a run directory")
     an.add_argument("--json", action="store_true", help="StepMetrics and every table as JSON")

@@ -116,7 +116,7 @@ def test_cli_fuzz_every_case_ends_in_a_result_or_a_message_naming_its_field(tmp_
         (["plan", "--gpus", "8", "--global-batch", str(2**63)], "global_batch=9223372036854775808: must be"),
         (["size", "--gpus", HUGE], "gpus=10000000000000000000...(401 digits): must be an integer from 1 to 1048576"),
         (["dryrun", "--model", "tiny", "--micro-batch", str(10**18)], "train.micro_batch=1000000000000000000"),
-        (["dryrun", "--model", "tiny", "--global-batch", "1000"], "at most 64, a global batch up to 64 here"),
+        (["dryrun", "--model", "tiny", "--global-batch", "2048"], "at most 64, a global batch up to 512 here"),
         (["size", "--hf-config", "/dev/zero"], "config file zero is over 1 MiB"),
     ],
 )
