@@ -54,9 +54,10 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--rope-scaling",
         type=float,
-        default=1.0,
+        default=None,
         metavar="F",
-        help="RoPE context extension (YaRN, linear): sequences up to F x the model's trained context (default: 1)",
+        help="RoPE context extension (YaRN, linear): sequences up to F x the model's trained context (default: "
+        "the config.json's rope_scaling, else 1)",
     )
     g.add_argument("--gpu", default=d["gpu"], help=f"device: {', '.join(HARDWARE)} (default: %(default)s)")
     g.add_argument(

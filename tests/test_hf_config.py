@@ -95,3 +95,25 @@ def test_model_is_named_after_its_folder(tmp_path):
     cfg = _cfg()
     (folder / "config.json").write_text(json.dumps(cfg))
     assert load_hf_config(folder / "config.json").name == "my-llama"
+
+
+def test_rope_scaling_of_the_config_extends_the_context(tmp_path):
+    from advisor.spec.setup import make_setup
+
+    # Llama 3.1 trained its 'llama3' scaling (factor 8 over 8,192) to 131,072 positions, which
+    # max_position_embeddings already says: no further extension.
+    assert load_hf_config(DATA / "llama-3.1-8b.json").rope_scaling == 1.0
+    # YaRN at factor 4 over the original 32,768 serves 131,072 tokens.
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    cfg = json.loads((DATA / "mistral-7b.json").read_text()) | {"rope_scaling": yarn}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    model = load_hf_config(tmp_path / "config.json")
+    assert (model.max_positions, model.rope_scaling, model.max_seq_len) == (32768, 4.0, 131072)
+    setup = make_setup(hf_config=str(tmp_path / "config.json"), gpu="h100", gpus=8, cp=8, seq=131072)
+    assert setup.model.rope_scaling == 4.0
+    # A factor without the original length stretches the config's own; a flag still overrides it.
+    model = model_from_hf_config(_cfg(rope_scaling={"rope_type": "linear", "factor": 2.0}))
+    assert model.max_seq_len == 2 * 131072
+    assert make_setup(model=model, gpu="h100", rope_scaling=1.0).model.rope_scaling == 1.0
+    with pytest.raises(ConfigImportError, match=r"rope_scaling\.factor must be a number >= 1, got 'x'"):
+        model_from_hf_config(_cfg(rope_scaling={"factor": "x"}))

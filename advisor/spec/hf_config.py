@@ -112,6 +112,28 @@ def _gpt2(cfg: dict[str, Any], name: str) -> ModelSpec:
     )
 
 
+def _rope_scaling(cfg: dict[str, Any], max_positions: int) -> float:
+    """The context extension a config's ``rope_scaling`` gives beyond ``max_position_embeddings``, as
+    ``ModelSpec.rope_scaling`` (1.0: none). Transformers' RoPE types (modeling_rope_utils): a YaRN,
+    linear or dynamic factor stretches ``original_max_position_embeddings`` (else the config's own
+    length): YaRN at factor 4 over 32,768 serves 131,072 tokens. Llama 3.1's 'llama3' type (factor 8 over
+    8,192) was trained at 131,072, which its max_position_embeddings already says: 1.0."""
+    rs = cfg.get("rope_scaling")
+    if not rs:
+        return 1.0
+    if not isinstance(rs, dict):
+        raise ConfigImportError(f"config.json: field 'rope_scaling' must be an object or null, got {rs!r}")
+    factor = rs.get("factor", 1.0)
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor >= 1.0:
+        raise ConfigImportError(f"config.json: rope_scaling.factor must be a number >= 1, got {factor!r}")
+    original = rs.get("original_max_position_embeddings") or max_positions
+    if not isinstance(original, int) or isinstance(original, bool) or original < 1:
+        raise ConfigImportError(
+            f"config.json: rope_scaling.original_max_position_embeddings must be a positive integer, got {original!r}"
+        )
+    return max(1.0, factor * original / max_positions)
+
+
 def _llama_like(cfg: dict[str, Any], mt: str, name: str) -> ModelSpec:
     act = cfg.get("hidden_act", "silu")
     if act not in _SWIGLU_ACTS:
@@ -123,6 +145,7 @@ def _llama_like(cfg: dict[str, Any], mt: str, name: str) -> ModelSpec:
     experts = cfg.get("num_local_experts", 0) or 0
     if experts and mt != "mixtral":
         raise ConfigImportError(f"config.json: field 'num_local_experts' is not supported for model_type '{mt}'")
+    max_positions = _get(cfg, "max_position_embeddings", int, 131072)
     return ModelSpec(
         name=name,
         n_layers=_get(cfg, "num_hidden_layers"),
@@ -135,7 +158,8 @@ def _llama_like(cfg: dict[str, Any], mt: str, name: str) -> ModelSpec:
         mlp="swiglu",
         norm="rmsnorm",
         position="rope",
-        max_positions=_get(cfg, "max_position_embeddings", int, 131072),
+        max_positions=max_positions,
+        rope_scaling=_rope_scaling(cfg, max_positions),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         # Qwen2 always has q/k/v biases and no output bias; Llama's attention_bias covers all four.
         qkv_bias=mt == "qwen2" or attention_bias,

@@ -72,21 +72,21 @@ def make_setup(
     zero: int = 0,
     sequence_parallel: bool = False,
     offload: str = "none",
-    rope_scaling: float = 1.0,
+    rope_scaling: float | None = None,
 ) -> Setup:
     """The Setup these values describe; a config.json path overrides the preset. Raises AdvisorError.
 
     Left out, ``seq`` is 4096, or the model's learned positions where it has fewer (GPT-2's 1024: 4096
     would only be refused), ``optimizer_impl`` is fused, or foreach for Adafactor (no fused kernel), and
     ``fp32_grads`` the framework's default (``TrainSpec.fp32_grads``). ``rope_scaling`` extends a RoPE
-    model's context (``ModelSpec.rope_scaling``)."""
+    model's context (``ModelSpec.rope_scaling``); None keeps the model's (a config.json's YaRN)."""
     if hf_config:
         model_spec = load_hf_config(hf_config)
     elif isinstance(model, ModelSpec):
         model_spec = model
     else:
         model_spec = get_model(model)
-    if rope_scaling != model_spec.rope_scaling:
+    if rope_scaling is not None and rope_scaling != model_spec.rope_scaling:
         model_spec = replace(model_spec, rope_scaling=rope_scaling)
     if seq is None:
         seq = default_seq(model_spec)

@@ -615,7 +615,8 @@ class Setup:
                 "train.seq_len",
                 t.seq_len,
                 f"{m.name} was trained on sequences up to {m.max_positions:,} tokens{scaled}; a longer one needs "
-                f"RoPE context extension (rope_scaling >= {need}, e.g. YaRN) or a model with a longer context",
+                f"RoPE context extension (rope_scaling >= {need}, e.g. YaRN: --rope-scaling {need} on the command "
+                "line) or a model with a longer context",
             )
         if t.global_batch and t.global_batch % (t.micro_batch * p.dp):
             raise SpecError(
