@@ -85,6 +85,11 @@ def test_fp8_on_a_device_without_fp8_units_is_refused_with_the_reason(tmp_path):
     refused = profile_run(_setup(seq=64), RunOptions(device="cpu", steps=1, warmup=0), store)
     assert refused.status == "refused" and "fp8" in refused.record["message"]
     assert refused.metrics() is None and refused.record["files"] == ["run.json"]
+    # Filed as the CPU run it was asked to be (the setup named an H100), so runs --device cpu lists it.
+    from advisor.store.history import run_table
+
+    assert refused.record["device_type"] == "cpu"
+    assert sorted(run_table(store, device="cpu")["status"]) == ["ok", "refused"]
     runs, damaged = store.list_runs()
     assert sorted(r.status for r in runs) == ["ok", "refused"] and damaged == []
     assert not any((tmp_path / ".staging").iterdir())

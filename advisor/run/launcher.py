@@ -449,6 +449,8 @@ def _file_refused(setup: Setup, options: RunOptions, store: RunStore, reason: st
     record = _new_record(run_id, setup, options) | {
         "status": "refused",
         "message": reason,
+        # The device it was refused on: the setup may name a GPU preset (fp8 asked of a CPU).
+        "device_type": resolve_device(options.device).type,
         "finished_utc": now,
         "wall_s": 0.0,
         "files": [RunFiles(run_dir).record.name],

@@ -130,7 +130,7 @@ def _run_row(info: RunInfo) -> dict[str, Any]:
         "started_utc": _started_utc(info.run_id, record),
         "status": info.status,
         "model": m.get("model_name") or model.get("name") or "",
-        "device_type": m.get("device_type") or {"gpu": "cuda", "cpu": "cpu"}.get(kind, ""),
+        "device_type": m.get("device_type") or record.get("device_type") or {"gpu": "cuda", "cpu": "cpu"}.get(kind, ""),
         "device_name": m.get("device_name") or hardware.get("name") or "",
         "precision": m.get("precision") or train.get("precision") or "",
         "seq_len": _number(m.get("seq_len", train.get("seq_len"))),
