@@ -39,6 +39,14 @@ def test_host_bound_and_gpu_bound_traces_get_different_advice():
     g = host.recommendations[0].gain
     assert g.upper_bound and g.gain_pct == pytest.approx(77.4, abs=0.5)
     assert "prec-tf32-gemm" in fired(host)  # its A100 GEMMs are cutlass s1688 (TF32) kernels
+    # Its 8 synchronising calls a step leave the GPU idle for 0.0 % of it: the rule fires, but a change
+    # predicted to gain nothing is not advice (it once ranked second, as a warning).
+    assert "launch-sync-in-loop" not in fired(host)
+    (sync,) = [r for r in host.rejected if r.rule.id == "launch-sync-in-loop"]
+    assert sync.action_note == "predicted no change in step time: no gain"
+    head = advice_markdown(host).splitlines()[2]
+    assert head.startswith(f"{len(host.recommendations) + 1} of {host.n_rules} rules fired (1 not recommended); ")
+    assert head.endswith("Gains are upper bounds from the trace's time shares (there is no setup to estimate).")
     # ns_resolution_trace: V100, GPU-bound (idle 1.7 %, launch queue ~812), training in fp32: its GEMMs
     # are volta_sgemm kernels (24.8 % of GPU time) that never touch the tensor cores. Nothing
     # launch-related fires; the top advice is mixed precision, then fusing its memory-bound

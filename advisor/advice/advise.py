@@ -169,7 +169,7 @@ def _rejection(rec: Recommendation, est: Any) -> str:
         return f"{ev.phrase()} (re-run {ev.new_run_id}), against a predicted {ev.predicted_gain_pct:+.1f} %"
     if g is None:
         return ""
-    if g.gain_pct <= 0:
+    if round(g.gain_pct, 1) <= 0:  # what gain_phrase shows as "no change" is no gain either
         return f"predicted {gain_phrase(g.target, g.gain_pct)}: no gain"
     side = g.side or {}
     if side.get("fits") is False and (est is None or est.fits):
@@ -414,9 +414,17 @@ def advice_markdown(advice: Advice) -> str:
     """The report users download: ranked recommendations with numbers, then what did not apply."""
     lines = [f"# Advice for {advice.source}", ""]
     lines.append(
-        f"{len(advice.recommendations)} of {advice.n_rules} rules fired; "
+        f"{len(advice.recommendations) + len(advice.rejected)} of {advice.n_rules} rules fired"
+        + (f" ({len(advice.rejected)} not recommended)" if advice.rejected else "")
+        + "; "
         f"{len(advice.not_applicable)} did not apply (their input is missing). "
-        + ("Gains use this machine's calibrated regression." if advice.calibrated else "Gains use the estimator.")
+        + (
+            "Gains use this machine's calibrated regression."
+            if advice.calibrated
+            else "Gains use the estimator."
+            if advice.setup is not None
+            else "Gains are upper bounds from the trace's time shares (there is no setup to estimate)."
+        )
     )
     lines.append("")
     if note := _plan_pointer(advice.setup):
