@@ -130,6 +130,7 @@ TIME_LABELS = {
     "compute_ms": "compute (GEMM + attention)",
     "recompute_ms": "recompute",
     "memory_bound_ms": "memory-bound ops",
+    "kernel_overhead_ms": "per-kernel cost (launch gaps, tails)",
     "tp_comm_ms": "TP communication",
     "cp_comm_ms": "CP ring (exposed)",
     "ep_comm_ms": "EP all-to-all",
