@@ -770,6 +770,17 @@ def _cmd_rules(args: argparse.Namespace) -> int:
     return 0
 
 
+def _target_figure(target: str):
+    """How a verified figure prints: step time in ms, throughput in tokens/s, memory in GiB."""
+    if target == "tokens_per_s":
+        return lambda x: f"{x:,.0f} tokens/s"
+    if target == "peak_memory_bytes":
+        return lambda x: f"{x / 2**30:,.3f} GiB"
+    if target.endswith("_ms"):
+        return lambda x: f"{x:,.1f} ms"
+    return lambda x: f"{x:,.4g}"
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     from advisor.advice.advise import gain_phrase
     from advisor.advice.evidence import UNKNOWN_SPREAD
@@ -791,12 +802,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     print(f"{v.rule_id} on {v.run_id}: re-ran as {v.new_run_id} with {change}")
     if v.baseline_run_id:
         print(
-            f"  baseline: the original setup re-ran as {v.baseline_run_id} just before (stored run: {v.stored_before:,.4g})"
+            f"  baseline: the original setup re-ran as {v.baseline_run_id} just before (stored run: "
+            f"{_target_figure(v.target)(v.stored_before)})"
         )
     if v.pairs > 1:
         gains = ", ".join(f"{g:+.1f} %" for g in v.pair_gains_pct)
         print(f"  {v.pairs} pairs in alternating order; measured: the median of their gains (each pair: {gains})")
-    print(f"  {v.target}: before {v.before:,.4g}, predicted {v.predicted_after:,.4g}, measured {v.measured_after:,.4g}")
+    fig = _target_figure(v.target)
+    print(f"  {v.target}: before {fig(v.before)}, predicted {fig(v.predicted_after)}, measured {fig(v.measured_after)}")
     predicted, measured = gain_phrase(v.target, v.predicted_gain_pct), gain_phrase(v.target, v.measured_gain_pct)
     print(f"  predicted {predicted}{bound}; measured {measured}")
     what = "spread over its steps and re-runs" if v.pairs > 1 else "step-to-step spread"

@@ -484,6 +484,9 @@ def test_a_rerun_verdict_needs_a_change_beyond_the_baseline_spread(predicted, me
     from advisor.advice.evidence import verdict
 
     assert verdict(predicted, measured, noise) == expected
+    # An upper bound (a share of the step a change could at most remove) is borne out by any real gain:
+    # it does not "fall short"; a loss or noise reads the same as for a point prediction.
+    assert verdict(predicted, measured, noise, upper_bound=True) == expected.replace("fell short", "confirmed")
 
 
 def test_advice_a_rerun_refuted_is_demoted_and_says_what_was_measured(tmp_path, monkeypatch):

@@ -232,6 +232,8 @@ def test_a_one_step_baseline_has_no_spread_and_gives_no_verdict(tmp_path, monkey
     assert f"  verdict: inconclusive ({UNKNOWN_SPREAD})\n" in capsys.readouterr().out
     # Two steps or more, or a memory target: as before.
     assert not _verification(25.0, 2.0).noise_unknown and _verification(25.0, 2.0).verdict == "fell short"
+    bounded = replace(_verification(25.0, 2.0), upper_bound=True)
+    assert bounded.verdict == "confirmed" and evidence_of(bounded.as_dict()).verdict == "confirmed"
 
 
 def test_pairs_alternate_and_take_the_median_gain(tmp_path, monkeypatch):
@@ -304,6 +306,8 @@ def test_cli_verify_pairs(monkeypatch, capsys, tmp_path):
         in out
     )
     assert "  verdict: fell short (baseline spread over its steps and re-runs 9.5 %)\n" in out
+    # Figures in the target's unit: 66.7 ms before, 80.6 % predicted off, 11.4 % measured off.
+    assert "  step_time_ms: before 66.7 ms, predicted 12.9 ms, measured 59.1 ms\n" in out
     monkeypatch.undo()  # the real verify refuses 0 pairs before it re-runs anything
     assert main(["verify", "20261130-165248-tiny-6bcb2f", "--pairs", "0", "--traces", str(tmp_path)]) == 2
     assert "pairs must be a whole number from 1 to 10, got 0" in capsys.readouterr().err

@@ -37,16 +37,20 @@ OPTION_KEYS = ("num_workers", "pin_memory", "compile")
 """Run options that change the measured step: a verification counts only for the same ones."""
 
 
-def verdict(predicted_gain_pct: float, measured_gain_pct: float, noise_pct: float | None) -> str:
+def verdict(
+    predicted_gain_pct: float, measured_gain_pct: float, noise_pct: float | None, upper_bound: bool = False
+) -> str:
     """What a re-run says of a prediction, both gains in % (positive: better). Inconclusive where the
     measured change is no larger than the baseline's step-to-step spread (max - min over its timed
     steps, % of its median; one loaded machine's baseline spread 39.7 %); refuted where it measured no
-    gain or a loss; fell short under SHORT_FRAC of a positive prediction; else confirmed."""
+    gain or a loss; fell short under SHORT_FRAC of a positive prediction, unless the prediction was an
+    upper bound (a share of the step a change could at most remove), which any real gain bears out;
+    else confirmed."""
     if noise_pct is not None and abs(measured_gain_pct) <= noise_pct:
         return INCONCLUSIVE
     if measured_gain_pct <= 0:
         return REFUTED
-    if predicted_gain_pct > 0 and measured_gain_pct < SHORT_FRAC * predicted_gain_pct:
+    if not upper_bound and predicted_gain_pct > 0 and measured_gain_pct < SHORT_FRAC * predicted_gain_pct:
         return FELL_SHORT
     return CONFIRMED
 
@@ -120,7 +124,9 @@ def evidence_of(pair: dict[str, Any]) -> Evidence | None:
         changes=changes,
         target=str(pair.get("target", "")),
         # A pair filed without a measured spread (one timed step, one pair) proves nothing.
-        verdict=INCONCLUSIVE if pair.get("noise_unknown") is True else verdict(predicted, measured, noise),
+        verdict=INCONCLUSIVE
+        if pair.get("noise_unknown") is True
+        else verdict(predicted, measured, noise, pair.get("upper_bound") is True),
         predicted_gain_pct=predicted,
         measured_gain_pct=measured,
         measured_ratio=after / before,

@@ -87,7 +87,7 @@ class Verification:
         change no larger than the baseline's spread is inconclusive, not a verdict."""
         if self.noise_unknown:
             return INCONCLUSIVE
-        return verdict(self.predicted_gain_pct, self.measured_gain_pct, self.noise_pct)
+        return verdict(self.predicted_gain_pct, self.measured_gain_pct, self.noise_pct, self.upper_bound)
 
     @property
     def error_pct(self) -> float:

@@ -221,8 +221,8 @@ def offload_line(off: dict) -> str:
     )
     if off.get("step_cost_ms") is not None:
         line += (
-            f"; a step with it {off['step_with_ms']:.1f} ms, without {off['step_without_ms']:.1f} ms: it costs "
-            f"{off['step_cost_ms']:.1f} ms ({off['reference_pairs']:.0f} alternating pairs)"
+            f"; it costs {off['step_cost_ms']:.1f} ms a step (median of {off['reference_pairs']:.0f} alternating "
+            f"pairs' differences; steps with it {off['step_with_ms']:.1f} ms, without {off['step_without_ms']:.1f} ms)"
         )
     return line
 
