@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -342,8 +343,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from advisor.store.ceilings import ceilings_lookup, run_ceilings
     from advisor.trace.kineto import ANALYSIS_FILE, METRICS_SUFFIX, is_own_output
 
-    path = Path(args.path)
-    _check_trace_path(path, "analyze")
+    store = _existing_store(args.traces, required=False)
+    path = _trace_target(args.path, store, "analyze")
     _check_max_mb(args.max_mb)
     if args.max_event_mb is not None and not 0 < args.max_event_mb <= MAX_TRACE_MB:  # NaN and infinity too
         raise AdvisorError(
@@ -355,7 +356,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if args.ceilings_file:
         ceilings = load_ceilings(args.ceilings_file)
     elif args.ceilings and ceilings is None:
-        ceilings = ceilings_lookup()
+        ceilings = ceilings_lookup(store.root)
     max_bytes = max(1, int(args.max_mb * 2**20))
     limits = {"max_bytes": max_bytes}
     if args.max_event_mb is not None:
@@ -407,8 +408,7 @@ def _cmd_export_trace(args: argparse.Namespace) -> int:
     from advisor.trace.export import write_chrome_trace
     from advisor.trace.load import load_trace
 
-    path = Path(args.path)
-    _check_trace_path(path, "export-trace")
+    path = _trace_target(args.path, _existing_store(args.traces, required=False), "export-trace")
     _check_max_mb(args.max_mb)
     out = Path(args.out) if args.out else Path(path.name.split(".")[0] + ".perfetto.json.gz")
     if out.resolve() == path.resolve():
@@ -538,7 +538,7 @@ def _trace_target(target: str, store: RunStore, command: str) -> Path:
     if RUN_ID_RE.match(target) and (store.root / target).is_dir():
         return store.path(target)
     path = Path(target)
-    if not path.exists():
+    if not path.exists() and os.sep not in target:  # a bare name: a run id or a file here; a path says itself
         raise AdvisorError(
             f"{command} {target!r}: not a run in {store.root} nor a trace file or folder "
             "(give a run id from `python -m advisor runs` or a trace path)"
@@ -825,12 +825,20 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from advisor.advice.calibrate import calibrate_machine, format_calibration
 
-    cal, path, sweep = calibrate_machine(
-        RunStore(args.traces),
-        args.sweep_runs if args.sweep else 0,
-        device=args.device,
-        on_progress=_stderr_progress(args, counts=True),
-    )
+    try:
+        cal, path, sweep = calibrate_machine(
+            RunStore(args.traces),
+            args.sweep_runs if args.sweep else 0,
+            device=args.device,
+            on_progress=_stderr_progress(args, counts=True),
+        )
+    except AdvisorError as err:
+        # Its advice to sweep must sweep into the same store, or the next calibrate finds nothing new.
+        if args.traces is None or "calibrate --sweep`" not in str(err):
+            raise
+        raise AdvisorError(
+            str(err).replace("calibrate --sweep`", f"calibrate --sweep --traces {shlex.quote(args.traces)}`")
+        ) from None
     if args.json:
         out = {"device_key": cal.device_key, "n_runs": cal.n_runs, "cv": cal.cv, "cv_method": cal.cv_method}
         out["models"] = {"step_time": cal.step_time.kind, "peak_memory": cal.peak_memory.kind}
@@ -923,7 +931,8 @@ def build_parser() -> argparse.ArgumentParser:
     # process group in this process; --gpus 1 runs the single-device step (with optimizer offload too).
     dry.set_defaults(func=_cmd_dryrun)
     an = sub.add_parser("analyze", help="analyze a trace: Kineto JSON (file, folder, zip) or Nsight Systems SQLite")
-    an.add_argument("path", help="trace file, folder of rank files, .zip, .sqlite, or a run directory")
+    an.add_argument("path", help="a run id, or a trace file, folder of rank files, .zip, .sqlite, or a run directory")
+    an.add_argument("--traces", default=None, help="run store directory, for run ids and --ceilings (default: traces/)")
     an.add_argument("--json", action="store_true", help="StepMetrics and every table as JSON")
     an.add_argument(
         "--table",
@@ -969,7 +978,8 @@ def build_parser() -> argparse.ArgumentParser:
         "export-trace",
         help="write any trace (nsys SQLite, Kineto folder or zip) as one Chrome trace JSON that Perfetto opens",
     )
-    ex.add_argument("path", help="trace file, folder of rank files, .zip, .sqlite, or a run directory")
+    ex.add_argument("path", help="a run id, or a trace file, folder of rank files, .zip, .sqlite, or a run directory")
+    ex.add_argument("--traces", default=None, help="run store directory for run ids (default: traces/)")
     ex.add_argument(
         "-o", "--out", default=None, help="output file (default: NAME.perfetto.json.gz in the current folder)"
     )

@@ -393,3 +393,23 @@ def test_analyze_as_the_program_reuses_freed_memory_and_a_caller_keeps_its_mallo
     # One heap, small pages and reuse, before the load.
     assert main() == 0 and calls == ["heap", "small", "reuse"]
     capsys.readouterr()
+
+
+def test_analyze_and_export_trace_take_a_run_id_of_the_store(tmp_path, capsys):
+    # As diff and advise do: a run id names a run of --traces (a user review found them path-only).
+    store = tmp_path / "store"
+    store.mkdir()
+    shutil.copytree(RUN, store / RUN.name)
+    assert main(["analyze", RUN.name, "--traces", str(store)]) == 0
+    assert capsys.readouterr().out.startswith(f"{RUN.name}: 1 rank(s), cpu\n")
+    out = tmp_path / "t.json.gz"
+    assert main(["export-trace", RUN.name, "--traces", str(store), "-o", str(out)]) == 0
+    assert out.stat().st_size > 0 and capsys.readouterr().out.startswith(f"wrote {out} (")
+    assert main(["analyze", "20261130-000000-tiny-000000", "--traces", str(store)]) == 2
+    assert f"not a run in {store} nor a trace file or folder" in capsys.readouterr().err
+
+
+def test_calibrate_asks_to_sweep_into_the_store_it_read(tmp_path, capsys):
+    assert main(["calibrate", "--traces", str(tmp_path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert f"Run `python -m advisor calibrate --sweep --traces {tmp_path}` (about 36 short profiled steps)" in err

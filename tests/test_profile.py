@@ -127,6 +127,9 @@ def test_profiled_run_through_the_child_is_complete(tmp_path):
     assert m["peak_memory_bytes"] < m["host_peak_rss_bytes"] <= PROCESS_HOST_BYTES
     assert m["nvml"]["nvml_available"] is False and "CPU" in m["nvml"]["nvml_reason"]
     assert run.record["environment"]["torch"] == torch.__version__
+    # The commands filed to repeat the run (plain and under nsys) file into the same store.
+    assert run.record["command"].endswith(f" --traces {tmp_path}")
+    assert run.record["nsys_command"].endswith(f" --traces {tmp_path}")
     from advisor.spec.presets import CPU_MATRIX_FLAGS, cpu_flags
 
     assert run.record["environment"]["cpu_matrix_flags"] == sorted(CPU_MATRIX_FLAGS & cpu_flags())

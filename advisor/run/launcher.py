@@ -33,7 +33,15 @@ from advisor.run.unified_memory import NSYS_UM_FLAGS, um_refusal
 from advisor.spec.options import RunOptions
 from advisor.spec.presets import local_hardware
 from advisor.spec.specs import Setup, setup_from_dict, spec_to_dict
-from advisor.store.runstore import RunFiles, RunInfo, RunStore, add_owner, new_run_id, write_json_atomic
+from advisor.store.runstore import (
+    RunFiles,
+    RunInfo,
+    RunStore,
+    add_owner,
+    default_root,
+    new_run_id,
+    write_json_atomic,
+)
 
 CHILD_COMMAND = "_child"
 """The CLI command the profiling child runs (``python -m advisor _child --run-dir DIR``); not in the help."""
@@ -392,7 +400,7 @@ def _profile(
     run_id = new_run_id(setup.model.name)
     run_dir = store.staging_dir(run_id)
     cmd = _child_command(run_dir, options)
-    record = _new_record(run_id, setup, options)
+    record = _new_record(run_id, setup, options, store)
     files = RunFiles(run_dir)
     write_json_atomic(files.request, {"run_id": run_id, "setup": record["setup"], "options": record["options"]})
     write_json_atomic(files.record, record)
@@ -414,8 +422,10 @@ def _profile(
     return store.load(run_id)
 
 
-def _new_record(run_id: str, setup: Setup, options: RunOptions) -> dict[str, Any]:
-    user_cmd = shlex.join(["python", "-m", "advisor", "profile", *profile_cli_args(setup, options)])
+def _new_record(run_id: str, setup: Setup, options: RunOptions, store: RunStore) -> dict[str, Any]:
+    # The command files its run where this one went: a store other than the default is named.
+    where = [] if store.root.absolute() == default_root() else ["--traces", str(store.root)]
+    user_cmd = shlex.join(["python", "-m", "advisor", "profile", *profile_cli_args(setup, options), *where])
     return {
         "run_id": run_id,
         "status": "running",
@@ -446,7 +456,7 @@ def _file_refused(setup: Setup, options: RunOptions, store: RunStore, reason: st
     run_id = new_run_id(setup.model.name)
     run_dir = store.staging_dir(run_id)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    record = _new_record(run_id, setup, options) | {
+    record = _new_record(run_id, setup, options, store) | {
         "status": "refused",
         "message": reason,
         # The device it was refused on: the setup may name a GPU preset (fp8 asked of a CPU).
