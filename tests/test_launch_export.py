@@ -452,3 +452,20 @@ def test_cli_export_writes_the_file_and_prints_the_notes(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["export", "--to", "slurm"])
     assert "invalid choice: 'slurm'" in capsys.readouterr().err
+
+
+def test_torchtitan_refuses_a_block_its_models_cannot_build():
+    # GPT-2's LayerNorm with bias, GELU and learned positions: a llama3 flavor sets sizes only.
+    with pytest.raises(SpecError, match="has LayerNorm with bias, a GELU MLP, learned positions; torchtitan's"):
+        export_setup(make_setup(model="gpt2-124m", gpu="h100", gpus=8), "torchtitan")
+    # Mistral-7B has Llama 3 8B's sizes but its own RoPE base: the flavor is named, with the caveat.
+    out = export_setup(make_setup(model="mistral-7b", gpu="h100", gpus=8), "torchtitan")
+    assert parse_toml(out.text)["model.flavor"] == "8B"
+    assert any("needs a flavor of its own" in n for n in out.notes)
+
+
+def test_megatron_rope_note_names_no_one_models_values():
+    # It once told every model to add Llama 3.1's rotary base 500000 and its RoPE scaling.
+    out = export_setup(make_setup(model="llama-2-7b", gpu="h100", gpus=8), "megatron")
+    (rope,) = [n for n in out.notes if "RoPE base" in n]
+    assert "--rotary-base from its config's rope_theta" in rope and "Llama 3.1: rotary base 500000" not in rope

@@ -65,6 +65,11 @@ def test_small_model_on_one_node_is_pure_data_parallel():
     assert layout_label(replace(sp, parallel=replace(sp.parallel, sequence_parallel=False))).startswith(
         "DP2 TP4 PP4x2v"
     )
+    # A recipe's partial recompute beside activation offload keeps both in the name (export's header).
+    both = replace(sp, train=replace(sp.train, recompute="full", recompute_layers=5, offload_activations=5))
+    assert "recompute full (5 blocks/stage), offload 5 blocks, bf16" in layout_label(both)
+    alone = replace(sp, train=replace(sp.train, recompute="none", offload_activations=4))
+    assert layout_label(alone).endswith(", offload 4 blocks, bf16")
     second = res.top[1].estimate
     assert second.tokens_per_s < res.top[0].estimate.tokens_per_s
     assert "tokens/s" in res.top[1].reason and "(vs " in res.top[1].reason

@@ -656,14 +656,18 @@ def technique_of(train: TrainSpec) -> str:
 
 
 def technique_label(train: TrainSpec) -> str:
-    """How a table says it: ``recompute none``, ``recompute full (16 blocks/stage)``, ``offload 40 blocks``."""
-    if train.offload_activations:
-        n = train.offload_activations
-        return f"offload {n} block{'s' if n > 1 else ''}"
+    """How a table says it: ``recompute none``, ``recompute full (16 blocks/stage)``, ``offload 40 blocks``,
+    ``recompute full (5 blocks/stage), offload 5 blocks`` (both, as a recipe may set them)."""
     if train.recompute_layers:
         n = train.recompute_layers
-        return f"recompute full ({n} block{'s' if n > 1 else ''}/stage)"
-    return f"recompute {train.recompute}"
+        recompute = f"recompute full ({n} block{'s' if n > 1 else ''}/stage)"
+    else:
+        recompute = f"recompute {train.recompute}"
+    if not train.offload_activations:
+        return recompute
+    n = train.offload_activations
+    offload = f"offload {n} block{'s' if n > 1 else ''}"
+    return offload if train.recompute == "none" else f"{recompute}, {offload}"
 
 
 _TECHNIQUE_RANK = {"none": 0, "offload": 1, "selective": 2, "selective-op": 3, "full": 4}

@@ -205,8 +205,8 @@ def _megatron_settings(setup: Setup, notes: list[str], framework: str) -> dict[s
             )
     if m.position == "rope":
         notes.append(
-            "the RoPE base (theta) and the RoPE scaling the model was trained with are not in the setup: add the "
-            "model's (Llama 3.1: rotary base 500000, --use-rope-scaling)"
+            "the RoPE base (theta) and any RoPE scaling the model was trained with are not in the setup: add the "
+            "model's own (--rotary-base from its config's rope_theta; --use-rope-scaling for Llama 3.1's)"
         )
     s["normalization"] = "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"
     if m.norm == "layernorm" and not m.norm_bias:
@@ -412,7 +412,29 @@ def _write_nemo(setup: Setup, notes: list[str]) -> str:
 
 def _titan_flavor(setup: Setup, notes: list[str]) -> tuple[str, str]:
     m = setup.model
-    shape_ok = m.mlp == "swiglu" and m.norm == "rmsnorm" and m.position == "rope" and not m.tied_embeddings
+    other = [
+        what
+        for what, differs in (
+            ("LayerNorm" + (" with bias" if m.norm_bias else ""), m.norm != "rmsnorm"),
+            ("a GELU MLP", m.mlp != "swiglu"),
+            ("learned positions", m.position != "rope"),
+        )
+        if differs
+    ]
+    if other:
+        # A flavor sets sizes, not the block: torchtitan's llama3 and llama4 blocks are RMSNorm, SwiGLU, RoPE.
+        raise SpecError(
+            "model",
+            m.name,
+            f"has {', '.join(other)}; torchtitan's llama3 and llama4 models are RMSNorm, SwiGLU and RoPE blocks, "
+            "and a flavor changes only their sizes: no torchtitan model trains it (export --to megatron, "
+            "deepspeed or accelerate instead)",
+        )
+    notes.append(
+        "a flavor fixes the RoPE base and scaling to its family's (Llama 3's: base 500,000): a model trained "
+        "with another base (its config's rope_theta) needs a flavor of its own"
+    )
+    shape_ok = not m.tied_embeddings
     for (name, flavor), want in _TITAN_FLAVORS.items():
         fields = {k: getattr(m, k) for k in want}
         moe_ok = not m.is_moe or _TITAN_MOE_STEP.get(flavor) == m.moe_layer_step
