@@ -447,6 +447,10 @@ def test_points_are_capped_keeping_the_top(monkeypatch):
     assert res.fitting > 1000 and len(res.points) == 1000
     _check_points(res)
     assert MAX_POINTS == 3000
+    # The explanation says where the expert weights' optimizer states shard: over dp x cp / ep ranks, not
+    # dp x cp (a user review checked 8.2 GiB by hand on 64 GPUs: 0.80 B x 12 B / 32 + 2.82 B x 12 B / 4).
+    assert res.top[0].setup.parallel.ep == 8 and res.top[0].setup.parallel.zero == 1  # DP128 PP2x4v EP8
+    assert "over dp x cp = 128 ranks (the experts' over dp x cp / ep = 16)" in " ".join(res.top[0].details)
 
 
 def test_plan_scatter_figure_marks_the_top_and_the_capacity():

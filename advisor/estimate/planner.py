@@ -1099,9 +1099,11 @@ def _why(best: Estimate) -> list[str]:
         else f"optimizer {_gib(mem.optimizer_bytes)}, gradients {_gib(mem.grads_bytes)}, "
         f"weights {_gib(mem.weights_bytes)} per GPU"
     )
-    out.append(
-        f"{zero_text} over dp x cp = {p.dp * p.cp} ranks: {placed}" + (f" ({'; '.join(others)})." if others else ".")
-    )
+    over = f"over dp x cp = {p.dp * p.cp} ranks"
+    if best.setup.model.is_moe and p.ep > 1 and p.zero:
+        # Expert weights are replicated over dp x cp / ep ranks only: their states shard over those.
+        over += f" (the experts' over dp x cp / ep = {p.dp * p.cp // p.ep})"
+    out.append(f"{zero_text} {over}: {placed}" + (f" ({'; '.join(others)})." if others else "."))
 
     if t.offload_activations:
         need = _outcome(_variant(best, offload_activations=0), best, "keeping them on the GPU")
