@@ -89,7 +89,7 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
         "--precision",
         choices=PRECISIONS,
         default=d["precision"],
-        help="default: %(default)s; for profile, this device's fastest (fp32 on a CPU without AVX512-BF16 or AMX)",
+        help="default: %(default)s",
     )
     s.add_argument(
         "--fp8-recipe",
@@ -129,7 +129,8 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=d["offload_activations"],
         metavar="N",
-        help="saved activations of N blocks per pipeline stage go to host memory and back (GPU only)",
+        help="saved activations of N blocks per pipeline stage go to host memory and back (on a CPU device "
+        "the copies run but save nothing)",
     )
     s.add_argument("--compile", action="store_true", help="torch.compile on the eager step (framework pytorch)")
     s.add_argument(
@@ -883,6 +884,9 @@ def build_parser() -> argparse.ArgumentParser:
     # (--no-flash sets the opposite of its field: PROFILE_DEFAULTS leaves flash attention to DEFAULTS.)
     prof.set_defaults(**{dest: PROFILE_DEFAULTS[k] for k, dest in flags.items() if k != "flash_attention"})
     prof.set_defaults(default_gpus=PROFILE_DEFAULTS["gpus"], func=None)
+    for action in prof._actions:  # argparse keeps no public way to change one flag's help
+        if action.dest == "precision":
+            action.help = "default: this device's fastest (bf16 on a GPU; fp32 on a CPU without AVX512-BF16 or AMX)"
     pd_ = PROFILE_DEFAULTS
     r = prof.add_argument_group("run")
     r.add_argument("--device", choices=("auto", "cpu", "cuda"), default=pd_["device"])

@@ -413,3 +413,14 @@ def test_calibrate_asks_to_sweep_into_the_store_it_read(tmp_path, capsys):
     assert main(["calibrate", "--traces", str(tmp_path), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert f"Run `python -m advisor calibrate --sweep --traces {tmp_path}` (about 36 short profiled steps)" in err
+
+
+def test_help_says_the_defaults_each_command_takes(capsys):
+    # profile's precision defaults to the device's fastest (it printed "default: None"); size's to bf16.
+    for argv, said in (
+        (["profile", "--help"], "default: this device's fastest"),
+        (["size", "--help"], "default: bf16"),
+    ):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert said in " ".join(capsys.readouterr().out.split())

@@ -485,6 +485,12 @@ def test_host_memory_limit_is_checked():
     )
     # 405B x (16 + 2) bytes over 8 GPUs of one node = 7.3 TB > 2 TB of host memory.
     assert not est.host_fits and not est.fits
+    from advisor.present.report import verdict
+
+    # The verdict gives the node's figure beside the need (2,048 GB = 1,907 GiB).
+    assert verdict(est).startswith(
+        "DOES NOT FIT: offloaded state needs 6804 GiB of host memory per node, more than the node's 1907 GiB; "
+    )
 
 
 def test_verdicts_for_well_known_setups():

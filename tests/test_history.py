@@ -257,3 +257,10 @@ def test_cli_compare_and_runs_filters(store, capsys):
     ]
     assert main(["runs", "--traces", root, "--model", "nope"]) == 0
     assert "no runs match these filters" in capsys.readouterr().out
+
+
+def test_one_differing_field_is_singular():
+    from advisor.store.history import _summary
+
+    a = {"step_time_ms": 10.0}
+    assert _summary(a, a, ["train.seq_len"]).endswith("; 1 field differs: train.seq_len.")

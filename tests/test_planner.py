@@ -141,7 +141,7 @@ def test_405b_on_1024_h100s_returns_sorted_fitting_layouts_with_reasons():
 
     md = res.explain()
     assert md.startswith("## Layout plan: llama-3.1-405b on 1024 x H100 SXM 80GB")
-    assert f"Searched {res.considered:,} combinations" in md and "### Alternatives" in md
+    assert f"Considered {res.considered:,} combinations" in md and "### Alternatives" in md
     assert md.count("\n| ") == 10  # header + 9 alternatives
 
 

@@ -349,7 +349,7 @@ class PlanResult:
             f"## Layout plan: {r.model.name} on {r.gpus} x {r.hardware.name}, "
             f"sequence {r.seq_len:,}, global batch {r.global_batch:,}",
             "",
-            f"Searched {self.considered:,} combinations in {self.elapsed_s:.2f} s: {self.invalid:,} invalid, "
+            f"Considered {self.considered:,} combinations in {self.elapsed_s:.2f} s: {self.invalid:,} invalid, "
             f"{self.no_fit:,} do not fit, {self.bounded:,} ruled out by a speed bound, "
             + (f"{self.unsearched:,} not searched (time budget), " if self.unsearched else "")
             + f"{self.fitting:,} fit; {self.dominated:,} of these not listed because another setting of the same "
@@ -487,7 +487,7 @@ def format_plan(result: PlanResult) -> str:
     r = result.request
     lines = [
         f"{r.model.name} on {r.gpus} x {r.hardware.name}, sequence {r.seq_len:,}, global batch {r.global_batch:,}",
-        f"searched {result.considered:,} combinations in {result.elapsed_s:.2f} s: {result.invalid:,} invalid, "
+        f"considered {result.considered:,} combinations in {result.elapsed_s:.2f} s: {result.invalid:,} invalid, "
         f"{result.no_fit:,} do not fit, {result.dominated:,} dominated, {result.bounded:,} bounded"
         + (f", {result.unsearched:,} not searched (time budget)" if result.unsearched else "")
         + f"; {result.estimated:,} estimated",

@@ -59,7 +59,11 @@ def verdict(est: Estimate) -> str:
     line = f"{used:.1f} GiB of {cap:.1f} GiB per GPU ({100 * est.memory_frac:.0f} %{', ' + band if band else ''})"
     if not est.host_fits:
         host = est.host_bytes_per_node / GiB
-        return f"DOES NOT FIT: offloaded state needs {host:.0f} GiB of host memory per node, more than the node has; {line}"
+        has = est.setup.hardware.host_memory_bytes / GiB
+        return (
+            f"DOES NOT FIT: offloaded state needs {host:.0f} GiB of host memory per node, more than the node's "
+            f"{has:.0f} GiB; {line}"
+        )
     if est.tight:
         return (
             f"TIGHT: {line}; above {100 * TIGHT_FRAC:.0f} %, where allocation spikes, fragmentation and the memory "

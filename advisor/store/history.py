@@ -288,7 +288,7 @@ def _summary(a: dict[str, Any], b: dict[str, Any], differing: list[str]) -> str:
         parts.append("same setup and options")
     else:
         shown = ", ".join(differing[:4]) + (f" and {len(differing) - 4} more" if len(differing) > 4 else "")
-        parts.append(f"{len(differing)} field{'s' if len(differing) != 1 else ''} differ: {shown}")
+        parts.append(f"{len(differing)} field{'s differ' if len(differing) != 1 else ' differs'}: {shown}")
     return "; ".join(parts) + "."
 
 
