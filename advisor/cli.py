@@ -465,6 +465,12 @@ def _cmd_ceilings(args: argparse.Namespace) -> int:
         print(json.dumps({**c.to_dict(), "path": str(path) if path else None}, indent=2))
         return 0
     print(f"{c.device_name} ({c.measured_utc}): {c.method}")
+    if not args.show:
+        from advisor.run.ceilings import slow_matmul_reason
+
+        for d in dtypes:
+            if why := slow_matmul_reason(torch.device(device), d):
+                print(f"  not measured: {why}")
     for p, rate in c.matmul_flops_per_s.items():
         peak = hw.peak_flops(p)
         ratio = f" = {100 * rate / peak:.0f} % of the datasheet's {peak / 1e12:.3g} TFLOP/s" if peak else ""

@@ -424,3 +424,17 @@ def test_help_says_the_defaults_each_command_takes(capsys):
         with pytest.raises(SystemExit):
             main(argv)
         assert said in " ".join(capsys.readouterr().out.split())
+
+
+def test_ceilings_say_which_precisions_they_skip_and_why(tmp_path, capsys, monkeypatch):
+    import advisor.spec.presets as presets
+
+    monkeypatch.setattr(presets, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})  # no fp16 unit
+    argv = ["ceilings", "--device", "cpu", "--matmul-n", "128", "--copy-mib", "4", "--repeats", "1"]
+    assert main([*argv, "--traces", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "  not measured: fp16: this CPU has neither AVX512_FP16 nor AMX_FP16, and PyTorch's fallback" in out
+    assert "matmul fp32:" in out and "matmul bf16:" in out and "matmul fp16:" not in out
+    # Asking only for what cannot be measured says why, instead of an empty-table error.
+    assert main([*argv, "--dtypes", "fp16", "--traces", str(tmp_path)]) == 2
+    assert "error: no precision asked for has a fast matmul to measure here: fp16: this CPU" in capsys.readouterr().err

@@ -85,8 +85,11 @@ def measure_ceilings(
     copy_mib = copy_mib or (1024 if dev.type == "cuda" else 256)
     torch_dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     mm: dict[str, float] = {}
+    slow = {d: why for d in dtypes if (why := slow_matmul_reason(dev, d))}
+    if dtypes and len(slow) == len(set(dtypes)):
+        raise AdvisorError(f"no precision asked for has a fast matmul to measure here: {'; '.join(slow.values())}")
     for d in dtypes:
-        if not _fast_matmul(dev, d):
+        if d in slow:
             continue
         a = torch.randn(n, n, device=dev, dtype=torch_dtypes[d])
         b = torch.randn(n, n, device=dev, dtype=torch_dtypes[d])
@@ -122,20 +125,26 @@ def measure_ceilings(
     )
 
 
-def _fast_matmul(dev, precision: str) -> bool:
-    """Whether ``precision`` has a fast GEMM here; the slow fallbacks are not ceilings."""
+def slow_matmul_reason(dev, precision: str) -> str:
+    """Why ``precision`` has no fast GEMM on ``dev`` ('' where it has one): the slow fallbacks are not
+    ceilings, so they are not measured."""
     import torch
 
     if precision == "fp32":
-        return True
+        return ""
     if dev.type == "cuda":
-        return torch.cuda.get_device_capability(dev)[0] >= (8 if precision == "bf16" else 7)
+        need = 8 if precision == "bf16" else 7
+        major = torch.cuda.get_device_capability(dev)[0]
+        return "" if major >= need else f"{precision}: compute capability {major}.x has no {precision} tensor cores"
     from advisor.spec.presets import cpu_flags
 
-    flags = cpu_flags()
-    if precision == "bf16":
-        return bool({"avx512_bf16", "amx_bf16"} & flags)
-    return bool({"avx512_fp16", "amx_fp16"} & flags)
+    units = ("avx512_bf16", "amx_bf16") if precision == "bf16" else ("avx512_fp16", "amx_fp16")
+    if set(units) & cpu_flags():
+        return ""
+    return (
+        f"{precision}: this CPU has neither {' nor '.join(u.upper() for u in units)}, and PyTorch's fallback "
+        "GEMM is not a ceiling"
+    )
 
 
 # --- kernel rates by shape: what the estimator's rate model assumes (advisor.estimate.efficiency) -------------
