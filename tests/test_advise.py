@@ -80,6 +80,13 @@ def test_nsys_exports_flag_pageable_copies_that_cost_time():
     clover = advise_trace(TRACES / "nsys" / "pipit_cloverleaf_cuda.sqlite")
     assert clover.context["pageable_copy_pct"] == pytest.approx(3.09, abs=0.01)
     assert {"input-pageable-copies", "launch-tiny-kernels"} <= set(fired(clover))
+    messages = {r.rule.id: r.message for r in clover.recommendations}
+    assert messages["input-pageable-copies"].startswith("279 copies moved 225,116,952 bytes from pageable host")
+    assert messages["launch-tiny-kernels"].startswith("74% of kernels are shorter than 10 us")
+    # A trace with no step marks: the share cannot become a step time, and the advice says why.
+    chains = next(r for r in before.recommendations if r.rule.id == "kern-fuse-chains")
+    assert chains.gain is None
+    assert "- **Gain:** not predicted: the trace marks no training steps" in advice_markdown(before)
 
 
 def test_a_trace_without_a_spec_lists_spec_rules_as_not_applicable():

@@ -463,6 +463,11 @@ def advice_markdown(advice: Advice) -> str:
                 lines.append(f"- **Re-run on this machine:** {r.evidence.sentence()}")
         elif r.action_note:
             lines.append(f"- **Gain:** not computed ({r.action_note})")
+        elif advice.setup is None and advice.context.get("step_time_ms") is None:
+            lines.append(
+                "- **Gain:** not predicted: the trace marks no training steps (ProfilerStep or NVTX step ranges), "
+                "so the share above is of the GPU span, with no step time to take it from"
+            )
         else:
             lines.append("- **Gain:** not predicted for this input")
         lines.append(f"- **Why:** {r.rule.why}")
