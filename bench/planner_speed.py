@@ -28,13 +28,14 @@ from advisor.estimate.planner import (
     _micro_batches,
     _offloads,
     _rank_key,
+    _techniques,
     layout_label,
     layout_parallel,
     layout_train,
     plan,
 )
 from advisor.spec.presets import get_hardware, get_model
-from advisor.spec.specs import RECOMPUTE_MODES, Setup
+from advisor.spec.specs import Setup
 
 TARGET_S = 1.0
 CASES = [
@@ -52,15 +53,21 @@ def exhaustive(req: PlanRequest) -> tuple[int, float, object]:
     """Build and estimate every valid combination of the planner's grid: (count, seconds, best)."""
     n, best, t0 = 0, None, time.perf_counter()
     for lay in _layouts(req):
-        for b in _micro_batches(req, lay):
+        lay.micro_batches = _micro_batches(req, lay)  # as plan() sets them, for the stages' techniques
+        if not lay.micro_batches:
+            continue
+        techniques = _techniques(req, lay)
+        for b in lay.micro_batches:
             for zero in range(4):
                 for offload in _offloads(req, zero):
                     par = layout_parallel(lay, zero, offload)
-                    for recompute in RECOMPUTE_MODES:
-                        train = layout_train(req, lay, recompute, b)
+                    for technique in techniques:  # recompute modes, partial recompute, offload
+                        train = layout_train(req, lay, technique, b)
                         est = estimate(Setup(req.model, train, par, req.hardware))
                         n += 1
-                        if est.fits and (best is None or _rank_key(est) < _rank_key(best)):
+                        # The planner's listing rule: fits, within max_memory_frac of the GPU (90 %).
+                        listed = est.fits and est.memory_frac <= req.max_memory_frac
+                        if listed and (best is None or _rank_key(est) < _rank_key(best)):
                             best = est
     return n, time.perf_counter() - t0, best
 
