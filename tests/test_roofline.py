@@ -714,3 +714,23 @@ def test_unfused_attentions_score_chain_is_left_out_of_compiles_reach_on_a_cpu(t
     gpu = table.copy()
     gpu.attrs = {**table.attrs, "device": "gpu"}
     assert not cpu_score_chain(gpu).any() and math.isnan(step_roofline_summary(gpu)["score_chain_frac"])
+
+
+def test_a_stored_cpu_run_is_judged_by_the_matrix_units_it_recorded(tmp_path, monkeypatch):
+    # A CPU host is named by its core count; its bf16 roof is 3.5x fp32 with AVX512-BF16, 1/30 without.
+    # A run records its CPU's matrix units (environment.json), and its roofline takes those, not the
+    # analysing machine's: here an AMX machine (16x) analyses runs of an AVX2 and an AVX512-BF16 CPU.
+    import shutil
+
+    from advisor.spec import presets
+
+    monkeypatch.setattr(presets, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+    monkeypatch.setattr(presets, "cpu_cores", lambda: 2)  # the samples' host: "CPU host (2 cores)"
+    fp32 = 2 * 96e9
+    for flags, bf16 in ((["avx2"], fp32 / 30), (["avx2", "avx512_bf16", "avx512f"], 3.5 * fp32), (None, 16 * fp32)):
+        run = tmp_path / f"run-{len(flags or [])}"
+        shutil.copytree(RUN.parent / "20261130-165253-tiny-617152", run)
+        if flags is not None:
+            (run / "environment.json").write_text(json.dumps({"cpu_matrix_flags": flags}))
+        roofs = analyze_path(run).tables["roofline"].attrs["roofs"]
+        assert roofs["peak_flops_per_s"]["bf16"] == pytest.approx(bf16)  # None: no record, this machine's

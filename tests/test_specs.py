@@ -441,3 +441,11 @@ def test_rope_scaling_extends_the_context_it_names():
     assert scaled.model.max_seq_len == 16384 and scaled.model.n_params == plain.model.n_params
     assert make_setup(model="llama-2-7b", rope_scaling=4).train.seq_len == 4096  # the default seq
     assert make_setup(model="tiny").train.seq_len == 2048  # the default 4096 fitted to its context
+
+
+def test_recorded_cpu_flags_are_read_defensively():
+    from advisor.spec.presets import recorded_cpu_flags
+
+    assert recorded_cpu_flags({"environment": {"cpu_matrix_flags": ["avx2", 3, "amx_bf16"]}}) == ["avx2", "amx_bf16"]
+    for record in ({}, {"environment": None}, {"environment": {"cpu_matrix_flags": "avx2"}}, []):
+        assert recorded_cpu_flags(record) is None

@@ -16,7 +16,7 @@ from advisor.advice.gains import GAINS, Gain, GainInput, improvement_pct
 from advisor.errors import AdvisorError, SpecError
 from advisor.estimate.estimator import estimate
 from advisor.spec.metrics import StepMetrics
-from advisor.spec.presets import current_hardware
+from advisor.spec.presets import current_hardware, recorded_cpu_flags
 from advisor.spec.specs import Setup, setup_from_dict, spec_to_dict
 
 log = logging.getLogger("advisor.advice.advise")
@@ -310,7 +310,7 @@ def advise_run(run_id: str, store: Any = None, *, calibration: Any = None) -> Ad
     setup = setup_from_dict(record["setup"]) if "setup" in record else None
     if setup is not None:
         # Today's peaks for the device the run recorded (the calibration is fitted against them too).
-        setup = replace(setup, hardware=current_hardware(setup.hardware))
+        setup = replace(setup, hardware=current_hardware(setup.hardware, recorded_cpu_flags(record)))
     if calibration is None and setup is not None:
         calibration = _calibration_for(store, setup)
     options = record.get("options") or {}

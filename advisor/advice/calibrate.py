@@ -32,7 +32,7 @@ import pandas as pd
 from advisor.errors import AdvisorError
 from advisor.estimate.estimator import Estimate, estimate
 from advisor.spec.options import RunOptions
-from advisor.spec.presets import current_hardware, device_key_for, gpt2_style, tiny, tiny_moe
+from advisor.spec.presets import current_hardware, device_key_for, gpt2_style, recorded_cpu_flags, tiny, tiny_moe
 from advisor.spec.specs import HardwareSpec, ModelSpec, Setup, setup_from_dict, spec_to_dict
 from advisor.store.runstore import RunInfo, RunStore, write_json_atomic
 
@@ -235,7 +235,7 @@ def _row_of_run(run: RunInfo) -> dict[str, Any] | None:
     except AdvisorError:
         return None
     # Estimated with today's peaks for this device, as predict() will be (not those the run recorded).
-    setup = replace(setup, hardware=current_hardware(setup.hardware))
+    setup = replace(setup, hardware=current_hardware(setup.hardware, recorded_cpu_flags(run.record)))
     row = record_of(setup, step_ms, peak, options, run.run_id)
     row["setup_json"] = json.dumps(spec_to_dict(setup), sort_keys=True)
     return row

@@ -1072,7 +1072,7 @@ def trace_roofline(
     run = events.attrs.get("run") or {}
     gpu = bool(kind_mask(events, *GPU_KINDS).any())
     work = trace_work(events)
-    hardware, note = _device(events, work, gpu, hardware, run.get("hardware"))
+    hardware, note = _device(events, work, gpu, hardware, run.get("hardware"), run.get("cpu_matrix_flags"))
     if callable(ceilings):
         ceilings = ceilings(hardware)
     if ceilings is not None:
@@ -1093,7 +1093,12 @@ def trace_roofline(
 
 
 def _device(
-    events: pd.DataFrame, work: TraceWork, gpu: bool, hardware: HardwareSpec | None, run_hardware: dict | None
+    events: pd.DataFrame,
+    work: TraceWork,
+    gpu: bool,
+    hardware: HardwareSpec | None,
+    run_hardware: dict | None,
+    cpu_matrix_flags: list[str] | None = None,
 ) -> tuple[HardwareSpec, str]:
     """The device whose roofs judge the trace, and how it was found, in words."""
     from advisor.spec.presets import cpu_host, current_hardware, h100_sxm, hardware_for_trace
@@ -1102,7 +1107,7 @@ def _device(
         return hardware, hardware.name
     if run_hardware is not None:
         try:
-            found = current_hardware(HardwareSpec(**run_hardware))
+            found = current_hardware(HardwareSpec(**run_hardware), cpu_matrix_flags)
             return found, f"{found.name}: the device the run used"
         except (AdvisorError, TypeError, ValueError):
             pass

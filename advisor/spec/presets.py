@@ -674,7 +674,7 @@ def cpu_cores() -> int:
     return os.cpu_count() or 1
 
 
-def cpu_host() -> HardwareSpec:
+def cpu_host(flags: Iterable[str] | None = None) -> HardwareSpec:
     """This machine's CPU as the training device (the profiled step's fallback without a GPU).
 
     Memory is read from the OS. FLOP/s assume AVX2 with two FMA units: 2 x 8 fp32 lanes x 2 FLOP per
@@ -693,6 +693,9 @@ def cpu_host() -> HardwareSpec:
     all-reduce of 4-64 MiB measured 1.2-1.5 GB/s bus bandwidth here, taken as 1.6 GB/s of link (the
     estimator applies its 0.8 collective efficiency). These are rough: the calibration (``python -m
     advisor calibrate``) learns this machine's real rates.
+
+    ``flags``: the CPU features to assume instead of this machine's (a stored run's recorded
+    ``cpu_matrix_flags``, so a run is judged by the matrix units of the machine that ran it).
     """
     cores = cpu_cores()
     try:
@@ -700,7 +703,7 @@ def cpu_host() -> HardwareSpec:
     except (ValueError, OSError, AttributeError):
         memory = 16 * GiB
     peak = 96e9 * cores
-    flags = cpu_flags()
+    flags = cpu_flags() if flags is None else set(flags)
     bf16 = 16 if "amx_bf16" in flags else 3.5 if "avx512_bf16" in flags else 1 / 30
     fp16 = 16 if "amx_fp16" in flags else 1 if "avx512_fp16" in flags else 1 / 50
     return HardwareSpec(
@@ -873,12 +876,21 @@ def fastest_precision(hw: HardwareSpec) -> str:
     return max(("fp32", "fp16", "bf16"), key=lambda p: (hw.peak_flops(p), p == "bf16", p == "fp32"))
 
 
-def current_hardware(hw: HardwareSpec) -> HardwareSpec:
-    """The spec this version of the advisor gives the device a stored run recorded as ``hw``: this
-    machine's CPU, or the preset of the same name (with the memory the run recorded), so that stored
-    runs are estimated with the current peaks. A device it does not know is returned unchanged."""
+def recorded_cpu_flags(record: dict) -> list[str] | None:
+    """The CPU matrix units a run record's environment names (None for a run that predates them)."""
+    env = record.get("environment") if isinstance(record, dict) else None
+    flags = env.get("cpu_matrix_flags") if isinstance(env, dict) else None
+    return [f for f in flags if isinstance(f, str)] if isinstance(flags, list) else None
+
+
+def current_hardware(hw: HardwareSpec, cpu_matrix_flags: Iterable[str] | None = None) -> HardwareSpec:
+    """The spec this version of the advisor gives the device a stored run recorded as ``hw``: a CPU
+    host of the same name with the matrix units the run recorded (``cpu_matrix_flags``, from its
+    environment.json; this machine's where it recorded none), or the preset of the same name (with the
+    memory the run recorded), so that stored runs are estimated with the current peaks. A device it
+    does not know is returned unchanged."""
     if hw.kind == "cpu":
-        cpu = cpu_host()
+        cpu = cpu_host(cpu_matrix_flags)
         return cpu if hw.name == cpu.name else hw
     for make in HARDWARE.values():
         preset = make()

@@ -176,7 +176,9 @@ def run_context(run_dir: Path) -> dict[str, Any]:
     HardwareSpec fields of the device it ran on (request.json's setup; None where unreadable), and
     ``optimizer_params``, the parameter elements its optimizer updated on rank 0 (metrics.json's
     parameter bytes over 4, fp32 master weights, else its parameter count; 0 where unreadable: fused
-    optimizer steps stay unmodelled). A damaged file gives the fallback, never an error."""
+    optimizer steps stay unmodelled), and ``cpu_matrix_flags``, the CPU matrix units the run recorded
+    (environment.json; None for a run that predates them). A damaged file gives the fallback, never an
+    error."""
     d = Path(run_dir)
     files = RunFiles(d)
     setup = (_json_object(files.request) or {}).get("setup")
@@ -187,7 +189,10 @@ def run_context(run_dir: Path) -> dict[str, Any]:
         params = int(m["params_bytes"]) // 4 if m.get("params_bytes") else int(m.get("n_params") or 0)
     except (ValueError, TypeError):  # a damaged count (text, a list)
         params = 0
-    return {"hardware": hardware, "optimizer_params": params, "store_root": str(d.parent)}
+    env = _json_object(files.environment) or {}
+    flags = env.get("cpu_matrix_flags")
+    flags = [f for f in flags if isinstance(f, str)] if isinstance(flags, list) else None
+    return {"hardware": hardware, "optimizer_params": params, "store_root": str(d.parent), "cpu_matrix_flags": flags}
 
 
 def default_root() -> Path:
