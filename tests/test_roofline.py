@@ -734,3 +734,21 @@ def test_a_stored_cpu_run_is_judged_by_the_matrix_units_it_recorded(tmp_path, mo
             (run / "environment.json").write_text(json.dumps({"cpu_matrix_flags": flags}))
         roofs = analyze_path(run).tables["roofline"].attrs["roofs"]
         assert roofs["peak_flops_per_s"]["bf16"] == pytest.approx(bf16)  # None: no record, this machine's
+
+
+@needs_shared_traces
+def test_kernels_that_would_beat_the_peak_lose_their_shapes():
+    # HTA's trace_filter sample keeps some kernels of each op: an aten::linear's 1.6 TFLOP given to its
+    # 0.3 ms of kernels read 5.4 PFLOP/s on an A100 (a user review saw points 145x above the roof).
+    # Such kernels are judged by their class, and the roofs' note says how many and how far.
+    rl = trace_roofline(load_trace(SHARED_TRACES / "kineto" / "trace_filter" / "sampled_rank-0.json.gz"))
+    bad = rl.table.attrs["implausible"]
+    assert bad["kernels"] == 25 and bad["max_ratio"] == pytest.approx(145, abs=1)
+    assert "25 kernels (1.8 ms) would run up to 145x above the roofs" in rl.roofs_note
+    t = rl.table
+    shaped = t[t["basis"] == "shapes"]
+    peak = t.attrs["roofs"]["peak_flops_per_s"]
+    assert (shaped["achieved_flops_per_s"] <= 1.5 * shaped["precision"].map(peak)).all()
+    # A full trace keeps every kernel: nothing is dropped there.
+    full = trace_roofline(load_trace(SHARED_TRACES / "kineto" / "nccl_parser_config" / "nccl_data.json.gz"))
+    assert full.table.attrs["implausible"]["kernels"] == 0
