@@ -439,6 +439,21 @@ def test_advice_tab_on_a_stored_run_and_bad_input(tmp_path, monkeypatch):
     assert advice_tab.advice_view("Size tab setup", None, None, *_size_values(tp=3))[0].startswith("### Cannot advise")
 
 
+def test_the_report_says_when_the_setup_and_the_run_are_two_jobs(monkeypatch):
+    # The Size tab's Llama-3.1-8B on 8 H200s beside the tiny CPU run advised: a browser review found the
+    # report's title and setup say one job and its run, analysis and advice another, with no word of it.
+    from advisor.store.runstore import RunStore
+    from webui import report as report_tab
+
+    monkeypatch.setattr(common, "store", lambda: RunStore(Path(__file__).resolve().parents[1] / "traces"))
+    run = "20261130-165248-tiny-6bcb2f"
+    *_, advice = advice_tab.advice_view("stored run", run, None, *_size_values())
+    msg, path = report_tab.report_view(advice, "stored run", run, None, "", None, None, None, *_size_values())
+    page = Path(path).read_text()
+    assert f"Training review: llama-3.1-8b on 8 x H200 141GB, and run {run} (tiny on CPU host (2 cores))" in page
+    assert f"the measured run, its analysis and the advice are run {run}'s, another job (tiny on CPU" in page
+
+
 def test_verify_view_without_a_run_or_with_an_unknown_rule(store):
     assert advice_tab.verify_view(None, None)[0].startswith("Verification re-runs a stored run")
     msg, table, categories, changes = advice_tab.verify_view("20261130-165248-tiny-6bcb2f", "no-such-rule")

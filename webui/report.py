@@ -60,8 +60,27 @@ def report_view(advice, source, run_id, upload, verify_msg, verify_table, diff_c
     setup = setup_from_size_inputs(*size_inputs)
     run, analysis = measured(source, run_id, upload) if advice is not None else (None, None)
     verification = verification_part(verify_msg, verify_table, diff_categories, diff_changes)
-    sections = review_sections(estimate(setup), setup_plan(setup), run, analysis, advice, verification)
-    page = html_report(f"Training review: {setup.model.name} on {setup.gpus} x {setup.hardware.name}", sections)
+    title = f"Training review: {setup.model.name} on {setup.gpus} x {setup.hardware.name}"
+    note = ""
+    if run is not None and isinstance(run.record.get("setup"), dict):
+        ran = run.record["setup"]
+        model, device = (ran.get("model") or {}).get("name", "?"), (ran.get("hardware") or {}).get("name", "?")
+        if (model, device) != (setup.model.name, setup.hardware.name):
+            # The report reviews the Size tab's setup and the run the advice is on: say they are two jobs.
+            title += f", and run {run.run_id} ({model} on {device})"
+            note = (
+                f"The setup and plan below are the Size tab's ({setup.model.name} on {setup.gpus} x "
+                f"{setup.hardware.name}); the measured run, its analysis and the advice are run {run.run_id}'s, "
+                f"another job ({model} on {device})."
+            )
+    elif analysis is not None:
+        title += f", and trace {analysis.metrics.run_id}"
+        note = (
+            f"The setup and plan below are the Size tab's; the analysis and the advice are the uploaded trace's "
+            f"({analysis.metrics.run_id}), which records no setup."
+        )
+    sections = review_sections(estimate(setup), setup_plan(setup), run, analysis, advice, verification, setup_note=note)
+    page = html_report(title, sections)
     path = os.path.join(tempfile.mkdtemp(prefix="report-", dir=common.download_root()), REPORT_NAME)
     with open(path, "w", encoding="utf-8") as f:
         f.write(page)

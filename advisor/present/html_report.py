@@ -122,16 +122,17 @@ def review_sections(
     analysis=None,
     advice=None,
     verification: tuple[str, list[tuple[str, pd.DataFrame]]] | None = None,
+    setup_note: str = "",
 ) -> list[Section]:
     """The report's sections in review order: the setup and its estimate (``advisor.estimate``), the
     planner's layouts for the same job (a PlanResult), the measured run (a ``RunInfo`` of the store),
     the trace's analysis (a TraceReport), the advice (an Advice) and its verification (the re-run's
     message and tables as the Advice tab shows them), then the glossary. A part that is None says why
-    it is absent."""
+    it is absent. ``setup_note`` heads the setup's section (where the measured part is another job)."""
     sections = [
         Section(
             "Setup and estimate",
-            size_summary(estimate),
+            (f"**{setup_note}**\n\n" if setup_note else "") + size_summary(estimate),
             (("Memory per GPU", memory_table(estimate)), ("Step time", time_table(estimate))),
             (memory_figure(estimate), time_figure(estimate)),
             colour=verdict_colour(estimate),
