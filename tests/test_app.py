@@ -450,6 +450,7 @@ def test_the_report_says_when_the_setup_and_the_run_are_two_jobs(monkeypatch):
     *_, advice = advice_tab.advice_view("stored run", run, None, *_size_values())
     msg, path = report_tab.report_view(advice, "stored run", run, None, "", None, None, None, *_size_values())
     page = Path(path).read_text()
+    assert msg.startswith("Report of ") and "Setup and estimate, Plan, Measured run, Analysis, Advice" in msg
     assert f"Training review: llama-3.1-8b on 8 x H200 141GB, and run {run} (tiny on CPU host (2 cores))" in page
     assert f"the measured run, its analysis and the advice are run {run}'s, another job (tiny on CPU" in page
 
@@ -639,6 +640,11 @@ def test_number_widgets_leave_their_checks_to_the_handlers_even_after_an_update(
     assert "gpus=1.5" in str(size_tab.size_view(*_size_values(gpus=1.5))[0])
     out = plan_tab.plan_view("llama-3.1-8b", "h100", 0, 8192, 512, ["bf16"], True, False)
     assert out[0] == "### Cannot plan\ngpus=0: must be an integer from 1 to 1048576"
+    # An emptied box is named as empty: the Size tab once sized 4,096 tokens for an emptied 8,192 without a
+    # word, and the Plan tab said "seq_len=None".
+    assert "seq=empty: give a number" in str(size_tab.size_view(*_size_values(seq=None))[0])
+    out = plan_tab.plan_view("llama-3.1-8b", "h100", 8, None, 512, ["bf16"], True, False)
+    assert out[0].startswith("### Cannot plan\nseq_len=empty: must be an integer")
 
 
 def test_a_tab_opened_after_a_run_lists_it(tmp_path, monkeypatch):

@@ -40,6 +40,10 @@ def setup_from_size_inputs(*values, **named):
         raise TypeError(f"Size tab values missing: {', '.join(missing)}")
     kw["hf_config"] = kw.pop("config_file") or None
     kw |= {k: as_int(kw[k]) for k in INT_KEYS}
+    if kw["seq"] is None:
+        # An emptied box is no number: make_setup would size its own default (4,096 tokens where the box
+        # showed 8,192) without a word. (An empty GPU count means one replica: tp x pp x cp GPUs.)
+        raise SpecError("seq", None, "give a number")
     if bad := next((k for k in sorted(BOOL_KEYS) if kw[k] is not None and not isinstance(kw[k], bool)), None):
         raise SpecError(bad, kw[bad], "must be true or false")
     kw |= {k: bool(kw[k]) for k in BOOL_KEYS}
