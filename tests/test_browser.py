@@ -470,10 +470,13 @@ def test_the_page_address_reproduces_the_setup(page, browser, server):
         _tab(other, "Plan")
         expect(other.locator("#plan-model input")).to_have_value("llama-3.1-70b")
         # A link's parameters that cannot be used are named, with why; the rest apply.
-        other.goto(f"{server[0]}/?seq=8k&precision=fp64&colour=red&gpus=16")
+        other.goto(f"{server[0]}/?seq=8k&precision=fp64&colour=red&gpus=16&zero=7")
         note = other.locator("#link-note")
         expect(note).to_contain_text("seq=8k: must be a whole number")
         expect(note).to_contain_text("precision=fp64: not one of this field's choices")
+        # ZeRO has stages 0 to 3 only: 7 is not added to its dropdown (a review saw it loaded as "7").
+        expect(note).to_contain_text("zero=7: not one of this field's choices")
+        expect(other.locator("#size-zero input")).to_have_value("1")
         expect(note).to_contain_text("colour=red: unknown field")
         expect(other.locator("#size-verdict")).to_contain_text("16 GPUs (dp 16)")
     finally:

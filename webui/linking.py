@@ -154,7 +154,9 @@ def url_setup(size: dict, plan: dict) -> Callable:
         values |= {k: str(v) for k, v in values.items() if k in DEGREE_KEYS}
         # A degree the dropdown lacks (the planner's pp 5, through Use this layout) is added, as there.
         shown = [
-            (_shown if k in DEGREE_KEYS else follow_value)(size[k], values[k]) if k in values else gr.skip()
+            (_shown(size[k], values[k], k) if k in DEGREE_KEYS else follow_value(size[k], values[k]))
+            if k in values
+            else gr.skip()
             for k in URL_KEYS
         ]
         refused = [k for k, v in zip(URL_KEYS, shown, strict=True) if k in values and v == gr.skip()]
@@ -167,10 +169,17 @@ def url_setup(size: dict, plan: dict) -> Callable:
     return from_url
 
 
-def _shown(widget, value):
+# ZeRO's stages are all its dropdown holds: a stage it lacks is not added, it is a link parameter not used.
+FIXED_CHOICES = ("zero",)
+
+
+def _shown(widget, value, key: str = ""):
     """``value`` as ``widget`` takes it; a degree its dropdown lacks (the planner's pp 5 or vpp 10) is
-    added to the choices rather than skipped, which would leave the last degree on screen."""
+    added to the choices rather than skipped, which would leave the last degree on screen (not for the
+    FIXED_CHOICES fields)."""
     shown = follow_value(widget, value)
+    if key in FIXED_CHOICES:
+        return shown
     if value is not None and isinstance(widget, gr.Dropdown) and isinstance(shown, type(gr.skip())):
         return gr.Dropdown(choices=[*(v for _, v in widget.choices), value], value=value)
     return shown
