@@ -44,6 +44,7 @@ COLUMN_TIPS: dict[str, str] = {
     "total ms": "time in the op and the ops it calls",
     "GFLOP": "billions of floating-point operations counted for the op",
     "time ms": "time over the trace, in ms",
+    "ms over trace": "time summed over the whole trace (every profiled step and rank), in ms",
     "time_ms": "time over the trace, in ms",
     "exposed_ms": GLOSSARY["Exposed"],
     "headroom %": "the share of the op's time above its roof: what a kernel at the roof would save",

@@ -37,7 +37,7 @@ NAME_CHARS = 90  # C++ template names run to pages
 ROOFLINE_SHOWN = [
     ("name", "name", None, None),
     ("bound", "bound", None, None),
-    ("time_ms", "time ms", 1, 3),
+    ("time_ms", "ms over trace", 1, 3),  # summed over the whole trace, as the CLI says (not per step)
     ("headroom_frac", "headroom %", 100, 1),
     ("achieved_flops_per_s", "achieved GFLOP/s", 1e-9, 2),
     ("roof_flops_per_s", "roof GFLOP/s", 1e-9, 2),
