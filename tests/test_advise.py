@@ -192,6 +192,23 @@ def test_compile_applied_reaches_the_setup_and_other_run_options_stay_run_option
     assert "`options.pin_memory = True`: a run option, set on the Profile tab" in both
 
 
+def test_apply_says_which_figure_is_which(monkeypatch):
+    # Three step times for one change (a browser review): the prediction (65.1 -> 36.8 ms, the run's
+    # roofline), the table's "estimator says" (26.5 ms, the estimator's ratio on the measured step) and
+    # the Size tab's own estimate (40.1 ms). The Apply message now names each.
+    from advisor.present.views import applied_message
+    from tests.sample_cpu import pin_sample_cpu
+
+    pin_sample_cpu(monkeypatch)
+    advice = advise_run(SAMPLE_RUN, RunStore(REPO / "traces"))
+    rec = next(r for r in advice.recommendations if r.rule.id == "prec-fp32-to-bf16")
+    msg = applied_message(rec, "stored run")
+    assert "Predicted: 65.1 ms → 36.8 ms (43.4 % less step time)." in msg
+    assert "starts from the run's measured 65.1 ms (priced per op class from this run's roofline)" in msg
+    assert "the estimator's ratio alone gives 26.5 ms (the table's 'estimator says')" in msg
+    assert "The Size tab shows the estimator's own figure for the changed setup, 40.1 ms, not scaled" in msg
+
+
 def test_our_sample_run_advice_and_report():
     advice = advise_run(SAMPLE_RUN, RunStore(REPO / "traces"))
     # 256 tokens per step (micro-batch 2 x seq 128) on a CPU: the tiny-batch rule fires.

@@ -10,6 +10,7 @@ import pandas as pd
 
 from advisor.advice.advise import TARGET_LABELS, fmt_value, gain_phrase
 from advisor.advice.evidence import UNKNOWN_SPREAD
+from advisor.estimate.estimator import estimate
 from advisor.estimate.planner import layout_label
 from advisor.present.report import (
     describe_setup,
@@ -336,6 +337,19 @@ def applied_message(rec, source: str) -> str:
             f"({gain_phrase(g.target, g.gain_pct)})."
         )
     if source == "stored run":
+        if g is not None and rec.after is not None and g.target == "step_time_ms":
+            # Three figures for one change (a browser review): say which is which.
+            own = estimate(rec.after).step_time_ms
+            msg += f" That prediction starts from the run's measured {fmt_value(g.target, g.before)}"
+            if g.analytic_after is not None and abs(g.analytic_after - g.after) > 0.005 * g.before:
+                msg += (
+                    f" ({g.basis.split(':')[0]}); the estimator's ratio alone gives "
+                    f"{fmt_value(g.target, g.analytic_after)} (the table's 'estimator says')"
+                )
+            msg += (
+                f". The Size tab shows the estimator's own figure for the changed setup, {fmt_value(g.target, own)},"
+                " not scaled to what this machine measured."
+            )
         return msg + " Press **Re-run with the recommendation applied** to measure it on this machine."
     return msg + " The Size tab shows its estimate; press **Advise** again for what to do next."
 
