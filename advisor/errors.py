@@ -23,10 +23,7 @@ class SpecError(AdvisorError):
 
 def shown_value(value: object, limit: int = 80) -> str:
     """``repr(value)`` for a message, cut to about ``limit`` characters: a 400-digit integer or a
-    megabyte string given as a count shows its start and its length, not all of it; None, a value never
-    given (an emptied box in the app), shows as "empty"."""
-    if value is None:
-        return "empty"
+    megabyte string given as a count shows its start and its length, not all of it."""
     text = repr(value)
     if len(text) <= limit:
         return text

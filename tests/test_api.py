@@ -141,7 +141,7 @@ def test_size_reports_bad_input_as_a_message(served):
         ({"precision": "int8"}, "train.precision='int8': must be one of fp32, bf16, fp16, fp8"),
         ({"tp": "3"}, "gpus=8: must be a multiple of tp x pp x cp = 3"),
         ({"model": "nope"}, "model='nope': unknown preset"),
-        ({"model": None}, "model=empty: unknown preset"),
+        ({"model": None}, "model=None: unknown preset"),
         ({"flash_attention": "x"}, "flash_attention='x': must be true or false"),
     ],
 )

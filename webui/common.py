@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from advisor.errors import AdvisorError, shown_value
+from advisor.errors import AdvisorError, SpecError, shown_value
 from advisor.estimate.planner import MAX_TIME_BUDGET_S
 from advisor.present.charts import timeline_figure
 from advisor.run.analysis_child import roofline_or_reason, timeline_rows
@@ -178,6 +178,22 @@ def validate_in_handlers(demo: gr.Blocks) -> None:
 
 def _as_sent(payload):
     return payload
+
+
+class _Empty:
+    """A box the user emptied, as a field's message shows it ("seq=empty: give a number")."""
+
+    def __repr__(self) -> str:
+        return "empty"
+
+
+EMPTY = _Empty()
+
+
+def refuse_empty(**values) -> None:
+    """SpecError naming the first of ``values`` (field -> widget value) that is an emptied box."""
+    if field := next((k for k, v in values.items() if v is None), None):
+        raise SpecError(field, EMPTY, "give a number")
 
 
 def as_int(value: float | str | None) -> int | None:

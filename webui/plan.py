@@ -17,7 +17,7 @@ from advisor.spec.presets import HARDWARE, MODELS, get_hardware, get_model
 from advisor.spec.specs import PRECISIONS, Setup
 from advisor.store.runstore import RunStore
 from webui import common
-from webui.common import as_int, guarded, spec_number
+from webui.common import as_int, guarded, refuse_empty, spec_number
 
 PLAN_KEYS = ("model", "gpu", "gpus", "seq", "global_batch", "precision")
 """The Plan tab's widgets that follow the shared spec (``precision``: the precisions to try)."""
@@ -48,6 +48,7 @@ def _planned(req: PlanRequest) -> PlanResult:
 
 def _request(model, gpu, gpus, seq, global_batch, precisions, offload, measured_comm=True) -> PlanRequest:
     """The PlanRequest of the Plan tab's widgets (plan_view's parameters)."""
+    refuse_empty(gpus=gpus, seq_len=seq, global_batch=global_batch)
     return PlanRequest(
         model=get_model(model),
         hardware=get_hardware(gpu),

@@ -54,31 +54,35 @@ def verification_part(message: str | None, *tables: pd.DataFrame):
     return message, [(c, t) for c, t in zip(captions, tables, strict=False) if t is not None and len(t)]
 
 
+def _subject(setup, run, analysis) -> tuple[str, str]:
+    """The report's title and the note heading its setup: where the measured part is another job than
+    the Size tab's setup (a stored run of another model or device, an uploaded trace), both say so."""
+    title = f"Training review: {setup.model.name} on {setup.gpus} x {setup.hardware.name}"
+    if run is not None and isinstance(run.record.get("setup"), dict):
+        ran = run.record["setup"]
+        model, device = (ran.get("model") or {}).get("name", "?"), (ran.get("hardware") or {}).get("name", "?")
+        if (model, device) == (setup.model.name, setup.hardware.name):
+            return title, ""
+        return f"{title}, and run {run.run_id} ({model} on {device})", (
+            f"The setup and plan below are the Size tab's ({setup.model.name} on {setup.gpus} x "
+            f"{setup.hardware.name}); the measured run, its analysis and the advice are run {run.run_id}'s, "
+            f"another job ({model} on {device})."
+        )
+    if analysis is not None:
+        return f"{title}, and trace {analysis.metrics.run_id}", (
+            f"The setup and plan below are the Size tab's; the analysis and the advice are the uploaded trace's "
+            f"({analysis.metrics.run_id}), which records no setup."
+        )
+    return title, ""
+
+
 @guarded("Cannot make the report", "The report", lambda: (None,))
 def report_view(advice, source, run_id, upload, verify_msg, verify_table, diff_categories, diff_changes, *size_inputs):
     """Advice tab: (message, the report file) of the Size tab's setup and the advice in hand."""
     setup = setup_from_size_inputs(*size_inputs)
     run, analysis = measured(source, run_id, upload) if advice is not None else (None, None)
     verification = verification_part(verify_msg, verify_table, diff_categories, diff_changes)
-    title = f"Training review: {setup.model.name} on {setup.gpus} x {setup.hardware.name}"
-    note = ""
-    if run is not None and isinstance(run.record.get("setup"), dict):
-        ran = run.record["setup"]
-        model, device = (ran.get("model") or {}).get("name", "?"), (ran.get("hardware") or {}).get("name", "?")
-        if (model, device) != (setup.model.name, setup.hardware.name):
-            # The report reviews the Size tab's setup and the run the advice is on: say they are two jobs.
-            title += f", and run {run.run_id} ({model} on {device})"
-            note = (
-                f"The setup and plan below are the Size tab's ({setup.model.name} on {setup.gpus} x "
-                f"{setup.hardware.name}); the measured run, its analysis and the advice are run {run.run_id}'s, "
-                f"another job ({model} on {device})."
-            )
-    elif analysis is not None:
-        title += f", and trace {analysis.metrics.run_id}"
-        note = (
-            f"The setup and plan below are the Size tab's; the analysis and the advice are the uploaded trace's "
-            f"({analysis.metrics.run_id}), which records no setup."
-        )
+    title, note = _subject(setup, run, analysis)
     sections = review_sections(estimate(setup), setup_plan(setup), run, analysis, advice, verification, setup_note=note)
     page = html_report(title, sections)
     path = os.path.join(tempfile.mkdtemp(prefix="report-", dir=common.download_root()), REPORT_NAME)

@@ -18,7 +18,7 @@ from advisor.spec.presets import HARDWARE, MODELS
 from advisor.spec.setup import make_setup
 from advisor.spec.specs import FRAMEWORKS, OFFLOAD_MODES, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE_MODES
 from webui import common
-from webui.common import as_int, block_count, degree_dropdown, guarded, spec_number
+from webui.common import as_int, block_count, degree_dropdown, guarded, refuse_empty, spec_number
 
 SIZE_KEYS = ["model", "config_file", *list(DEFAULTS)[1:]]
 """The Size tab's inputs in the order of size_view's parameters (the /size endpoint's)."""
@@ -40,10 +40,9 @@ def setup_from_size_inputs(*values, **named):
         raise TypeError(f"Size tab values missing: {', '.join(missing)}")
     kw["hf_config"] = kw.pop("config_file") or None
     kw |= {k: as_int(kw[k]) for k in INT_KEYS}
-    if kw["seq"] is None:
-        # An emptied box is no number: make_setup would size its own default (4,096 tokens where the box
-        # showed 8,192) without a word. (An empty GPU count means one replica: tp x pp x cp GPUs.)
-        raise SpecError("seq", None, "give a number")
+    # An emptied box is no number: make_setup would size its own default (4,096 tokens where the box
+    # showed 8,192) without a word. (An empty GPU count means one replica: tp x pp x cp GPUs.)
+    refuse_empty(seq=kw["seq"])
     if bad := next((k for k in sorted(BOOL_KEYS) if kw[k] is not None and not isinstance(kw[k], bool)), None):
         raise SpecError(bad, kw[bad], "must be true or false")
     kw |= {k: bool(kw[k]) for k in BOOL_KEYS}
