@@ -138,13 +138,21 @@ def test_compare_lists_changed_options_and_fields_one_record_lacks(store, capsys
     del record["options"]["inject"]  # as a record written before the field existed
     path.write_text(json.dumps(record))
     diff = compare_runs(store, RUN_A, RUN_B).spec_diff.set_index("field")
-    assert list(diff.index) == ["train.precision", "train.recompute", "options.num_workers", "options.inject"]
+    # The record without inject ran with its default, "", which A has: no difference (an old run beside a
+    # new one once listed 24 such fields). One it lacks whose other side is not the default is listed.
+    assert list(diff.index) == ["train.precision", "train.recompute", "options.num_workers"]
     assert (diff.loc["options.num_workers", "a"], diff.loc["options.num_workers", "b"]) == (0, 2)
-    assert diff.loc["options.inject", "a"] == "" and diff.loc["options.inject", "b"] is None
+    record["options"]["nproc"] = 2
+    path.write_text(json.dumps(record))
+    (store.root / RUN_A / "run.json").write_text(
+        json.dumps(json.loads((store.root / RUN_A / "run.json").read_text()) | {"options": {"nproc": 1}})
+    )
+    diff = compare_runs(store, RUN_A, RUN_B).spec_diff.set_index("field")
+    assert (diff.loc["options.nproc", "a"], diff.loc["options.nproc", "b"]) == (1, 2)
     assert main(["compare", RUN_A, RUN_B, "--traces", str(store.root), "--json"]) == 0
     rows = {r["field"]: r for r in json.loads(capsys.readouterr().out)["spec_diff"]}
-    assert rows["options.num_workers"] == {"field": "options.num_workers", "a": 0, "b": 2}
-    assert rows["options.inject"]["b"] is None
+    assert rows["options.nproc"] == {"field": "options.nproc", "a": 1, "b": 2}
+    assert rows["options.num_workers"]["a"] is None and rows["options.num_workers"]["b"] == 2  # A lacks it now
 
 
 @pytest.mark.parametrize(

@@ -229,6 +229,29 @@ def flatten_spec(record: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
+def spec_defaults() -> dict[str, Any]:
+    """``section.field`` -> the default value of every spec and run-option field that has one."""
+    from dataclasses import MISSING, fields
+
+    from advisor.spec.options import RunOptions
+    from advisor.spec.specs import HardwareSpec, ModelSpec, ParallelSpec, TrainSpec
+
+    out: dict[str, Any] = {}
+    for section, cls in (
+        ("model", ModelSpec),
+        ("train", TrainSpec),
+        ("parallel", ParallelSpec),
+        ("hardware", HardwareSpec),
+        ("options", RunOptions),
+    ):
+        for f in fields(cls):
+            if f.default is not MISSING:
+                out[f"{section}.{f.name}"] = f.default
+            elif f.default_factory is not MISSING:
+                out[f"{section}.{f.name}"] = f.default_factory()
+    return out
+
+
 @dataclass(frozen=True)
 class RunComparison:
     """Two runs side by side; A is the baseline and every change is B relative to A."""
@@ -237,7 +260,8 @@ class RunComparison:
     run_b: str
     spec_diff: pd.DataFrame
     """Columns field, a, b: only the setup/option fields that differ; a field one run's record lacks
-    (written by an older version) shows None on that side."""
+    (written by an older version) shows None on that side, and counts as its default (listed only where
+    the other run's value is not the default)."""
     metrics: pd.DataFrame
     """Columns metric (label with its unit), a, b, change_pct = (b - a) / a * 100 (NaN where a is 0 or
     either side is missing); MFU in % and memory in GiB."""
@@ -300,7 +324,14 @@ def compare_runs(store: RunStore, run_a: str, run_b: str) -> RunComparison:
     info_b, m_b = _metrics_for_compare(store, run_b)
     flat_a, flat_b = flatten_spec(info_a.record), flatten_spec(info_b.record)
     keys = list(flat_a) + [k for k in flat_b if k not in flat_a]
-    diff = [(k, flat_a.get(k), flat_b.get(k)) for k in keys if flat_a.get(k) != flat_b.get(k)]
+    defaults = spec_defaults()
+    # A field one record lacks (written before it existed) ran with its default: it differs only where
+    # the other run's value is not that default (an old run beside a new one listed 24 "fields").
+    diff = [
+        (k, flat_a.get(k), flat_b.get(k))
+        for k in keys
+        if flat_a.get(k, defaults.get(k)) != flat_b.get(k, defaults.get(k))
+    ]
     # object dtype keeps each value as recorded: an int stays an int and a missing one stays None, not NaN.
     spec_diff = pd.DataFrame(diff, columns=["field", "a", "b"], dtype=object)
     rows = []
