@@ -117,3 +117,17 @@ def test_rope_scaling_of_the_config_extends_the_context(tmp_path):
     assert make_setup(model=model, gpu="h100", rope_scaling=1.0).model.rope_scaling == 1.0
     with pytest.raises(ConfigImportError, match=r"rope_scaling\.factor must be a number >= 1, got 'x'"):
         model_from_hf_config(_cfg(rope_scaling={"factor": "x"}))
+
+
+def test_an_uploaded_config_is_named_by_its_family_and_size(tmp_path):
+    # Gradio keeps an upload under the hash of its content: the model read "1838c146...(1.24B params)".
+    folder = tmp_path / ("1838c146e47a2d35b79358be60cdebfeed78a8dd0c87bf46152ef631ab473eb8")
+    folder.mkdir()
+    cfg = json.loads((DATA / "qwen3-0.6b.json").read_text())
+    cfg.pop("_name_or_path", None)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert load_hf_config(folder / "config.json").name == "qwen3-0.60b"
+    named = tmp_path / "my-model"
+    named.mkdir()
+    (named / "config.json").write_text(json.dumps(cfg))
+    assert load_hf_config(named / "config.json").name == "my-model"  # a folder with a name keeps it

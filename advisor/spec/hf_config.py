@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -197,5 +199,12 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     except json.JSONDecodeError as err:
         raise ConfigImportError(f"{p.name} is not valid JSON (line {err.lineno}: {err.msg})") from None
     default = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
+    if re.fullmatch(r"[0-9a-f]{32,}", default):
+        # An upload's folder (Gradio keeps each file under the hash of its content): no name a user
+        # would know; the family and the size say which model it is.
+        default = ""
     name = cfg.get("_name_or_path") if isinstance(cfg, dict) else None
-    return model_from_hf_config(cfg, name or default)
+    model = model_from_hf_config(cfg, name or default or "config")
+    if not (name or default):
+        model = replace(model, name=f"{model_type_of(cfg)}-{model.n_params / 1e9:.2f}b")
+    return model
