@@ -416,3 +416,20 @@ def test_progress_says_what_each_step_is_for():
         "profiled 1/2",
         "profiled 2/2",
     ]
+
+
+def test_preflight_names_what_one_layer_cannot_fit():
+    # 70B at micro-batch 2 x 256 tokens was told to shrink them; what does not fit with one block is
+    # the embedding and the head with their optimizer state (a browser review). A 16 GiB host, fixed.
+    from dataclasses import replace
+
+    from advisor.run.launcher import preflight
+
+    def on_16_gib(**kw):
+        setup = on_this_machine(make_setup(gpu="cpu", **kw), "cpu")
+        return replace(setup, hardware=replace(setup.hardware, memory_bytes=16 * 2**30))
+
+    with pytest.raises(AdvisorError, match=r"optimizer state alone \(most of them the embedding and the head\) take 4"):
+        preflight(on_16_gib(model="llama-3.1-70b", seq=256, micro_batch=2), RunOptions(device="cpu"))
+    with pytest.raises(AdvisorError, match="Even one layer does not fit: shrink the micro-batch or sequence length"):
+        preflight(on_16_gib(model="llama-3.2-1b", seq=8192, micro_batch=64), RunOptions(device="cpu"))

@@ -177,7 +177,18 @@ def preflight(setup: Setup, options: RunOptions, store: RunStore | None = None) 
             " costs to the full depth (labelled as extrapolated); or shrink micro-batch / sequence."
         )
     else:
-        msg += " Even one layer does not fit: shrink the micro-batch or sequence length."
+        one = estimate(proxy_setup(setup, 1)).memory
+        states = one.weights_bytes + one.grads_bytes + one.optimizer_bytes
+        if states > hw.memory_bytes:
+            # What is left with one block is the embedding, the head and their optimizer state: no batch
+            # or sequence fits then (a review saw 70B told to shrink a 256-token micro-batch).
+            msg += (
+                f" Even one layer does not fit: with one block, the weights, gradients and optimizer state alone "
+                f"(most of them the embedding and the head) take {states / 2**30:.1f} GiB. Profile a smaller model, or size "
+                "this one with `advisor size` / the Size tab."
+            )
+        else:
+            msg += " Even one layer does not fit: shrink the micro-batch or sequence length."
     raise AdvisorError(msg)
 
 
