@@ -87,6 +87,14 @@ def test_empty_gpu_count_means_one_replica():
     assert "on 2 x H200" in summary and "dp1 tp2" in summary
 
 
+def test_a_cpu_host_is_sized_per_process_not_per_gpu():
+    # "0.1 GiB of 23.5 GiB per GPU" and "1 GPUs" for a CPU host (a browser review).
+    summary, *_ = _view(model="tiny", gpu="cpu", gpus=1, seq=128, micro_batch=2)
+    assert "GiB per process (" in summary and "· 1 process (dp 1)" in summary and "GPU" not in summary
+    summary, *_ = _view(gpus=1)
+    assert "GiB per GPU (" in summary and "· 1 GPU (dp 1)" in summary
+
+
 def test_uploaded_config_overrides_the_preset(tmp_path):
     summary, *_ = _view(config_file=str(DATA / "mixtral-8x7b.json"), gpus=16, ep=8, zero=1)
     assert "mixtral-8x7b (46.70B params, 12.88B active)" in summary
@@ -424,6 +432,20 @@ def test_advice_tab_on_the_size_setup_gives_a_ranked_table_and_files():
     md, js = files
     assert Path(md).read_text().startswith("# Advice") and '"recommendations"' in Path(js).read_text()
     assert advice.recommendations[0].rule.id == "mem-oom-model-state"
+
+
+def test_advice_of_an_older_size_setup_is_not_applied(monkeypatch):
+    # A browser review: advice made on the page's first setup, applied after a layout from the Plan tab,
+    # put the whole first setup back (5 fields) for a change of precision alone. Apply now refuses it.
+    from webui.advice import stale_fields
+    from webui.size import size_values
+
+    *_, advice = advice_tab.advice_view("Size tab setup", None, None, *_size_values())
+    now = size_values(advice.setup)
+    assert stale_fields(advice, "Size tab setup", now) == []
+    moved = now | {"micro_batch": 4, "tp": "2"}
+    assert stale_fields(advice, "Size tab setup", moved) == ["micro_batch", "tp"]
+    assert stale_fields(advice, "stored run", moved) == []  # a run's setup is loaded on purpose
 
 
 def test_advice_tab_on_a_stored_run_and_bad_input(tmp_path, monkeypatch):

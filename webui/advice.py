@@ -27,6 +27,7 @@ from advisor.present.views import (
     verify_message,
     verify_table,
 )
+from advisor.spec.query import query_text
 from webui import common
 from webui.common import TRACE_LABEL, TRACE_TYPES, guarded, run_dropdown
 from webui.profile import profile_values
@@ -81,6 +82,17 @@ def apply_choices(advice) -> gr.Dropdown:
     if advice is not None:
         labels = [apply_label(i, r) for i, r in enumerate(advice.recommendations, 1) if r.after is not None]
     return gr.Dropdown(choices=labels, value=labels[0] if labels else None)
+
+
+def stale_fields(advice, source: str, current: dict) -> list[str]:
+    """The Size tab's fields (``current``: widget values by key) that differ from the setup ``advice``
+    was made on, where that advice is of the Size tab's setup: applying it would put the whole old
+    setup back, not only its change (a layout used from the Plan tab silently undone). Empty for
+    advice on a stored run or a trace, whose setup Apply loads on purpose."""
+    if source != "Size tab setup" or advice is None or advice.setup is None:
+        return []
+    then = size_values(advice.setup)
+    return [k for k, v in then.items() if k in current and query_text(current[k]) != query_text(v)]
 
 
 def apply_recommendation(advice, choice: str | None, source: str):

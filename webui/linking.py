@@ -13,7 +13,7 @@ from advisor.present.views import layout_used_message, setup_diff
 from advisor.spec.defaults import DEFAULTS
 from advisor.spec.presets import MODELS
 from advisor.spec.query import query_text, values_from_query
-from webui.advice import AFTER_ADVICE, apply_recommendation, cleared_after_advice
+from webui.advice import AFTER_ADVICE, apply_recommendation, cleared_after_advice, stale_fields
 from webui.common import follow_value, guarded
 from webui.plan import layout_setup
 from webui.profile import PROFILE_KEYS
@@ -98,10 +98,16 @@ def wire_apply(advice: dict, size: dict, profile: dict, plan: dict) -> None:
     outputs = [advice["apply_msg"], advice["rule"], advice["undo_state"], *widgets]
 
     def on_apply(state, choice, source, *current):
+        before = dict(zip(URL_KEYS, current, strict=False))
+        if moved := stale_fields(state, source, before):
+            msg = (
+                f"The Size tab's setup changed since this advice was made ({', '.join(moved)}): press "
+                "**Advise** again, then Apply."
+            )
+            return [msg, gr.skip(), gr.skip(), *(gr.skip() for _ in widgets)]
         msg, size_vals, profile_vals, rule_id = apply_recommendation(state, choice, source)
         if not size_vals:  # nothing applied: nothing to undo either
             return [msg, gr.skip(), gr.skip(), *(gr.skip() for _ in widgets)]
-        before = dict(zip(URL_KEYS, current, strict=False))
         msg += f"\n\n{setup_diff(before, size_vals)}\n\nPress **Undo Apply** to go back to the setup before it."
         values = [msg, rule_id or "", list(current), *_followed(size, URL_KEYS, size_vals)]
         return values + _followed(profile, PROFILE_KEYS, profile_vals) + _followed(plan, list(plan), size_vals)

@@ -56,7 +56,8 @@ def verdict(est: Estimate) -> str:
     """FITS / DOES NOT FIT with the numbers behind it."""
     used, cap = est.memory.total_bytes / GiB, est.capacity_bytes / GiB
     band = memory_band(est)
-    line = f"{used:.1f} GiB of {cap:.1f} GiB per GPU ({100 * est.memory_frac:.0f} %{', ' + band if band else ''})"
+    unit = "process" if est.setup.hardware.kind == "cpu" else "GPU"  # a CPU host runs processes, not GPUs
+    line = f"{used:.1f} GiB of {cap:.1f} GiB per {unit} ({100 * est.memory_frac:.0f} %{', ' + band if band else ''})"
     if not est.host_fits:
         host = est.host_bytes_per_node / GiB
         has = est.setup.hardware.host_memory_bytes / GiB

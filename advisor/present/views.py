@@ -71,6 +71,12 @@ def _sentence(line: str) -> str:
 # --- Size ----------------------------------------------------------------------------------------
 
 
+def _devices(setup) -> str:
+    """'8 GPUs', '1 GPU', or on a CPU host '1 process' (its ranks are processes sharing the cores)."""
+    n, what = setup.gpus, "process" if setup.hardware.kind == "cpu" else "GPU"
+    return f"{n} {what}{'es' if what == 'process' and n != 1 else 's' if n != 1 else ''}"
+
+
 def size_summary(est) -> str:
     """The Size tab's verdict: fits or not, tokens/s, step and MFU with their band, the setup. The
     verdict opens with its word (FITS, TIGHT, DOES NOT FIT), which the app colours: no emoji, which
@@ -79,7 +85,7 @@ def size_summary(est) -> str:
     summary = (
         f"### {verdict(est)}\n"
         f"**{est.tokens_per_s:,.0f} tokens/s**{band} · step {fmt_duration(est.step_time_ms)}{band} · "
-        f"**MFU {100 * est.mfu_frac:.1f} %**{band} · {est.setup.gpus} GPUs (dp {est.setup.parallel.dp})\n\n"
+        f"**MFU {100 * est.mfu_frac:.1f} %**{band} · {_devices(est.setup)} (dp {est.setup.parallel.dp})\n\n"
         f"<small>{describe_setup(est)}</small>"
     )
     if note := mfu_note(est):
