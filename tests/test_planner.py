@@ -602,3 +602,11 @@ def test_cli_plan_time_budget(capsys):
     for bad in ("0", "-5", "nan", "1e5"):
         assert main(["plan", "--gpus", "8", "--global-batch", "64", "--time-budget", bad]) == 2
         assert f"error: time_budget_s={float(bad)!r}: must be a number of seconds above 0" in capsys.readouterr().err
+
+
+def test_why_says_when_a_faster_alternative_is_tight():
+    # The app's first plan (Llama-3.1-8B, 8 H200s, seq 8192, batch 64): micro-batch 2 is 0.5 % faster but
+    # fills 100 % of memory, so it is not listed; "gives +0.5 % tokens/s" alone read as a slower pick.
+    res = plan(request("llama-3.1-8b", "h200", 8, 8192, 64))
+    why = " ".join(res.top[0].details)
+    assert "micro-batch 2 gives +0.5 % tokens/s but needs 139.9 GiB, 100 % of memory (tight)" in why

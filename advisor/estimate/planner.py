@@ -1043,7 +1043,11 @@ def _outcome(alt: Estimate | None, best: Estimate, what: str) -> str | None:
         return None
     if not alt.fits:
         return f"{what} would need {_gib(alt.memory.total_bytes)}"
-    return f"{what} gives {_speed_change(alt.tokens_per_s, best.tokens_per_s)}"
+    speed = f"{what} gives {_speed_change(alt.tokens_per_s, best.tokens_per_s)}"
+    if alt.memory_frac > TIGHT_FRAC and alt.tokens_per_s > best.tokens_per_s:
+        # Faster but left out as tight: say so, or the pick reads as a slower layout chosen for nothing.
+        return f"{speed} but needs {_gib(alt.memory.total_bytes)}, {100 * alt.memory_frac:.0f} % of memory (tight)"
+    return speed
 
 
 def _why(best: Estimate) -> list[str]:
