@@ -310,6 +310,11 @@ def test_analyze_tab_on_a_stored_cpu_run_and_on_bad_input(tmp_path):
     assert analyze_tab.analyze_view(None, "../etc")[0].startswith(
         "### Cannot analyze this trace\nrun id '../etc' is not valid"
     )
+    # A refused upload is discarded; pressing Analyze again says so, not "no file or folder".
+    assert analyze_tab.analyze_view(str(tmp_path / "gone.json"), None)[0] == (
+        "### Cannot analyze this trace\ngone.json was refused when it was uploaded (the reason was shown then) "
+        "and is gone: upload another trace, or clear the box and pick a stored run"
+    )
     assert analyze_tab.analyze_view(None, None)[0].startswith("Upload a trace")
 
 

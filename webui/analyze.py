@@ -150,6 +150,13 @@ def analyze_view(
     if not (upload or run_id):
         hint = "Upload a trace (Kineto .json / .json.gz, a .zip of rank files, or an nsys .sqlite) or pick a run."
         return (hint, *no_analysis())
+    if upload and not os.path.exists(upload):
+        # A refused upload is discarded at once (the upload cache), while the file box may still show it:
+        # "no file or folder" replaced the reason the user had just read (a browser review).
+        raise AdvisorError(
+            f"{os.path.basename(upload)} was refused when it was uploaded (the reason was shown then) and is gone: "
+            "upload another trace, or clear the box and pick a stored run"
+        )
     path, label = (upload, os.path.basename(upload)) if upload else (str(common.store().path(run_id)), run_id)
     source = f"Analysed: the {'uploaded file' if upload else 'stored run'} {inline_code(label)}"
     limits = common.trace_limits()
