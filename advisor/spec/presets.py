@@ -640,16 +640,21 @@ def mi300x() -> HardwareSpec:
     )
 
 
-def cpu_flags() -> set[str]:
-    """The CPU feature flags of /proc/cpuinfo (empty where it cannot be read)."""
+def _cpuinfo(key: str) -> str:
+    """The value of the first ``key`` line of /proc/cpuinfo ('' where it cannot be read)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return set()
+    return ""
+
+
+def cpu_flags() -> set[str]:
+    """The CPU feature flags of /proc/cpuinfo (empty where it cannot be read)."""
+    return set(_cpuinfo("flags").split())
 
 
 # The CPU features that set this machine's matrix peaks in cpu_host(): recorded with each run, since a
@@ -659,14 +664,7 @@ CPU_MATRIX_FLAGS = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "
 
 def cpu_model() -> str:
     """The CPU's model name as /proc/cpuinfo gives it ('' where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return _cpuinfo("model name")
 
 
 def cpu_cores() -> int:

@@ -36,6 +36,7 @@ from typing import Any
 from advisor import CHECKOUT
 from advisor.errors import AdvisorError, shown_value
 from advisor.spec.metrics import StepMetrics
+from advisor.spec.presets import recorded_cpu_flags
 
 RUN_ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[a-z0-9][a-z0-9._-]{0,39}-[0-9a-f]{6}$")
 STATUSES = ("running", "ok", "oom", "timeout", "crashed", "failed", "cancelled", "refused", "interrupted")
@@ -189,9 +190,7 @@ def run_context(run_dir: Path) -> dict[str, Any]:
         params = int(m["params_bytes"]) // 4 if m.get("params_bytes") else int(m.get("n_params") or 0)
     except (ValueError, TypeError):  # a damaged count (text, a list)
         params = 0
-    env = _json_object(files.environment) or {}
-    flags = env.get("cpu_matrix_flags")
-    flags = [f for f in flags if isinstance(f, str)] if isinstance(flags, list) else None
+    flags = recorded_cpu_flags({"environment": _json_object(files.environment)})
     return {"hardware": hardware, "optimizer_params": params, "store_root": str(d.parent), "cpu_matrix_flags": flags}
 
 
